@@ -1,0 +1,482 @@
+//! The state store engine: every rule of the state store lives here, once.
+//!
+//! [`Engine::execute`] takes a [`Command`] and returns a [`Response`] (data, never wire bytes).
+//! Writes to one key are serialised by a striped lock, so versions and change notifications of a
+//! key come out in the order the changes were applied; storage is reached only through the
+//! conditional swap of [`crate::storage::Backend`].
+
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use tokio::sync::{Mutex as AsyncMutex, MutexGuard, Notify, broadcast};
+
+use crate::hlc::{Clock, Hlc, HlcClock};
+use crate::storage::{Record, Store, Swap, SwapOutcome};
+
+pub mod command;
+mod error;
+pub mod notify;
+
+pub use command::{Command, Del, Get, KeyNotify, Meta, Scan, Set, SetCondition, VDel};
+pub use error::EngineError;
+pub use notify::{Change, ChangeKind, ObserverLimits};
+
+use notify::Observers;
+
+/// How far ahead of the service clock a request timestamp or fencing token may be.
+pub const MAX_CLOCK_SKEW_MS: u64 = 60_000;
+
+/// What a command returns, independent of any wire format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// Applied (SET), registered or stopped (KEYNOTIFY).
+    Ok,
+    /// A condition was not met (NX, NEX, VDEL value mismatch): nothing changed.
+    NotApplied,
+    /// GET of a missing key.
+    Nil,
+    /// GET hit.
+    Value(Bytes),
+    /// DEL/VDEL: 1 deleted, 0 absent; KEYNOTIFY STOP of an unobserved key: 0.
+    Int(i64),
+    /// SCAN page; `token` is set when more pages follow.
+    Keys { keys: Vec<Bytes>, token: Option<Bytes> },
+}
+
+/// A reply plus the version that goes with it (`__ts`, ETag), if any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    pub reply: Reply,
+    pub version: Option<Hlc>,
+}
+
+impl Response {
+    fn new(reply: Reply, version: Option<Hlc>) -> Response {
+        Response { reply, version }
+    }
+}
+
+/// Limits the engine enforces.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Most keys stored (`None`: unlimited).
+    pub max_keys: Option<u64>,
+    /// Largest key, in bytes.
+    pub max_key_bytes: usize,
+    /// Largest value, in bytes.
+    pub max_value_bytes: usize,
+    /// Keys examined per SCAN page.
+    pub scan_page: usize,
+    pub observers: ObserverLimits,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_keys: None,
+            max_key_bytes: 64 * 1024,
+            max_value_bytes: 4 * 1024 * 1024,
+            scan_page: 1000,
+            observers: ObserverLimits {
+                per_client: 10_000,
+                idle: None,
+            },
+        }
+    }
+}
+
+const STRIPES: usize = 1024;
+const FEED_CAPACITY: usize = 65_536;
+/// Conflicts are only possible when another process shares the storage; give up eventually.
+const MAX_SWAP_ATTEMPTS: usize = 64;
+
+/// A cheap, cloneable handle on the engine.
+#[derive(Clone)]
+pub struct Engine(Arc<Inner>);
+
+struct Inner {
+    store: Store,
+    hlc: HlcClock,
+    limits: Limits,
+    feed: broadcast::Sender<Change>,
+    observers: Mutex<Observers>,
+    stripes: Vec<AsyncMutex<()>>,
+    hasher: std::collections::hash_map::RandomState,
+    /// Woken when a write sets a deadline, so the expiry driver can look again.
+    deadline_added: Notify,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("node", self.0.hlc.node()).finish()
+    }
+}
+
+impl Engine {
+    /// Opens the engine on `store`. The clock is raised past the highest stored version, so
+    /// versions never go backwards across a restart.
+    pub async fn open(
+        store: Store,
+        node_id: &str,
+        clock: Arc<dyn Clock>,
+        limits: Limits,
+    ) -> Result<Engine, EngineError> {
+        let hlc = HlcClock::new(node_id, clock);
+        if let Some(max) = store.backend().max_version().await? {
+            hlc.observe(&max);
+        }
+        let (feed, _) = broadcast::channel(FEED_CAPACITY);
+        Ok(Engine(Arc::new(Inner {
+            store,
+            hlc,
+            limits,
+            feed,
+            observers: Mutex::new(Observers::default()),
+            stripes: (0..STRIPES).map(|_| AsyncMutex::new(())).collect(),
+            hasher: Default::default(),
+            deadline_added: Notify::new(),
+        })))
+    }
+
+    pub fn node_id(&self) -> &str {
+        self.0.hlc.node()
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.0.limits
+    }
+
+    /// A receiver of every change applied from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Change> {
+        self.0.feed.subscribe()
+    }
+
+    /// The client ids observing `key` (KEYNOTIFY).
+    pub fn observers_of(&self, key: &[u8]) -> Vec<Arc<str>> {
+        self.observers().of_key(key)
+    }
+
+    /// Drops every KEYNOTIFY registration of a client (it disconnected).
+    pub fn drop_client(&self, client: &str) -> usize {
+        self.observers().drop_client(client)
+    }
+
+    /// Records that a client is alive (it sent a request).
+    pub fn touch_client(&self, client: &str) {
+        self.observers().touch(client)
+    }
+
+    /// Drops the registrations of clients idle past the configured limit.
+    pub fn sweep_idle_observers(&self) -> usize {
+        match self.0.limits.observers.idle {
+            Some(idle) => self.observers().sweep_idle(idle),
+            None => 0,
+        }
+    }
+
+    /// Number of clients with at least one registration.
+    pub fn observing_clients(&self) -> usize {
+        self.observers().client_count()
+    }
+
+    fn observers(&self) -> std::sync::MutexGuard<'_, Observers> {
+        self.0.observers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Executes one command.
+    pub async fn execute(&self, cmd: Command) -> Result<Response, EngineError> {
+        match cmd {
+            Command::Set(c) => self.set(c).await,
+            Command::Get(c) => self.get(c).await,
+            Command::Del(c) => self.del(c).await,
+            Command::VDel(c) => self.vdel(c).await,
+            Command::KeyNotify(c) => self.keynotify(c),
+            Command::Scan(c) => self.scan(c).await,
+        }
+    }
+
+    async fn lock(&self, key: &[u8]) -> MutexGuard<'_, ()> {
+        let mut h = self.0.hasher.build_hasher();
+        key.hash(&mut h);
+        self.0.stripes[(h.finish() as usize) % STRIPES].lock().await
+    }
+
+    fn check_skew(&self, ts: Option<&Hlc>, err: fn() -> EngineError) -> Result<(), EngineError> {
+        match ts {
+            Some(ts) if ts.ms > self.0.hlc.wall_ms().saturating_add(MAX_CLOCK_SKEW_MS) => Err(err()),
+            _ => Ok(()),
+        }
+    }
+
+    /// The fencing rule: a key protected by a token needs an equal or higher one.
+    fn check_fencing(stored: Option<&Hlc>, given: Option<&Hlc>) -> Result<(), EngineError> {
+        match (stored, given) {
+            (None, _) => Ok(()),
+            (Some(_), None) => Err(EngineError::FencingTokenRequired),
+            (Some(s), Some(g)) if g < s => Err(EngineError::FencingTokenLower),
+            (Some(_), Some(_)) => Ok(()),
+        }
+    }
+
+    /// Reads a key under its stripe lock; an expired record is removed (observers are told) and
+    /// reads as absent.
+    async fn load_live(&self, key: &Bytes) -> Result<Option<Record>, EngineError> {
+        let rec = self.0.store.backend().get(key).await?;
+        match rec {
+            Some(r) if r.is_expired(self.0.hlc.wall_ms()) => {
+                self.remove(key, &r, ChangeKind::Expire).await?;
+                Ok(None)
+            }
+            other => Ok(other),
+        }
+    }
+
+    /// Deletes `key` whose current record is `cur` and publishes the change. Caller holds the lock.
+    async fn remove(&self, key: &Bytes, cur: &Record, kind: ChangeKind) -> Result<Option<Hlc>, EngineError> {
+        let version = self.0.hlc.next_after(&[&cur.version]);
+        let swap = Swap {
+            key: key.clone(),
+            expected: Some(cur.version.clone()),
+            new: None,
+        };
+        match self.0.store.backend().swap_many(std::slice::from_ref(&swap), None).await? {
+            SwapOutcome::Done => {
+                self.publish(key.clone(), version.clone(), kind);
+                Ok(Some(version))
+            }
+            // Someone else (another node) changed it first: their change stands.
+            SwapOutcome::Conflict | SwapOutcome::TooManyKeys => Ok(None),
+        }
+    }
+
+    fn publish(&self, key: Bytes, version: Hlc, kind: ChangeKind) {
+        // No receiver is not an error: nobody is listening.
+        let _ = self.0.feed.send(Change { key, version, kind });
+    }
+
+    async fn set(&self, c: Set) -> Result<Response, EngineError> {
+        let l = &self.0.limits;
+        if c.key.is_empty() {
+            return Err(EngineError::EmptyKey);
+        }
+        if c.key.len() > l.max_key_bytes || c.value.len() > l.max_value_bytes {
+            return Err(EngineError::QuotaExceeded);
+        }
+        self.check_skew(c.timestamp.as_ref(), || EngineError::TimestampSkew)?;
+        self.check_skew(c.fencing.as_ref(), || EngineError::FencingTokenSkew)?;
+        let _guard = self.lock(&c.key).await;
+        for _ in 0..MAX_SWAP_ATTEMPTS {
+            let cur = self.load_live(&c.key).await?;
+            Self::check_fencing(cur.as_ref().and_then(|r| r.fencing.as_ref()), c.fencing.as_ref())?;
+            let applies = match (&c.condition, &cur) {
+                (SetCondition::IfVersion(v), Some(r)) if *v == r.version => true,
+                (SetCondition::IfVersion(_), _) => return Err(EngineError::VersionMismatch),
+                (_, None) | (SetCondition::Always, Some(_)) => true,
+                (SetCondition::IfAbsent, Some(_)) => false,
+                (SetCondition::IfAbsentOrEqual, Some(r)) => r.value == c.value,
+            };
+            if !applies {
+                return Ok(Response::new(Reply::NotApplied, cur.map(|r| r.version)));
+            }
+            let mut floors: Vec<&Hlc> = Vec::with_capacity(2);
+            if let Some(ts) = &c.timestamp {
+                floors.push(ts);
+            }
+            if let Some(r) = &cur {
+                floors.push(&r.version);
+            }
+            let version = self.0.hlc.next_after(&floors);
+            let fencing = match (cur.as_ref().and_then(|r| r.fencing.clone()), c.fencing.clone()) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+            let expires_at_ms = c.ttl_ms.map(|t| self.0.hlc.wall_ms().saturating_add(t));
+            let swap = Swap {
+                key: c.key.clone(),
+                expected: cur.map(|r| r.version),
+                new: Some(Record {
+                    value: c.value.clone(),
+                    version: version.clone(),
+                    fencing,
+                    expires_at_ms,
+                }),
+            };
+            match self.0.store.backend().swap_many(std::slice::from_ref(&swap), l.max_keys).await? {
+                SwapOutcome::Done => {
+                    if expires_at_ms.is_some() {
+                        self.0.deadline_added.notify_one();
+                    }
+                    self.publish(c.key, version.clone(), ChangeKind::Set(c.value));
+                    return Ok(Response::new(Reply::Ok, Some(version)));
+                }
+                SwapOutcome::TooManyKeys => return Err(EngineError::QuotaExceeded),
+                SwapOutcome::Conflict => continue,
+            }
+        }
+        Err(contended())
+    }
+
+    async fn get(&self, c: Get) -> Result<Response, EngineError> {
+        if c.key.is_empty() {
+            return Err(EngineError::EmptyKey);
+        }
+        match self.0.store.backend().get(&c.key).await? {
+            None => Ok(Response::new(Reply::Nil, None)),
+            Some(r) if r.is_expired(self.0.hlc.wall_ms()) => {
+                let _guard = self.lock(&c.key).await;
+                self.load_live(&c.key).await?;
+                Ok(Response::new(Reply::Nil, None))
+            }
+            Some(r) => Ok(Response::new(Reply::Value(r.value), Some(r.version))),
+        }
+    }
+
+    async fn del(&self, c: Del) -> Result<Response, EngineError> {
+        self.delete(c.key, c.fencing, c.if_version, None).await
+    }
+
+    async fn vdel(&self, c: VDel) -> Result<Response, EngineError> {
+        self.delete(c.key, c.fencing, None, Some(c.value)).await
+    }
+
+    async fn delete(
+        &self,
+        key: Bytes,
+        fencing: Option<Hlc>,
+        if_version: Option<Hlc>,
+        if_value: Option<Bytes>,
+    ) -> Result<Response, EngineError> {
+        if key.is_empty() {
+            return Err(EngineError::EmptyKey);
+        }
+        self.check_skew(fencing.as_ref(), || EngineError::FencingTokenSkew)?;
+        let _guard = self.lock(&key).await;
+        for _ in 0..MAX_SWAP_ATTEMPTS {
+            let Some(cur) = self.load_live(&key).await? else {
+                if if_version.is_some() {
+                    return Err(EngineError::VersionMismatch);
+                }
+                return Ok(Response::new(Reply::Int(0), None));
+            };
+            Self::check_fencing(cur.fencing.as_ref(), fencing.as_ref())?;
+            if if_version.as_ref().is_some_and(|v| *v != cur.version) {
+                return Err(EngineError::VersionMismatch);
+            }
+            if if_value.as_ref().is_some_and(|v| *v != cur.value) {
+                return Ok(Response::new(Reply::NotApplied, Some(cur.version)));
+            }
+            if let Some(version) = self.remove(&key, &cur, ChangeKind::Delete).await? {
+                return Ok(Response::new(Reply::Int(1), Some(version)));
+            }
+        }
+        Err(contended())
+    }
+
+    fn keynotify(&self, c: KeyNotify) -> Result<Response, EngineError> {
+        if c.key.is_empty() {
+            return Err(EngineError::EmptyKey);
+        }
+        let mut obs = self.observers();
+        let reply = if c.stop {
+            if obs.unregister(&c.client, &c.key) {
+                Reply::Ok
+            } else {
+                Reply::Int(0)
+            }
+        } else if obs.register(&c.client, c.key, self.0.limits.observers.per_client) {
+            Reply::Ok
+        } else {
+            return Err(EngineError::QuotaExceeded);
+        };
+        Ok(Response::new(reply, None))
+    }
+
+    async fn scan(&self, c: Scan) -> Result<Response, EngineError> {
+        let pattern = std::str::from_utf8(&c.pattern).map_err(|_| EngineError::Syntax)?;
+        let pattern = glob::Pattern::new(pattern).map_err(|_| EngineError::Syntax)?;
+        let after = match &c.token {
+            Some(t) => Some(decode_token(t)?),
+            None => None,
+        };
+        let now = self.0.hlc.wall_ms();
+        let keep = |k: &[u8]| match std::str::from_utf8(k) {
+            Ok(s) => pattern.matches(s),
+            Err(_) => pattern.matches(&String::from_utf8_lossy(k)),
+        };
+        let page = self
+            .0
+            .store
+            .backend()
+            .scan(after.as_deref(), self.0.limits.scan_page.max(1), now, &keep)
+            .await?;
+        let token = page.resume_after.map(|k| encode_token(&k));
+        Ok(Response::new(Reply::Keys { keys: page.keys, token }, None))
+    }
+
+    /// Removes every key whose deadline has passed, telling observers. Returns how many.
+    pub async fn expire_due(&self) -> Result<usize, EngineError> {
+        let mut removed = 0;
+        loop {
+            let now = self.0.hlc.wall_ms();
+            let due = self.0.store.backend().expired(now, 256).await?;
+            if due.is_empty() {
+                return Ok(removed);
+            }
+            let batch = due.len();
+            for (key, _) in due {
+                let _guard = self.lock(&key).await;
+                if let Some(r) = self.0.store.backend().get(&key).await? {
+                    if r.is_expired(now) && self.remove(&key, &r, ChangeKind::Expire).await?.is_some() {
+                        removed += 1;
+                    }
+                }
+            }
+            if batch < 256 {
+                return Ok(removed);
+            }
+        }
+    }
+
+    /// Runs expiry until `shutdown` resolves: sleeps until the earliest deadline, or until a
+    /// write adds an earlier one.
+    pub async fn run_expiry(&self, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        loop {
+            if let Err(e) = self.expire_due().await {
+                tracing::error!(cause = %e, source = ?std::error::Error::source(&e), "expiry sweep failed");
+            }
+            let wait = match self.0.store.backend().next_deadline().await {
+                Ok(Some(d)) => d.saturating_sub(self.0.hlc.wall_ms()).max(1),
+                Ok(None) => 60_000,
+                Err(_) => 1_000,
+            };
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep(std::time::Duration::from_millis(wait)) => {}
+                _ = self.0.deadline_added.notified() => {}
+            }
+        }
+    }
+}
+
+fn contended() -> EngineError {
+    EngineError::Storage(crate::storage::StorageError::Backend(
+        "the key kept changing under a conditional swap".into(),
+    ))
+}
+
+/// SCAN continuation tokens: upper-case hex of the last key examined. Opaque to clients.
+fn encode_token(key: &[u8]) -> Bytes {
+    Bytes::from(hex::encode_upper(key))
+}
+
+fn decode_token(token: &[u8]) -> Result<Vec<u8>, EngineError> {
+    match hex::decode(token) {
+        Ok(key) if !key.is_empty() => Ok(key),
+        _ => Err(EngineError::Syntax),
+    }
+}
+
+#[cfg(test)]
+mod tests;

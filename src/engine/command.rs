@@ -1,0 +1,235 @@
+//! The commands the engine executes, and their parsing from RESP arguments.
+//!
+//! Every front end builds these; the MQTT door parses them from the request payload with
+//! [`Command::parse`], so argument rules live here once.
+
+use bytes::Bytes;
+
+use super::EngineError;
+use crate::hlc::Hlc;
+
+/// Request context that does not travel in the payload (MQTT user properties, HTTP metadata).
+#[derive(Debug, Clone, Default)]
+pub struct Meta {
+    /// The caller's HLC (`__ts`).
+    pub timestamp: Option<Hlc>,
+    /// The caller's fencing token (`__ft`).
+    pub fencing: Option<Hlc>,
+    /// The caller's client id (`__srcId`): whom KEYNOTIFY notifications go to.
+    pub client: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SetCondition {
+    /// Plain SET.
+    Always,
+    /// `NX`: only if the key is absent.
+    IfAbsent,
+    /// `NEX`: if absent, or if the stored value equals the new one.
+    IfAbsentOrEqual,
+    /// Only if the key exists with exactly this version (an ETag); otherwise an error.
+    IfVersion(Hlc),
+}
+
+/// ```text
+/// SET key value [NX|NEX] [PX ms]
+/// ```
+#[derive(Debug, Clone)]
+pub struct Set {
+    pub key: Bytes,
+    pub value: Bytes,
+    pub condition: SetCondition,
+    /// Time to live in milliseconds; `None` clears an earlier expiry.
+    pub ttl_ms: Option<u64>,
+    pub timestamp: Option<Hlc>,
+    pub fencing: Option<Hlc>,
+}
+
+/// ```text
+/// GET key
+/// ```
+#[derive(Debug, Clone)]
+pub struct Get {
+    pub key: Bytes,
+}
+
+/// ```text
+/// DEL key
+/// ```
+#[derive(Debug, Clone)]
+pub struct Del {
+    pub key: Bytes,
+    pub fencing: Option<Hlc>,
+    /// Only if the key exists with exactly this version (an ETag); otherwise an error.
+    pub if_version: Option<Hlc>,
+}
+
+/// ```text
+/// VDEL key value
+/// ```
+#[derive(Debug, Clone)]
+pub struct VDel {
+    pub key: Bytes,
+    pub value: Bytes,
+    pub fencing: Option<Hlc>,
+}
+
+/// ```text
+/// KEYNOTIFY key [STOP]
+/// ```
+#[derive(Debug, Clone)]
+pub struct KeyNotify {
+    pub key: Bytes,
+    pub client: String,
+    pub stop: bool,
+}
+
+/// ```text
+/// SCAN pattern [continuation-token]
+/// ```
+#[derive(Debug, Clone)]
+pub struct Scan {
+    pub pattern: Bytes,
+    pub token: Option<Bytes>,
+}
+
+#[derive(Debug, Clone)]
+pub enum Command {
+    Set(Set),
+    Get(Get),
+    Del(Del),
+    VDel(VDel),
+    KeyNotify(KeyNotify),
+    Scan(Scan),
+}
+
+impl Command {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Set(_) => "SET",
+            Command::Get(_) => "GET",
+            Command::Del(_) => "DEL",
+            Command::VDel(_) => "VDEL",
+            Command::KeyNotify(_) => "KEYNOTIFY",
+            Command::Scan(_) => "SCAN",
+        }
+    }
+
+    /// Parses RESP arguments (verb first). `meta` supplies what the payload does not carry.
+    pub fn parse(args: Vec<Bytes>, meta: Meta) -> Result<Command, EngineError> {
+        let mut args = Args(args.into_iter());
+        let verb = args.next().ok_or(EngineError::UnknownCommand)?;
+        let cmd = match &verb[..] {
+            b"SET" => {
+                let key = args.key()?;
+                let value = args.next().ok_or(EngineError::WrongArity)?;
+                let mut condition = SetCondition::Always;
+                let mut ttl_ms = None;
+                while let Some(opt) = args.next() {
+                    match &opt[..] {
+                        b"NX" | b"NEX" if condition != SetCondition::Always => {
+                            return Err(EngineError::Syntax);
+                        }
+                        b"NX" => condition = SetCondition::IfAbsent,
+                        b"NEX" => condition = SetCondition::IfAbsentOrEqual,
+                        b"PX" if ttl_ms.is_none() => {
+                            let ms = args.next().ok_or(EngineError::Syntax)?;
+                            ttl_ms = Some(parse_px(&ms)?);
+                        }
+                        _ => return Err(EngineError::Syntax),
+                    }
+                }
+                Command::Set(Set {
+                    key,
+                    value,
+                    condition,
+                    ttl_ms,
+                    timestamp: meta.timestamp,
+                    fencing: meta.fencing,
+                })
+            }
+            b"GET" => {
+                let key = args.key()?;
+                args.finish()?;
+                Command::Get(Get { key })
+            }
+            b"DEL" => {
+                let key = args.key()?;
+                args.finish()?;
+                Command::Del(Del {
+                    key,
+                    fencing: meta.fencing,
+                    if_version: None,
+                })
+            }
+            b"VDEL" => {
+                let key = args.key()?;
+                let value = args.next().ok_or(EngineError::WrongArity)?;
+                args.finish()?;
+                Command::VDel(VDel {
+                    key,
+                    value,
+                    fencing: meta.fencing,
+                })
+            }
+            b"KEYNOTIFY" => {
+                let key = args.key()?;
+                let stop = match args.next() {
+                    None => false,
+                    Some(opt) if &opt[..] == b"STOP" => true,
+                    Some(_) => return Err(EngineError::Syntax),
+                };
+                args.finish()?;
+                // Without a caller id there is nobody to notify: the front end checks first.
+                let client = meta.client.ok_or(EngineError::Syntax)?;
+                Command::KeyNotify(KeyNotify { key, client, stop })
+            }
+            b"SCAN" => {
+                let pattern = args.next().ok_or(EngineError::WrongArity)?;
+                let token = args.next();
+                args.finish()?;
+                Command::Scan(Scan { pattern, token })
+            }
+            _ => return Err(EngineError::UnknownCommand),
+        };
+        Ok(cmd)
+    }
+}
+
+/// A cursor over the arguments of one request.
+struct Args(std::vec::IntoIter<Bytes>);
+
+impl Args {
+    fn next(&mut self) -> Option<Bytes> {
+        self.0.next()
+    }
+
+    fn key(&mut self) -> Result<Bytes, EngineError> {
+        let key = self.next().ok_or(EngineError::WrongArity)?;
+        if key.is_empty() {
+            return Err(EngineError::EmptyKey);
+        }
+        Ok(key)
+    }
+
+    fn finish(&mut self) -> Result<(), EngineError> {
+        match self.next() {
+            None => Ok(()),
+            Some(_) => Err(EngineError::WrongArity),
+        }
+    }
+}
+
+/// `PX` milliseconds: a positive decimal number, fractions accepted and rounded up
+/// (one SDK sends `1500.5`).
+fn parse_px(raw: &[u8]) -> Result<u64, EngineError> {
+    let s = std::str::from_utf8(raw).map_err(|_| EngineError::Syntax)?;
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return Err(EngineError::Syntax);
+    }
+    let ms: f64 = s.parse().map_err(|_| EngineError::Syntax)?;
+    if !(ms > 0.0) || ms > 1e15 {
+        return Err(EngineError::Syntax);
+    }
+    Ok(ms.ceil() as u64)
+}

@@ -1,0 +1,46 @@
+//! The one error type of the engine. Every front end maps it with an exhaustive `match`
+//! (no `_ =>` arm), so a new variant does not build until each door handles it.
+
+use crate::storage::StorageError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The verb is not one the state store knows.
+    #[error("unknown command")]
+    UnknownCommand,
+    /// Too few or too many arguments for the verb.
+    #[error("wrong number of arguments")]
+    WrongArity,
+    /// An unknown option, conflicting options, a bad number, a bad pattern or token.
+    #[error("syntax error")]
+    Syntax,
+    #[error("the key length is zero")]
+    EmptyKey,
+    /// A write that needs a request timestamp came without one.
+    #[error("missing timestamp")]
+    MissingTimestamp,
+    /// A request timestamp or fencing token that is not an HLC.
+    #[error("malformed timestamp")]
+    MalformedTimestamp,
+    #[error(
+        "the request timestamp is too far in the future; ensure that the client and broker system clocks are synchronized"
+    )]
+    TimestampSkew,
+    #[error("a fencing token is required for this request")]
+    FencingTokenRequired,
+    #[error(
+        "the request fencing token timestamp is too far in the future; ensure that the client and broker system clocks are synchronized"
+    )]
+    FencingTokenSkew,
+    #[error("the request fencing token is a lower version than the fencing token protecting the resource")]
+    FencingTokenLower,
+    /// Too many keys, a key or value over its size limit, too many observed keys.
+    #[error("the quota has been exceeded")]
+    QuotaExceeded,
+    /// A write conditioned on a version (an ETag) found another version or no key.
+    #[error("the stored version does not match the requested version")]
+    VersionMismatch,
+    /// The storage failed; the details are logged, never sent to clients.
+    #[error("storage failure")]
+    Storage(#[from] StorageError),
+}

@@ -1,0 +1,3 @@
+//! The MQTT5 door: the Azure IoT Operations state store protocol.
+
+pub mod payload;

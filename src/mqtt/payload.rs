@@ -1,0 +1,57 @@
+//! Engine replies and errors as RESP payload bytes, exactly as the state store clients expect.
+
+use bytes::Bytes;
+
+use crate::engine::{EngineError, Reply};
+use crate::resp3::Frame;
+
+/// The payload for a reply.
+pub fn reply_frame(reply: Reply) -> Frame {
+    match reply {
+        Reply::Ok => Frame::Simple("OK".into()),
+        Reply::NotApplied => Frame::Integer(-1),
+        Reply::Nil => Frame::Null,
+        Reply::Value(v) => Frame::Bulk(v),
+        Reply::Int(i) => Frame::Integer(i),
+        Reply::Keys { keys, token } => {
+            let keys = Frame::Array(keys.into_iter().map(Frame::Bulk).collect());
+            match token {
+                None => Frame::Array(vec![keys]),
+                Some(t) => Frame::Array(vec![keys, Frame::Bulk(t)]),
+            }
+        }
+    }
+}
+
+/// How an engine error travels over MQTT: a `-ERR` payload with `__stat=200`, or (storage
+/// failures only) an RPC-level 500 whose details stay in the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ErrorReply {
+    Payload(Frame),
+    ServiceFault,
+}
+
+pub fn error_reply(err: &EngineError) -> ErrorReply {
+    let text = match err {
+        EngineError::UnknownCommand
+        | EngineError::WrongArity
+        | EngineError::Syntax
+        | EngineError::EmptyKey
+        | EngineError::MissingTimestamp
+        | EngineError::MalformedTimestamp
+        | EngineError::TimestampSkew
+        | EngineError::FencingTokenRequired
+        | EngineError::FencingTokenSkew
+        | EngineError::FencingTokenLower
+        | EngineError::QuotaExceeded => err.to_string(),
+        // Not reachable from an MQTT command (no ETags on this door); answered honestly anyway.
+        EngineError::VersionMismatch => "the stored version does not match the requested version".into(),
+        EngineError::Storage(_) => return ErrorReply::ServiceFault,
+    };
+    ErrorReply::Payload(Frame::Error(format!("ERR {text}")))
+}
+
+/// Encodes a payload frame.
+pub fn encode(frame: &Frame) -> Bytes {
+    frame.encode()
+}
