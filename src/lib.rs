@@ -2,14 +2,159 @@
 //! protocol), HTTP and gRPC.
 //!
 //! Layout (dependencies point downwards only):
+//! - [`config`]: command line and validated configuration.
 //! - [`mqtt`]: the MQTT5 door (request/response envelope, notifications, embedded broker).
 //! - [`resp3`]: the sans-I/O payload codec the MQTT door speaks.
 //! - [`engine`]: commands, rules, versions, fencing, expiry, change feed.
 //! - [`storage`]: records behind a conditional-swap interface.
 //! - [`hlc`]: hybrid logical clocks.
 
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+pub mod config;
 pub mod engine;
 pub mod hlc;
 pub mod mqtt;
 pub mod resp3;
 pub mod storage;
+
+use config::{BrokerChoice, Config};
+use engine::{Engine, EngineError};
+use mqtt::service::{MqttService, MqttSettings};
+use storage::Store;
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("opening the engine: {0}")]
+    Engine(#[from] EngineError),
+    #[cfg(feature = "embedded-broker")]
+    #[error("starting the embedded MQTT broker: {0}")]
+    Broker(#[from] mqtt::broker::BrokerError),
+}
+
+/// A running service: its engine, its doors and their background tasks.
+pub struct Running {
+    engine: Engine,
+    mqtt_addr: (String, u16),
+    mqtt: MqttService,
+    #[cfg(feature = "embedded-broker")]
+    broker: Option<mqtt::broker::EmbeddedBroker>,
+    stop: watch::Sender<bool>,
+    expiry: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running").field("mqtt", &self.mqtt_addr).finish()
+    }
+}
+
+/// Starts the service on `store`; returns once every door is ready.
+pub async fn start(config: Config, store: Store) -> Result<Running, StartError> {
+    let clock: Arc<dyn hlc::Clock> = Arc::new(hlc::SystemClock);
+    let engine = Engine::open(store, &config.node_id, clock, config.limits.clone()).await?;
+    let (stop, stop_rx) = watch::channel(false);
+
+    #[cfg(feature = "embedded-broker")]
+    let mut broker = None;
+    let (host, port) = match &config.broker {
+        BrokerChoice::External { host, port } => (host.clone(), *port),
+        #[cfg(feature = "embedded-broker")]
+        BrokerChoice::Embedded { listen } => {
+            let on_disconnect = {
+                let engine = engine.clone();
+                Arc::new(move |client: &str| {
+                    let n = engine.drop_client(client);
+                    if n > 0 {
+                        tracing::debug!(client, keys = n, "dropped KEYNOTIFY registrations of a disconnected client");
+                    }
+                })
+            };
+            let b = mqtt::broker::EmbeddedBroker::start(
+                mqtt::broker::BrokerOptions {
+                    listen: *listen,
+                    max_packet_bytes: config.mqtt.max_packet_bytes,
+                    receive_maximum: 1024,
+                    default_message_expiry: None,
+                },
+                on_disconnect,
+            )
+            .await?;
+            let addr = b.local_addr();
+            if !addr.ip().is_loopback() {
+                tracing::warn!(%addr, "the embedded MQTT broker listens beyond loopback, without authentication");
+            }
+            tracing::info!(%addr, "embedded MQTT broker listening");
+            broker = Some(b);
+            (connect_host(addr), addr.port())
+        }
+        #[cfg(not(feature = "embedded-broker"))]
+        BrokerChoice::Embedded { .. } => unreachable!("config refuses the embedded broker when it is not built"),
+    };
+
+    let expiry = {
+        let engine = engine.clone();
+        let mut stop_rx = stop_rx.clone();
+        tokio::spawn(async move {
+            engine
+                .run_expiry(async move {
+                    let _ = stop_rx.changed().await;
+                })
+                .await
+        })
+    };
+
+    let settings = MqttSettings {
+        host: host.clone(),
+        port,
+        ..config.mqtt.clone()
+    };
+    let mqtt = MqttService::start(engine.clone(), settings, Duration::from_secs(10)).await;
+    drop(stop_rx);
+    Ok(Running {
+        engine,
+        mqtt_addr: (host, port),
+        mqtt,
+        #[cfg(feature = "embedded-broker")]
+        broker,
+        stop,
+        expiry,
+    })
+}
+
+/// The address a client uses to reach a listener (a wildcard address is reached on loopback).
+#[cfg(feature = "embedded-broker")]
+fn connect_host(addr: SocketAddr) -> String {
+    if addr.ip().is_unspecified() {
+        "127.0.0.1".into()
+    } else {
+        addr.ip().to_string()
+    }
+}
+
+impl Running {
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The broker the MQTT door uses (the embedded one's real address when it runs).
+    pub fn mqtt_broker(&self) -> (&str, u16) {
+        (&self.mqtt_addr.0, self.mqtt_addr.1)
+    }
+
+    /// Stops every door and background task.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        self.mqtt.shutdown().await;
+        #[cfg(feature = "embedded-broker")]
+        if let Some(b) = self.broker {
+            b.shutdown().await;
+        }
+        let _ = self.expiry.await;
+    }
+}

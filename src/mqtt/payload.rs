@@ -55,3 +55,6 @@ pub fn error_reply(err: &EngineError) -> ErrorReply {
 pub fn encode(frame: &Frame) -> Bytes {
     frame.encode()
 }
+
+#[cfg(test)]
+mod tests;

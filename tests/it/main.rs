@@ -1,1 +1,4 @@
+//! The one integration test binary: real brokers, real ports, real peer clients.
 
+mod mqtt;
+mod support;

@@ -1,0 +1,241 @@
+//! Command line and configuration. Every flag is also an environment variable `STATEGATE_*`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::engine::{Limits, ObserverLimits};
+use crate::mqtt::service::MqttSettings;
+
+#[derive(Debug, Parser)]
+#[command(name = "stategate", version, about = "A state store served over MQTT5, HTTP and gRPC")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<CliCommand>,
+    /// `serve` flags, accepted without the subcommand too.
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CliCommand {
+    /// Run the service (the default).
+    Serve(ServeArgs),
+}
+
+/// Flags of `stategate serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// External MQTT broker, `mqtt://host:port`. Absent: run the embedded broker.
+    #[arg(long, env = "STATEGATE_MQTT_URL")]
+    pub mqtt_url: Option<String>,
+    /// Where the embedded broker listens. An address other than loopback opens the broker to
+    /// the network, without authentication.
+    #[arg(long, env = "STATEGATE_MQTT_LISTEN", default_value = "127.0.0.1:1883")]
+    pub mqtt_listen: SocketAddr,
+    /// The service's MQTT client id.
+    #[arg(long, env = "STATEGATE_MQTT_CLIENT_ID", default_value = "stategate")]
+    pub mqtt_client_id: String,
+    /// Subscribe as `$share/<group>/...` so several replicas share the requests.
+    #[arg(long, env = "STATEGATE_MQTT_SHARE_GROUP")]
+    pub mqtt_share_group: Option<String>,
+    /// Node id in every version this service issues (no `:`).
+    #[arg(long, env = "STATEGATE_NODE_ID", default_value = "stategate")]
+    pub node_id: String,
+    /// Most keys stored (unlimited when absent).
+    #[arg(long, env = "STATEGATE_MAX_KEYS")]
+    pub max_keys: Option<u64>,
+    /// Largest value, bytes.
+    #[arg(long, env = "STATEGATE_MAX_VALUE_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_value_bytes: usize,
+    /// Largest key, bytes.
+    #[arg(long, env = "STATEGATE_MAX_KEY_BYTES", default_value_t = 64 * 1024)]
+    pub max_key_bytes: usize,
+    /// Largest MQTT packet accepted or sent, bytes (must exceed the largest value).
+    #[arg(long, env = "STATEGATE_MQTT_MAX_PACKET_BYTES", default_value_t = 8 * 1024 * 1024)]
+    pub mqtt_max_packet_bytes: u32,
+    /// Keys examined per SCAN page.
+    #[arg(long, env = "STATEGATE_SCAN_PAGE", default_value_t = 1000)]
+    pub scan_page: usize,
+    /// Most keys one client may observe with KEYNOTIFY.
+    #[arg(long, env = "STATEGATE_MAX_OBSERVED_KEYS", default_value_t = 10_000)]
+    pub max_observed_keys: usize,
+    /// With an external broker (which does not report disconnects): seconds without a request
+    /// after which a client's KEYNOTIFY registrations are dropped. 0 = never.
+    #[arg(long, env = "STATEGATE_OBSERVER_IDLE_SECS", default_value_t = 86_400)]
+    pub observer_idle_secs: u64,
+}
+
+impl Default for ServeArgs {
+    fn default() -> ServeArgs {
+        // The flag defaults are the one source of truth.
+        Cli::parse_from(["stategate"]).serve
+    }
+}
+
+/// Where the MQTT door gets its broker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BrokerChoice {
+    Embedded { listen: SocketAddr },
+    External { host: String, port: u16 },
+}
+
+/// A bad flag value.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("--mqtt-url must look like mqtt://host:port (got {0:?})")]
+    BadMqttUrl(String),
+    #[error("--mqtt-url {0:?}: TLS (mqtts://) is not supported yet")]
+    TlsUnsupported(String),
+    #[error("--node-id must be non-empty and contain no ':' (got {0:?})")]
+    BadNodeId(String),
+    #[error("--mqtt-max-packet-bytes ({packet}) must exceed --max-value-bytes ({value}) plus the key and envelope")]
+    PacketTooSmall { packet: u32, value: usize },
+    #[error("the embedded broker is not built in (cargo feature `embedded-broker`): give --mqtt-url")]
+    NoEmbeddedBroker,
+}
+
+/// The validated configuration of a running service.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub node_id: String,
+    pub broker: BrokerChoice,
+    pub mqtt: MqttSettings,
+    pub limits: Limits,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        // Defaults are valid by construction.
+        Config::from_args(ServeArgs::default()).unwrap_or_else(|e| panic!("default config is invalid: {e}"))
+    }
+}
+
+impl Config {
+    pub fn from_args(a: ServeArgs) -> Result<Config, ConfigError> {
+        if a.node_id.is_empty() || a.node_id.contains(':') {
+            return Err(ConfigError::BadNodeId(a.node_id));
+        }
+        if (a.mqtt_max_packet_bytes as usize) < a.max_value_bytes + a.max_key_bytes + 1024 {
+            return Err(ConfigError::PacketTooSmall {
+                packet: a.mqtt_max_packet_bytes,
+                value: a.max_value_bytes,
+            });
+        }
+        let broker = match &a.mqtt_url {
+            None if cfg!(feature = "embedded-broker") => BrokerChoice::Embedded { listen: a.mqtt_listen },
+            None => return Err(ConfigError::NoEmbeddedBroker),
+            Some(url) => parse_mqtt_url(url)?,
+        };
+        let external = matches!(broker, BrokerChoice::External { .. });
+        let mqtt = MqttSettings {
+            client_id: a.mqtt_client_id,
+            share_group: a.mqtt_share_group,
+            max_packet_bytes: a.mqtt_max_packet_bytes,
+            ..MqttSettings::default()
+        };
+        let limits = Limits {
+            max_keys: a.max_keys,
+            max_key_bytes: a.max_key_bytes,
+            max_value_bytes: a.max_value_bytes,
+            scan_page: a.scan_page.max(1),
+            observers: ObserverLimits {
+                per_client: a.max_observed_keys,
+                // The embedded broker reports disconnects; only an external one needs idle expiry.
+                idle: (external && a.observer_idle_secs > 0).then(|| Duration::from_secs(a.observer_idle_secs)),
+            },
+        };
+        Ok(Config {
+            node_id: a.node_id,
+            broker,
+            mqtt,
+            limits,
+        })
+    }
+}
+
+fn parse_mqtt_url(url: &str) -> Result<BrokerChoice, ConfigError> {
+    let bad = || ConfigError::BadMqttUrl(url.to_owned());
+    let rest = if let Some(r) = url.strip_prefix("mqtt://").or_else(|| url.strip_prefix("tcp://")) {
+        r
+    } else if url.starts_with("mqtts://") || url.starts_with("ssl://") {
+        return Err(ConfigError::TlsUnsupported(url.to_owned()));
+    } else {
+        return Err(bad());
+    };
+    let rest = rest.trim_end_matches('/');
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((h, p)) => (h, p.parse::<u16>().map_err(|_| bad())?),
+        None => (rest, 1883),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() || host.contains('/') {
+        return Err(bad());
+    }
+    Ok(BrokerChoice::External {
+        host: host.to_owned(),
+        port,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_embedded_on_loopback() {
+        let c = Config::default();
+        assert_eq!(c.node_id, "stategate");
+        if cfg!(feature = "embedded-broker") {
+            assert_eq!(
+                c.broker,
+                BrokerChoice::Embedded {
+                    listen: "127.0.0.1:1883".parse().unwrap()
+                }
+            );
+        }
+        assert!(c.limits.observers.idle.is_none());
+    }
+
+    #[test]
+    fn mqtt_urls() {
+        let ext = |h: &str, p| BrokerChoice::External { host: h.into(), port: p };
+        assert_eq!(parse_mqtt_url("mqtt://localhost:1884").unwrap(), ext("localhost", 1884));
+        assert_eq!(parse_mqtt_url("mqtt://10.0.0.1").unwrap(), ext("10.0.0.1", 1883));
+        assert_eq!(parse_mqtt_url("tcp://[::1]:1883/").unwrap(), ext("::1", 1883));
+        assert!(matches!(parse_mqtt_url("mqtts://h:8883"), Err(ConfigError::TlsUnsupported(_))));
+        for bad in ["http://h:1", "mqtt://", "mqtt://h:x", "mqtt://h:70000", "h:1883"] {
+            assert!(matches!(parse_mqtt_url(bad), Err(ConfigError::BadMqttUrl(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn external_broker_turns_on_observer_idle_expiry() {
+        let mut a = ServeArgs::default();
+        a.mqtt_url = Some("mqtt://127.0.0.1:1".into());
+        let c = Config::from_args(a).unwrap();
+        assert_eq!(c.limits.observers.idle, Some(Duration::from_secs(86_400)));
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        let mut a = ServeArgs::default();
+        a.node_id = "a:b".into();
+        assert!(matches!(Config::from_args(a), Err(ConfigError::BadNodeId(_))));
+        let mut a = ServeArgs::default();
+        a.mqtt_max_packet_bytes = 1024;
+        assert!(matches!(Config::from_args(a), Err(ConfigError::PacketTooSmall { .. })));
+    }
+
+    #[test]
+    fn flags_parse_with_and_without_the_subcommand() {
+        let cli = Cli::try_parse_from(["stategate", "--max-keys", "5"]).unwrap();
+        assert_eq!(cli.serve.max_keys, Some(5));
+        let cli = Cli::try_parse_from(["stategate", "serve", "--node-id", "n2"]).unwrap();
+        match cli.command {
+            Some(CliCommand::Serve(a)) => assert_eq!(a.node_id, "n2"),
+            None => panic!("expected serve"),
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! The request/response envelope of the state store protocol, without I/O.
+//!
+//! [`handle`] turns one incoming request into at most one outgoing response. It never panics
+//! and never changes state for a request it refuses.
+
+use bytes::Bytes;
+
+use super::payload::{ErrorReply, error_reply, reply_frame};
+use super::{INVOKE_TOPIC, NOTIFY_TOPIC_PREFIX};
+use crate::engine::{Command, Engine, EngineError, Meta};
+use crate::hlc::Hlc;
+use crate::resp3;
+
+pub const PROP_STATUS: &str = "__stat";
+pub const PROP_STATUS_MESSAGE: &str = "__stMsg";
+pub const PROP_PROTOCOL_VERSION: &str = "__protVer";
+pub const PROP_SOURCE_ID: &str = "__srcId";
+pub const PROP_TIMESTAMP: &str = "__ts";
+pub const PROP_FENCING_TOKEN: &str = "__ft";
+pub const PROP_PROPERTY_NAME: &str = "__propName";
+pub const PROP_SUPPORTED_MAJOR: &str = "__supProtMajVer";
+pub const PROP_REQUEST_PROTOCOL_VERSION: &str = "__requestProtVer";
+pub const PROTOCOL_VERSION: &str = "1.0";
+pub const CONTENT_TYPE: &str = "application/octet-stream";
+
+/// An incoming PUBLISH, as far as the protocol cares (independent of the MQTT client library).
+#[derive(Debug, Clone, Default)]
+pub struct Request {
+    pub topic: String,
+    pub qos: u8,
+    pub payload: Bytes,
+    pub response_topic: Option<String>,
+    pub correlation: Option<Bytes>,
+    pub user_properties: Vec<(String, String)>,
+    pub message_expiry: Option<u32>,
+}
+
+impl Request {
+    fn property(&self, name: &str) -> Option<&str> {
+        self.user_properties
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// An outgoing PUBLISH at QoS 1.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outgoing {
+    pub topic: String,
+    pub payload: Bytes,
+    pub correlation: Option<Bytes>,
+    pub user_properties: Vec<(String, String)>,
+    pub message_expiry: Option<u32>,
+}
+
+/// Why a request got no response at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dropped {
+    NotQos1,
+    NoResponseTopic,
+    NoCorrelationData,
+    ForbiddenResponseTopic,
+}
+
+/// A response topic a state store must never publish to.
+pub fn is_forbidden_response_topic(topic: &str) -> bool {
+    topic == INVOKE_TOPIC || topic.starts_with(NOTIFY_TOPIC_PREFIX)
+}
+
+/// The routing part of a request that is answered.
+struct ReplyTo {
+    topic: String,
+    correlation: Bytes,
+    message_expiry: Option<u32>,
+}
+
+/// Checks the envelope: `Err` when nothing may be sent back.
+fn reply_to(req: &Request) -> Result<ReplyTo, Dropped> {
+    if req.qos != 1 {
+        return Err(Dropped::NotQos1);
+    }
+    let topic = req.response_topic.clone().ok_or(Dropped::NoResponseTopic)?;
+    if topic.is_empty() {
+        return Err(Dropped::NoResponseTopic);
+    }
+    if is_forbidden_response_topic(&topic) {
+        return Err(Dropped::ForbiddenResponseTopic);
+    }
+    let correlation = req.correlation.clone().ok_or(Dropped::NoCorrelationData)?;
+    Ok(ReplyTo {
+        topic,
+        correlation,
+        message_expiry: req.message_expiry,
+    })
+}
+
+/// What the request asks for, once the envelope is valid.
+enum Parsed {
+    Execute(Command, Option<String>),
+    /// A `-ERR` payload with `__stat=200`.
+    Refused(EngineError),
+    /// A broken RPC envelope: status and extra user properties.
+    Rpc(u16, &'static str, Vec<(String, String)>),
+}
+
+fn parse(req: &Request) -> Parsed {
+    if let Some(v) = req.property(PROP_PROTOCOL_VERSION) {
+        let major = v.split('.').next().and_then(|m| m.parse::<u32>().ok());
+        if major != Some(1) {
+            return Parsed::Rpc(
+                505,
+                "unsupported protocol version",
+                vec![
+                    (PROP_SUPPORTED_MAJOR.into(), "1".into()),
+                    (PROP_REQUEST_PROTOCOL_VERSION.into(), v.into()),
+                ],
+            );
+        }
+    }
+    let args = match resp3::decode_request(&req.payload) {
+        Ok(args) => args,
+        Err(_) => return Parsed::Refused(EngineError::Syntax),
+    };
+    let hlc_prop = |name: &str| -> Result<Option<Hlc>, EngineError> {
+        req.property(name)
+            .map(|v| v.parse::<Hlc>().map_err(|_| EngineError::MalformedTimestamp))
+            .transpose()
+    };
+    let timestamp = match hlc_prop(PROP_TIMESTAMP) {
+        Ok(t) => t,
+        Err(e) => return Parsed::Refused(e),
+    };
+    let fencing = match hlc_prop(PROP_FENCING_TOKEN) {
+        Ok(t) => t,
+        Err(e) => return Parsed::Refused(e),
+    };
+    let client = req.property(PROP_SOURCE_ID).filter(|c| !c.is_empty()).map(str::to_owned);
+    let is_keynotify = args.first().is_some_and(|v| &v[..] == b"KEYNOTIFY");
+    if is_keynotify && client.is_none() {
+        return Parsed::Rpc(
+            400,
+            "KEYNOTIFY needs the caller's client id",
+            vec![(PROP_PROPERTY_NAME.into(), PROP_SOURCE_ID.into())],
+        );
+    }
+    let meta = Meta {
+        timestamp,
+        fencing,
+        client: client.clone(),
+    };
+    match Command::parse(args, meta) {
+        Ok(Command::Set(s)) if s.timestamp.is_none() => Parsed::Refused(EngineError::MissingTimestamp),
+        Ok(cmd) => Parsed::Execute(cmd, client),
+        Err(e) => Parsed::Refused(e),
+    }
+}
+
+/// Handles one request: `Err` when it must go unanswered (and unexecuted).
+pub async fn handle(engine: &Engine, service_id: &str, req: &Request) -> Result<Outgoing, Dropped> {
+    let to = reply_to(req)?;
+    let (payload, status, version, extra) = match parse(req) {
+        Parsed::Execute(cmd, client) => {
+            if let Some(c) = &client {
+                engine.touch_client(c);
+            }
+            let name = cmd.name();
+            match engine.execute(cmd).await {
+                Ok(resp) => (reply_frame(resp.reply).encode(), 200, resp.version, vec![]),
+                Err(e) => match error_reply(&e) {
+                    ErrorReply::Payload(f) => (f.encode(), 200, None, vec![]),
+                    ErrorReply::ServiceFault => {
+                        tracing::error!(cmd = name, cause = %e, detail = ?e, "state store request failed");
+                        let msg = (PROP_STATUS_MESSAGE.to_owned(), "internal error".to_owned());
+                        (Bytes::new(), 500, None, vec![msg])
+                    }
+                },
+            }
+        }
+        Parsed::Refused(e) => match error_reply(&e) {
+            ErrorReply::Payload(f) => (f.encode(), 200, None, vec![]),
+            ErrorReply::ServiceFault => (Bytes::new(), 500, None, vec![]),
+        },
+        Parsed::Rpc(status, message, mut extra) => {
+            extra.push((PROP_STATUS_MESSAGE.into(), message.into()));
+            (Bytes::new(), status, None, extra)
+        }
+    };
+    let mut props = Vec::with_capacity(4 + extra.len());
+    props.push((PROP_STATUS.to_owned(), status.to_string()));
+    props.push((PROP_PROTOCOL_VERSION.to_owned(), PROTOCOL_VERSION.to_owned()));
+    props.push((PROP_SOURCE_ID.to_owned(), service_id.to_owned()));
+    if let Some(v) = version {
+        props.push((PROP_TIMESTAMP.to_owned(), v.to_string()));
+    }
+    props.extend(extra);
+    Ok(Outgoing {
+        topic: to.topic,
+        payload,
+        correlation: Some(to.correlation),
+        user_properties: props,
+        message_expiry: to.message_expiry,
+    })
+}
+
+/// The topic a KEYNOTIFY notification for `key` goes to, for observer `client`.
+pub fn notify_topic(client: &str, key: &[u8]) -> String {
+    format!(
+        "{NOTIFY_TOPIC_PREFIX}/{}/command/notify/{}",
+        hex::encode_upper(client.as_bytes()),
+        hex::encode_upper(key)
+    )
+}
+
+/// A notification payload: `NOTIFY SET VALUE <v>` or `NOTIFY DELETE`.
+pub fn notify_payload(value: Option<&Bytes>) -> Bytes {
+    match value {
+        Some(v) => resp3::encode_request([&b"NOTIFY"[..], b"SET", b"VALUE", v]),
+        None => resp3::encode_request([&b"NOTIFY"[..], b"DELETE"]),
+    }
+}
+
+#[cfg(test)]
+mod tests;

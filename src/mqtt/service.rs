@@ -1,0 +1,368 @@
+//! The state store's connection to an MQTT broker.
+//!
+//! Tasks, so that no task that drives `EventLoop::poll` ever awaits a publish:
+//! - the poller polls, forwards incoming requests (numbered in receive order) and subscribes
+//!   again on every ConnAck (in a spawned task);
+//! - one task per request executes it and publishes the answer;
+//! - the acker sends PUBACKs in receive order once each request is answered;
+//! - the notifier turns engine changes into KEYNOTIFY notifications;
+//! - the janitor drops idle observers.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
+use rumqttc::v5::{AsyncClient, EventLoop, MqttOptions};
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::{debug, info, warn};
+
+use super::INVOKE_TOPIC;
+use super::dedup::{Dedup, Seen};
+use super::request::{
+    self, CONTENT_TYPE, Outgoing, PROP_PROTOCOL_VERSION, PROP_SOURCE_ID, PROP_TIMESTAMP, PROTOCOL_VERSION, Request,
+};
+use crate::engine::{ChangeKind, Engine};
+
+/// How the service connects and behaves on MQTT.
+#[derive(Debug, Clone)]
+pub struct MqttSettings {
+    pub host: String,
+    pub port: u16,
+    /// The service's MQTT client id (stable, so the broker keeps its session).
+    pub client_id: String,
+    /// Subscribe through `$share/<group>/` so several replicas split the requests.
+    pub share_group: Option<String>,
+    /// Largest MQTT packet the service accepts or sends.
+    pub max_packet_bytes: u32,
+    /// Most unacknowledged requests the broker may send at once (MQTT5 Receive Maximum).
+    pub receive_maximum: u16,
+    /// How long an answer is kept to resend on a QoS 1 redelivery.
+    pub response_cache_ttl: Duration,
+    /// Most answers kept for redeliveries.
+    pub response_cache_entries: usize,
+    /// Session expiry asked of the broker, so requests queue while the service reconnects.
+    pub session_expiry: Duration,
+    pub keep_alive: Duration,
+}
+
+impl Default for MqttSettings {
+    fn default() -> MqttSettings {
+        MqttSettings {
+            host: "127.0.0.1".into(),
+            port: 1883,
+            client_id: "stategate".into(),
+            share_group: None,
+            max_packet_bytes: 8 * 1024 * 1024,
+            receive_maximum: 1024,
+            response_cache_ttl: Duration::from_secs(60),
+            response_cache_entries: 100_000,
+            session_expiry: Duration::from_secs(3600),
+            keep_alive: Duration::from_secs(30),
+        }
+    }
+}
+
+impl MqttSettings {
+    fn subscription(&self) -> String {
+        match &self.share_group {
+            Some(g) => format!("$share/{g}/{INVOKE_TOPIC}"),
+            None => INVOKE_TOPIC.to_owned(),
+        }
+    }
+
+    fn options(&self) -> MqttOptions {
+        let mut o = MqttOptions::new(self.client_id.clone(), self.host.clone(), self.port);
+        o.set_keep_alive(self.keep_alive);
+        o.set_clean_start(false);
+        o.set_session_expiry_interval(Some(self.session_expiry.as_secs().min(u64::from(u32::MAX)) as u32));
+        o.set_manual_acks(true);
+        o.set_max_packet_size(Some(self.max_packet_bytes));
+        o.set_receive_maximum(Some(self.receive_maximum.max(1)));
+        o.set_request_channel_capacity(4096);
+        let mut net = rumqttc::NetworkOptions::new();
+        net.set_tcp_nodelay(true);
+        net.set_connection_timeout(5);
+        o.set_network_options(net);
+        o
+    }
+}
+
+/// A running MQTT door.
+#[derive(Debug)]
+pub struct MqttService {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    stop: watch::Sender<bool>,
+    client: AsyncClient,
+}
+
+impl MqttService {
+    /// Connects and subscribes; returns once the first subscription is acknowledged (or after
+    /// `ready_timeout`, with a warning, so a broker that is down does not block startup forever).
+    pub async fn start(engine: Engine, settings: MqttSettings, ready_timeout: Duration) -> MqttService {
+        let (client, eventloop) = AsyncClient::new(settings.options(), 4096);
+        let (stop, stop_rx) = watch::channel(false);
+        let (req_tx, req_rx) = mpsc::unbounded_channel();
+        let (ack_tx, ack_rx) = mpsc::unbounded_channel();
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let settings = Arc::new(settings);
+        let dedup = Arc::new(Dedup::new(settings.response_cache_ttl, settings.response_cache_entries));
+
+        let mut tasks = vec![
+            tokio::spawn(poller(eventloop, client.clone(), settings.clone(), req_tx, ready_tx, stop_rx.clone())),
+            tokio::spawn(dispatcher(engine.clone(), client.clone(), settings.clone(), dedup, req_rx, ack_tx)),
+            tokio::spawn(acker(client.clone(), ack_rx)),
+            tokio::spawn(notifier(engine.clone(), client.clone(), settings.client_id.clone(), stop_rx.clone())),
+        ];
+        if engine.limits().observers.idle.is_some() {
+            tasks.push(tokio::spawn(janitor(engine, stop_rx)));
+        }
+        match tokio::time::timeout(ready_timeout, ready_rx).await {
+            Ok(Ok(())) => info!(topic = %settings.subscription(), "mqtt: subscribed"),
+            _ => warn!(
+                host = %settings.host,
+                port = settings.port,
+                "mqtt: not subscribed yet; requests are served once the broker answers"
+            ),
+        }
+        MqttService { tasks, stop, client }
+    }
+
+    /// Disconnects and stops every task.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.client.disconnect()).await;
+        for t in &self.tasks {
+            t.abort();
+        }
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+fn to_request(p: &Publish) -> Request {
+    let props = p.properties.clone().unwrap_or_default();
+    Request {
+        topic: String::from_utf8_lossy(&p.topic).into_owned(),
+        qos: p.qos as u8,
+        payload: p.payload.clone(),
+        response_topic: props.response_topic,
+        correlation: props.correlation_data,
+        user_properties: props.user_properties,
+        message_expiry: props.message_expiry_interval,
+    }
+}
+
+fn properties(out: &Outgoing) -> PublishProperties {
+    PublishProperties {
+        correlation_data: out.correlation.clone(),
+        user_properties: out.user_properties.clone(),
+        content_type: Some(CONTENT_TYPE.to_owned()),
+        message_expiry_interval: out.message_expiry,
+        ..Default::default()
+    }
+}
+
+async fn publish(client: &AsyncClient, out: &Outgoing) {
+    let props = properties(out);
+    if let Err(e) = client
+        .publish_with_properties(out.topic.clone(), QoS::AtLeastOnce, false, out.payload.clone(), props)
+        .await
+    {
+        warn!(cause = %e, topic = %out.topic, "mqtt: publish failed");
+    }
+}
+
+/// Drives the connection. Never awaits the client's request channel.
+async fn poller(
+    mut eventloop: EventLoop,
+    client: AsyncClient,
+    settings: Arc<MqttSettings>,
+    requests: mpsc::UnboundedSender<(u64, Publish)>,
+    ready: oneshot::Sender<()>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut ready = Some(ready);
+    let mut seq = 0u64;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let event = tokio::select! {
+            _ = stop.changed() => return,
+            e = eventloop.poll() => e,
+        };
+        match event {
+            Ok(rumqttc::v5::Event::Incoming(packet)) => {
+                backoff = Duration::from_millis(100);
+                match packet {
+                    Packet::Publish(p) => {
+                        seq += 1;
+                        if requests.send((seq, p)).is_err() {
+                            return;
+                        }
+                    }
+                    Packet::ConnAck(ack) => {
+                        info!(session_present = ack.session_present, "mqtt: connected");
+                        let client = client.clone();
+                        let topic = settings.subscription();
+                        tokio::spawn(async move {
+                            if let Err(e) = client.subscribe(topic, QoS::AtLeastOnce).await {
+                                warn!(cause = %e, "mqtt: subscribe failed");
+                            }
+                        });
+                    }
+                    Packet::SubAck(_) => {
+                        if let Some(r) = ready.take() {
+                            let _ = r.send(());
+                        }
+                    }
+                    Packet::Disconnect(d) => warn!(reason = ?d.reason_code, "mqtt: broker disconnected us"),
+                    _ => {}
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                warn!(cause = %e, retry_in_ms = backoff.as_millis() as u64, "mqtt: connection error");
+                tokio::select! {
+                    _ = stop.changed() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// Executes requests concurrently; each is acknowledged once answered.
+async fn dispatcher(
+    engine: Engine,
+    client: AsyncClient,
+    settings: Arc<MqttSettings>,
+    dedup: Arc<Dedup>,
+    mut requests: mpsc::UnboundedReceiver<(u64, Publish)>,
+    acks: mpsc::UnboundedSender<(u64, Publish)>,
+) {
+    while let Some((seq, p)) = requests.recv().await {
+        let engine = engine.clone();
+        let client = client.clone();
+        let settings = settings.clone();
+        let dedup = dedup.clone();
+        let acks = acks.clone();
+        tokio::spawn(async move {
+            serve_one(&engine, &client, &settings, &dedup, &p).await;
+            let _ = acks.send((seq, p));
+        });
+    }
+}
+
+async fn serve_one(engine: &Engine, client: &AsyncClient, settings: &MqttSettings, dedup: &Dedup, p: &Publish) {
+    let req = to_request(p);
+    let key = match (&req.response_topic, &req.correlation) {
+        (Some(t), Some(c)) if req.qos == 1 => Some((t.clone(), c.clone())),
+        _ => None,
+    };
+    if let Some((t, c)) = &key {
+        match dedup.check(t, c) {
+            Seen::New => {}
+            Seen::InProgress => return,
+            Seen::Answered(out) => {
+                debug!(topic = %t, "mqtt: redelivered request answered from the cache");
+                publish(client, &out).await;
+                return;
+            }
+        }
+    }
+    match request::handle(engine, &settings.client_id, &req).await {
+        Ok(out) => {
+            if let Some((t, c)) = &key {
+                dedup.answered(t, c, &out);
+            }
+            publish(client, &out).await;
+        }
+        Err(why) => {
+            if let Some((t, c)) = &key {
+                dedup.forget(t, c);
+            }
+            warn!(?why, topic = %req.topic, "mqtt: request not answered");
+        }
+    }
+}
+
+/// Sends PUBACKs in the order the requests were received.
+async fn acker(client: AsyncClient, mut done: mpsc::UnboundedReceiver<(u64, Publish)>) {
+    let mut next = 1u64;
+    let mut waiting: BTreeMap<u64, Publish> = BTreeMap::new();
+    while let Some((seq, p)) = done.recv().await {
+        waiting.insert(seq, p);
+        while let Some(p) = waiting.remove(&next) {
+            if let Err(e) = client.ack(&p).await {
+                warn!(cause = %e, "mqtt: ack failed");
+            }
+            next += 1;
+        }
+    }
+}
+
+/// Publishes KEYNOTIFY notifications, in change order.
+async fn notifier(engine: Engine, client: AsyncClient, service_id: String, mut stop: watch::Receiver<bool>) {
+    let mut feed = engine.subscribe();
+    loop {
+        let change = tokio::select! {
+            _ = stop.changed() => return,
+            c = feed.recv() => c,
+        };
+        let change = match change {
+            Ok(c) => c,
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                warn!(missed = n, "mqtt: notifications dropped: the change feed outran the broker");
+                continue;
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        };
+        let observers = engine.observers_of(&change.key);
+        if observers.is_empty() {
+            continue;
+        }
+        let payload = request::notify_payload(match &change.kind {
+            ChangeKind::Set(v) => Some(v),
+            ChangeKind::Delete | ChangeKind::Expire => None,
+        });
+        let version = change.version.to_string();
+        for client_id in observers {
+            let out = Outgoing {
+                topic: request::notify_topic(&client_id, &change.key),
+                payload: payload.clone(),
+                correlation: None,
+                user_properties: vec![
+                    (PROP_TIMESTAMP.to_owned(), version.clone()),
+                    (PROP_PROTOCOL_VERSION.to_owned(), PROTOCOL_VERSION.to_owned()),
+                    (PROP_SOURCE_ID.to_owned(), service_id.clone()),
+                ],
+                message_expiry: None,
+            };
+            publish(&client, &out).await;
+        }
+    }
+}
+
+/// Drops the registrations of clients that have been idle too long.
+async fn janitor(engine: Engine, mut stop: watch::Receiver<bool>) {
+    let period = engine
+        .limits()
+        .observers
+        .idle
+        .map(|d| (d / 4).max(Duration::from_secs(1)))
+        .unwrap_or(Duration::from_secs(60));
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            _ = tokio::time::sleep(period) => {}
+        }
+        let n = engine.sweep_idle_observers();
+        if n > 0 {
+            info!(clients = n, "mqtt: dropped the registrations of idle clients");
+        }
+    }
+}
+
