@@ -9,7 +9,11 @@ use crate::engine::{Limits, ObserverLimits};
 use crate::mqtt::service::MqttSettings;
 
 #[derive(Debug, Parser)]
-#[command(name = "stategate", version, about = "A state store served over MQTT5, HTTP and gRPC")]
+#[command(
+    name = "stategate",
+    version,
+    about = "A state store served over MQTT5, HTTP and gRPC"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<CliCommand>,
@@ -200,11 +204,17 @@ mod tests {
 
     #[test]
     fn mqtt_urls() {
-        let ext = |h: &str, p| BrokerChoice::External { host: h.into(), port: p };
+        let ext = |h: &str, p| BrokerChoice::External {
+            host: h.into(),
+            port: p,
+        };
         assert_eq!(parse_mqtt_url("mqtt://localhost:1884").unwrap(), ext("localhost", 1884));
         assert_eq!(parse_mqtt_url("mqtt://10.0.0.1").unwrap(), ext("10.0.0.1", 1883));
         assert_eq!(parse_mqtt_url("tcp://[::1]:1883/").unwrap(), ext("::1", 1883));
-        assert!(matches!(parse_mqtt_url("mqtts://h:8883"), Err(ConfigError::TlsUnsupported(_))));
+        assert!(matches!(
+            parse_mqtt_url("mqtts://h:8883"),
+            Err(ConfigError::TlsUnsupported(_))
+        ));
         for bad in ["http://h:1", "mqtt://", "mqtt://h:x", "mqtt://h:70000", "h:1883"] {
             assert!(matches!(parse_mqtt_url(bad), Err(ConfigError::BadMqttUrl(_))), "{bad}");
         }

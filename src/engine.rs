@@ -240,7 +240,13 @@ impl Engine {
             expected: Some(cur.version.clone()),
             new: None,
         };
-        match self.0.store.backend().swap_many(std::slice::from_ref(&swap), None).await? {
+        match self
+            .0
+            .store
+            .backend()
+            .swap_many(std::slice::from_ref(&swap), None)
+            .await?
+        {
             SwapOutcome::Done => {
                 self.publish(key.clone(), version.clone(), kind);
                 Ok(Some(version))
@@ -302,7 +308,13 @@ impl Engine {
                     expires_at_ms,
                 }),
             };
-            match self.0.store.backend().swap_many(std::slice::from_ref(&swap), l.max_keys).await? {
+            match self
+                .0
+                .store
+                .backend()
+                .swap_many(std::slice::from_ref(&swap), l.max_keys)
+                .await?
+            {
                 SwapOutcome::Done => {
                     if expires_at_ms.is_some() {
                         self.0.deadline_added.notify_one();

@@ -71,7 +71,11 @@ pub async fn start(config: Config, store: Store) -> Result<Running, StartError> 
                 Arc::new(move |client: &str| {
                     let n = engine.drop_client(client);
                     if n > 0 {
-                        tracing::debug!(client, keys = n, "dropped KEYNOTIFY registrations of a disconnected client");
+                        tracing::debug!(
+                            client,
+                            keys = n,
+                            "dropped KEYNOTIFY registrations of a disconnected client"
+                        );
                     }
                 })
             };

@@ -91,10 +91,7 @@ impl Cursor<'_> {
     /// The bytes up to the next CRLF, which is consumed.
     fn line(&mut self) -> Result<&[u8], DecodeError> {
         let rest = &self.buf[self.pos..];
-        let end = rest
-            .iter()
-            .position(|&b| b == b'\r')
-            .ok_or(DecodeError::Incomplete)?;
+        let end = rest.iter().position(|&b| b == b'\r').ok_or(DecodeError::Incomplete)?;
         match rest.get(end + 1) {
             Some(b'\n') => {}
             Some(_) => return Err(DecodeError::MissingCrlf),
@@ -113,14 +110,16 @@ impl Cursor<'_> {
         if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
             return Err(DecodeError::BadNumber);
         }
+        // Accumulate towards the sign, so that `i64::MIN` (which `encode` emits) decodes too.
         let mut v: i64 = 0;
         for d in digits {
+            let d = i64::from(d - b'0');
             v = v
                 .checked_mul(10)
-                .and_then(|v| v.checked_add(i64::from(d - b'0')))
+                .and_then(|v| if neg { v.checked_sub(d) } else { v.checked_add(d) })
                 .ok_or(DecodeError::BadNumber)?;
         }
-        Ok(if neg { -v } else { v })
+        Ok(v)
     }
 
     /// A length: `None` for `-1`, an error for other negatives.

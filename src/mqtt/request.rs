@@ -135,7 +135,10 @@ fn parse(req: &Request) -> Parsed {
         Ok(t) => t,
         Err(e) => return Parsed::Refused(e),
     };
-    let client = req.property(PROP_SOURCE_ID).filter(|c| !c.is_empty()).map(str::to_owned);
+    let client = req
+        .property(PROP_SOURCE_ID)
+        .filter(|c| !c.is_empty())
+        .map(str::to_owned);
     let is_keynotify = args.first().is_some_and(|v| &v[..] == b"KEYNOTIFY");
     if is_keynotify && client.is_none() {
         return Parsed::Rpc(

@@ -110,10 +110,29 @@ impl MqttService {
         let dedup = Arc::new(Dedup::new(settings.response_cache_ttl, settings.response_cache_entries));
 
         let mut tasks = vec![
-            tokio::spawn(poller(eventloop, client.clone(), settings.clone(), req_tx, ready_tx, stop_rx.clone())),
-            tokio::spawn(dispatcher(engine.clone(), client.clone(), settings.clone(), dedup, req_rx, ack_tx)),
+            tokio::spawn(poller(
+                eventloop,
+                client.clone(),
+                settings.clone(),
+                req_tx,
+                ready_tx,
+                stop_rx.clone(),
+            )),
+            tokio::spawn(dispatcher(
+                engine.clone(),
+                client.clone(),
+                settings.clone(),
+                dedup,
+                req_rx,
+                ack_tx,
+            )),
             tokio::spawn(acker(client.clone(), ack_rx)),
-            tokio::spawn(notifier(engine.clone(), client.clone(), settings.client_id.clone(), stop_rx.clone())),
+            tokio::spawn(notifier(
+                engine.clone(),
+                client.clone(),
+                settings.client_id.clone(),
+                stop_rx.clone(),
+            )),
         ];
         if engine.limits().observers.idle.is_some() {
             tasks.push(tokio::spawn(janitor(engine, stop_rx)));
@@ -315,7 +334,10 @@ async fn notifier(engine: Engine, client: AsyncClient, service_id: String, mut s
         let change = match change {
             Ok(c) => c,
             Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                warn!(missed = n, "mqtt: notifications dropped: the change feed outran the broker");
+                warn!(
+                    missed = n,
+                    "mqtt: notifications dropped: the change feed outran the broker"
+                );
                 continue;
             }
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
@@ -365,4 +387,3 @@ async fn janitor(engine: Engine, mut stop: watch::Receiver<bool>) {
         }
     }
 }
-

@@ -79,7 +79,9 @@ async fn set_get_envelope_is_exact(broker: Broker) {
     assert_eq!(prop(&miss, "__stat"), Some("200"));
 
     // NX on an existing key: not applied, and __ts is the stored version.
-    let nx = c.request(&[b"SET", b"k1", b"other", b"NX"], &[("__ts", &now_ts())]).await;
+    let nx = c
+        .request(&[b"SET", b"k1", b"other", b"NX"], &[("__ts", &now_ts())])
+        .await;
     assert_eq!(payload(&nx), b":-1\r\n");
     assert_eq!(prop(&nx, "__ts"), Some(v1.to_string().as_str()));
 
@@ -95,7 +97,10 @@ async fn set_get_envelope_is_exact(broker: Broker) {
 
     let crlf = c.request(&[b"SET", b"a\r\nb", b"x\r\ny"], &[("__ts", &now_ts())]).await;
     assert_eq!(payload(&crlf), b"+OK\r\n");
-    assert_eq!(payload(&c.request(&[b"GET", b"a\r\nb"], &[]).await), b"$4\r\nx\r\ny\r\n");
+    assert_eq!(
+        payload(&c.request(&[b"GET", b"a\r\nb"], &[]).await),
+        b"$4\r\nx\r\ny\r\n"
+    );
 
     assert_eq!(payload(&c.request(&[b"VDEL", b"k1", b"zz"], &[]).await), b":-1\r\n");
     assert_eq!(payload(&c.request(&[b"VDEL", b"k1", b"v1"], &[]).await), b":1\r\n");
@@ -119,7 +124,9 @@ async fn timestamps_are_checked(broker: Broker) {
         payload(&r),
         &b"-ERR the request timestamp is too far in the future; ensure that the client and broker system clocks are synchronized\r\n"[..]
     );
-    let r = c.request(&[b"SET", b"k", b"v"], &[("__ts", &now_ts()), ("__ft", &far)]).await;
+    let r = c
+        .request(&[b"SET", b"k", b"v"], &[("__ts", &now_ts()), ("__ft", &far)])
+        .await;
     assert_eq!(
         payload(&r),
         &b"-ERR the request fencing token timestamp is too far in the future; ensure that the client and broker system clocks are synchronized\r\n"[..]
@@ -129,7 +136,9 @@ async fn timestamps_are_checked(broker: Broker) {
 
     // Fencing: store a token, then require it.
     let ft = now_ts();
-    let r = c.request(&[b"SET", b"f", b"1"], &[("__ts", &now_ts()), ("__ft", &ft)]).await;
+    let r = c
+        .request(&[b"SET", b"f", b"1"], &[("__ts", &now_ts()), ("__ft", &ft)])
+        .await;
     assert_eq!(payload(&r), b"+OK\r\n");
     let r = c.request(&[b"SET", b"f", b"2"], &[("__ts", &now_ts())]).await;
     assert_eq!(payload(&r), b"-ERR a fencing token is required for this request\r\n");
@@ -151,15 +160,23 @@ async fn notifications_are_exact(broker: Broker) {
     let mut obs = RawClient::connect(env.broker_port, "client-id1").await;
     let r = obs.request(&[b"KEYNOTIFY", b"SOMEKEY"], &[]).await;
     assert_eq!(payload(&r), b"+OK\r\n");
-    let topic = "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/636C69656E742D696431/command/notify/534F4D454B4559";
+    let topic =
+        "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/636C69656E742D696431/command/notify/534F4D454B4559";
     obs.subscribe(topic).await;
 
     let set = c.request(&[b"SET", b"SOMEKEY", b"hello"], &[("__ts", &now_ts())]).await;
     let n = obs.next().await;
     assert_eq!(std::str::from_utf8(&n.topic).unwrap(), topic);
-    assert_eq!(payload(&n), b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$5\r\nhello\r\n");
+    assert_eq!(
+        payload(&n),
+        b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$5\r\nhello\r\n"
+    );
     assert_eq!(n.qos, QoS::AtLeastOnce);
-    assert_eq!(prop(&n, "__ts"), prop(&set, "__ts"), "notification carries the new version");
+    assert_eq!(
+        prop(&n, "__ts"),
+        prop(&set, "__ts"),
+        "notification carries the new version"
+    );
     assert_eq!(prop(&n, "__protVer"), Some("1.0"));
     assert_eq!(
         n.properties.as_ref().unwrap().content_type.as_deref(),
@@ -167,7 +184,9 @@ async fn notifications_are_exact(broker: Broker) {
     );
 
     // A SET that is not applied notifies nobody; the next applied change comes next.
-    let nx = c.request(&[b"SET", b"SOMEKEY", b"x", b"NX"], &[("__ts", &now_ts())]).await;
+    let nx = c
+        .request(&[b"SET", b"SOMEKEY", b"x", b"NX"], &[("__ts", &now_ts())])
+        .await;
     assert_eq!(payload(&nx), b":-1\r\n");
     let del = c.request(&[b"DEL", b"SOMEKEY"], &[]).await;
     assert_eq!(payload(&del), b":1\r\n");
@@ -180,14 +199,23 @@ async fn notifications_are_exact(broker: Broker) {
     c.request(&[b"SET", b"SOMEKEY", b"brief", b"PX", b"50"], &[("__ts", &now_ts())])
         .await;
     let n = obs.next().await;
-    assert_eq!(payload(&n), b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$5\r\nbrief\r\n");
+    assert_eq!(
+        payload(&n),
+        b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$5\r\nbrief\r\n"
+    );
     let n = obs.next().await;
     assert_eq!(payload(&n), b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n");
     assert_eq!(payload(&c.request(&[b"GET", b"SOMEKEY"], &[]).await), b"$-1\r\n");
 
     // Stop: +OK once, then :0.
-    assert_eq!(payload(&obs.request(&[b"KEYNOTIFY", b"SOMEKEY", b"STOP"], &[]).await), b"+OK\r\n");
-    assert_eq!(payload(&obs.request(&[b"KEYNOTIFY", b"SOMEKEY", b"STOP"], &[]).await), b":0\r\n");
+    assert_eq!(
+        payload(&obs.request(&[b"KEYNOTIFY", b"SOMEKEY", b"STOP"], &[]).await),
+        b"+OK\r\n"
+    );
+    assert_eq!(
+        payload(&obs.request(&[b"KEYNOTIFY", b"SOMEKEY", b"STOP"], &[]).await),
+        b":0\r\n"
+    );
     env.stop().await;
 }
 
@@ -212,7 +240,12 @@ async fn errors_are_err_payloads(broker: Broker) {
     }
     // Not an array of bulk strings.
     let topic = c.response_topic();
-    for bad in [&b"GET k\r\n"[..], b"*2\r\n$3\r\nGET\r\n$5\r\nk\r\n", b"", b"*1\r\n:1\r\n"] {
+    for bad in [
+        &b"GET k\r\n"[..],
+        b"*2\r\n$3\r\nGET\r\n$5\r\nk\r\n",
+        b"",
+        b"*1\r\n:1\r\n",
+    ] {
         let corr = Bytes::from(crate::support::uuid_like());
         let props = PublishProperties {
             response_topic: Some(topic.clone()),
@@ -220,7 +253,8 @@ async fn errors_are_err_payloads(broker: Broker) {
             user_properties: vec![("__ts".into(), now_ts())],
             ..Default::default()
         };
-        c.publish(INVOKE, QoS::AtLeastOnce, Bytes::copy_from_slice(bad), props).await;
+        c.publish(INVOKE, QoS::AtLeastOnce, Bytes::copy_from_slice(bad), props)
+            .await;
         let r = c.next().await;
         assert_eq!(r.properties.as_ref().unwrap().correlation_data.as_ref(), Some(&corr));
         assert_eq!(payload(&r), b"-ERR syntax error\r\n", "{bad:?}");
@@ -245,9 +279,16 @@ async fn redelivery_is_answered_from_the_cache(broker: Broker) {
     c.publish(INVOKE, QoS::AtLeastOnce, req, props).await;
     let second = c.next().await;
     assert_eq!(payload(&first), b"+OK\r\n");
-    assert_eq!(payload(&second), b"+OK\r\n", "the second copy is not executed again (it would be :-1)");
+    assert_eq!(
+        payload(&second),
+        b"+OK\r\n",
+        "the second copy is not executed again (it would be :-1)"
+    );
     assert_eq!(prop(&first, "__ts"), prop(&second, "__ts"));
-    assert_eq!(second.properties.as_ref().unwrap().correlation_data.as_ref(), Some(&corr));
+    assert_eq!(
+        second.properties.as_ref().unwrap().correlation_data.as_ref(),
+        Some(&corr)
+    );
     env.stop().await;
 }
 
@@ -290,7 +331,9 @@ async fn scan_pages_through_keys(broker: Broker) {
             panic!("first element is the key array")
         };
         for k in keys {
-            let stategate::resp3::Frame::Bulk(k) = k else { panic!("keys are bulk strings") };
+            let stategate::resp3::Frame::Bulk(k) = k else {
+                panic!("keys are bulk strings")
+            };
             seen.push(String::from_utf8(k.to_vec()).unwrap());
         }
         match parts.get(1) {
@@ -315,7 +358,8 @@ async fn scan_pages_through_keys(broker: Broker) {
 async fn refused_envelopes_are_not_executed(broker: Broker) {
     let (env, mut c) = setup(broker).await;
     let mut spy = RawClient::connect(env.broker_port, &unique_id("spy")).await;
-    spy.subscribe("clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/#").await;
+    spy.subscribe("clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/#")
+        .await;
     spy.subscribe(INVOKE).await;
     let set = |k: &str| stategate::resp3::encode_request([&b"SET"[..], k.as_bytes(), b"v"]);
     let props = |rt: Option<&str>, corr: bool| PublishProperties {
@@ -325,10 +369,18 @@ async fn refused_envelopes_are_not_executed(broker: Broker) {
         ..Default::default()
     };
     let forbidden = "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/x/response";
-    c.publish(INVOKE, QoS::AtLeastOnce, set("f1"), props(Some(INVOKE), true)).await;
-    c.publish(INVOKE, QoS::AtLeastOnce, set("f2"), props(Some(forbidden), true)).await;
+    c.publish(INVOKE, QoS::AtLeastOnce, set("f1"), props(Some(INVOKE), true))
+        .await;
+    c.publish(INVOKE, QoS::AtLeastOnce, set("f2"), props(Some(forbidden), true))
+        .await;
     c.publish(INVOKE, QoS::AtLeastOnce, set("f3"), props(None, true)).await;
-    c.publish(INVOKE, QoS::AtMostOnce, set("f4"), props(Some(&c.response_topic()), true)).await;
+    c.publish(
+        INVOKE,
+        QoS::AtMostOnce,
+        set("f4"),
+        props(Some(&c.response_topic()), true),
+    )
+    .await;
     // A valid request after them: once it is answered, the earlier ones were received.
     let r = c.request(&[b"GET", b"f1"], &[]).await;
     assert_eq!(payload(&r), b"$-1\r\n");
