@@ -1,0 +1,300 @@
+//! The embedded MQTT broker: rmqtt 0.24 used as a library, on plain TCP, MQTT 5 and 3.1.1.
+//!
+//! rmqtt keeps all broker state (sessions, routes, hooks, listener settings) in one
+//! `ServerContext`, so several brokers can run in one process, each on its own port. Its only
+//! process-wide state is a cached "system busy" flag read during handshakes when busy checking is
+//! on; [`EmbeddedBroker::start`] turns busy checking off, which also keeps a loaded machine (a
+//! parallel test run, a build) from refusing connections with "server unavailable".
+//!
+//! What is set on purpose, because rmqtt's defaults do not suit a state store:
+//! - Maximum Packet Size and Receive Maximum come from [`BrokerOptions`].
+//! - Message expiry for messages that carry none comes from [`BrokerOptions`] (rmqtt would add
+//!   5 minutes). `None` means such messages never expire.
+//! - Shared subscriptions (`$share/<group>/<filter>`) are switched on with [`RoundRobin`]; rmqtt's
+//!   default strategy reports them unsupported.
+//! - rmqtt resends unacknowledged QoS 1/2 messages to a connected client every 20 s. MQTT 5
+//!   allows a resend only on reconnect (and a slow responder would see duplicates), so the timer
+//!   is off; unacknowledged messages are resent when the session resumes.
+//! - TCP_NODELAY on every accepted connection (Nagle plus delayed ACK cost 40-90 ms a round trip).
+//!
+//! The `ClientDisconnected` hook reports every disconnect, clean or not, to the callback given to
+//! [`EmbeddedBroker::start`].
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::num::NonZeroU16;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rmqtt::context::ServerContext;
+use rmqtt::hook::{Handler, HookResult, Parameter, ReturnType, Type};
+use rmqtt::net::Builder;
+use rmqtt::server::MqttServer;
+use rmqtt::shared::Entry;
+use rmqtt::subscribe::SharedSubscription;
+use rmqtt::types::{
+    ClientId, Id, IsOnline, NodeId, SharedGroup, SubscriptionIdentifier, SubscriptionOptions, TopicName,
+};
+use tokio::task::{JoinHandle, JoinSet};
+
+/// Messages queued per client session (online backlog or offline queue) before the broker drops
+/// new ones for that client. rmqtt's default is 1,000.
+const MAX_QUEUED_PER_CLIENT: usize = 10_000;
+/// Session expiry for MQTT 3.1.1 clients that connect with clean_session=0 (MQTT 5 clients
+/// choose their own). rmqtt's default, written down.
+const V3_SESSION_EXPIRY: Duration = Duration::from_secs(2 * 60 * 60);
+/// How long [`EmbeddedBroker::shutdown`] waits for connected clients to be disconnected.
+const SHUTDOWN_KICK_TIMEOUT: Duration = Duration::from_secs(10);
+/// Shared-subscription groups whose round-robin position is remembered; past this the positions
+/// start again from zero (only fairness is lost, never a message).
+const MAX_TRACKED_GROUPS: usize = 4_096;
+
+/// How the embedded broker listens and which limits it announces.
+#[derive(Debug, Clone)]
+pub struct BrokerOptions {
+    /// Address to listen on (port 0 = pick a free port).
+    pub listen: SocketAddr,
+    /// Largest MQTT packet accepted or sent, bytes.
+    pub max_packet_bytes: u32,
+    /// MQTT5 Receive Maximum the broker announces.
+    pub receive_maximum: u16,
+    /// Message expiry the broker applies to messages that carry none (None = never expire).
+    pub default_message_expiry: Option<Duration>,
+}
+
+/// Why the embedded broker could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    #[error("the maximum packet size must be at least 1 byte")]
+    ZeroMaxPacketSize,
+    #[error("the receive maximum must be at least 1")]
+    ZeroReceiveMaximum,
+    #[error("the default message expiry must be longer than zero (use none for no expiry)")]
+    ZeroMessageExpiry,
+    #[error("cannot listen on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A running embedded broker. Dropping it stops accepting connections; [`Self::shutdown`] also
+/// disconnects the clients.
+pub struct EmbeddedBroker {
+    scx: ServerContext,
+    local_addr: SocketAddr,
+    server: JoinHandle<()>,
+}
+
+impl fmt::Debug for EmbeddedBroker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EmbeddedBroker")
+            .field("local_addr", &self.local_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EmbeddedBroker {
+    /// Starts listening before returning (so a client may connect right away).
+    /// `on_disconnect` is called with the MQTT client id whenever a client disconnects, cleanly or not.
+    ///
+    /// `on_disconnect` runs on a broker task: it must return quickly and must not block. When a
+    /// client connects again with the same client id while its old connection is still open, the
+    /// old connection is taken over; its disconnect is reported too, possibly after the new
+    /// connection has been accepted.
+    pub async fn start(
+        opts: BrokerOptions,
+        on_disconnect: Arc<dyn Fn(&str) + Send + Sync>,
+    ) -> Result<EmbeddedBroker, BrokerError> {
+        let receive_maximum = NonZeroU16::new(opts.receive_maximum).ok_or(BrokerError::ZeroReceiveMaximum)?;
+        if opts.max_packet_bytes == 0 {
+            // rmqtt reads 0 as "unlimited" but would announce a Maximum Packet Size of 0.
+            return Err(BrokerError::ZeroMaxPacketSize);
+        }
+        let message_expiry = match opts.default_message_expiry {
+            // rmqtt reads a zero listener expiry as "never expire".
+            None => Duration::ZERO,
+            Some(expiry) if expiry.is_zero() => return Err(BrokerError::ZeroMessageExpiry),
+            Some(expiry) => expiry,
+        };
+
+        let scx = ServerContext::new().busy_check_enable(false).build().await;
+        *scx.extends.shared_subscription_mut().await = Box::new(RoundRobin::default());
+        let hooks = scx.extends.hook_mgr().register();
+        hooks
+            .add(Type::ClientDisconnected, Box::new(DisconnectHook { on_disconnect }))
+            .await;
+        hooks.start().await;
+
+        let bind_error = |source: rmqtt::Error| BrokerError::Bind {
+            addr: opts.listen,
+            source: into_io_error(source),
+        };
+        let mut listener = Builder::new()
+            .name("stategate/tcp")
+            .laddr(opts.listen)
+            .reuseaddr(Some(true))
+            .nodelay(true)
+            .allow_anonymous(true)
+            .max_packet_size(opts.max_packet_bytes)
+            .max_inflight(receive_maximum)
+            .message_expiry_interval(message_expiry)
+            .message_retry_interval(Duration::ZERO)
+            .max_mqueue_len(MAX_QUEUED_PER_CLIENT)
+            .session_expiry_interval(V3_SESSION_EXPIRY)
+            .bind()
+            .and_then(|listener| listener.tcp())
+            .map_err(bind_error)?;
+        let local_addr = listener.local_addr().map_err(bind_error)?;
+        // The listener settings carry the address asked for; record the one bound, so that
+        // session ids and logs show the real port.
+        listener.cfg = Arc::new(Builder::clone(&listener.cfg).laddr(local_addr));
+
+        let server = MqttServer::new(scx.clone())
+            .listener_by_id(listener, local_addr.port())
+            .build();
+        let server = tokio::spawn(async move {
+            if let Err(err) = server.run().await {
+                tracing::error!(cause = %err, "embedded broker stopped");
+            }
+        });
+        tracing::info!(%local_addr, "embedded broker listening");
+        Ok(EmbeddedBroker {
+            scx,
+            local_addr,
+            server,
+        })
+    }
+
+    /// The address actually bound (the real port when 0 was asked).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops accepting and ends the broker's tasks as far as rmqtt allows.
+    ///
+    /// The listening socket is closed first. Then every session is kicked: connected clients get
+    /// a DISCONNECT (and `on_disconnect` fires for them), offline sessions are discarded. rmqtt
+    /// has no stop call, so a few idle tasks (its task-queue runners) live on until the tokio
+    /// runtime ends.
+    pub async fn shutdown(mut self) {
+        self.server.abort();
+        // Awaiting the aborted task drops the server, and with it the listening socket.
+        let _ = (&mut self.server).await;
+
+        let entries: Vec<Box<dyn Entry>> = self.scx.extends.shared().await.iter().collect();
+        let mut kicks = JoinSet::new();
+        for entry in entries {
+            kicks.spawn(async move {
+                match entry.try_lock().await {
+                    Ok(mut entry) => {
+                        // clean start, drop subscriptions, by admin: nothing is kept.
+                        if let Err(err) = entry.kick(true, true, true).await {
+                            tracing::debug!(cause = %err, "kick at shutdown failed");
+                        }
+                    }
+                    Err(err) => tracing::debug!(cause = %err, "session busy at shutdown"),
+                }
+            });
+        }
+        let all_kicked = async { while kicks.join_next().await.is_some() {} };
+        if tokio::time::timeout(SHUTDOWN_KICK_TIMEOUT, all_kicked).await.is_err() {
+            tracing::warn!("embedded broker shutdown: some clients were not disconnected in time");
+        }
+        tracing::info!(local_addr = %self.local_addr, "embedded broker stopped");
+    }
+}
+
+impl Drop for EmbeddedBroker {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// rmqtt returns `anyhow` errors; a bind failure is an I/O error inside one.
+fn into_io_error(err: rmqtt::Error) -> std::io::Error {
+    match err.downcast::<std::io::Error>() {
+        Ok(io) => io,
+        Err(other) => std::io::Error::other(format!("{other:#}")),
+    }
+}
+
+/// Calls the broker owner's callback for every disconnect.
+struct DisconnectHook {
+    on_disconnect: Arc<dyn Fn(&str) + Send + Sync>,
+}
+
+#[async_trait]
+impl Handler for DisconnectHook {
+    async fn hook(&self, param: &Parameter, acc: Option<HookResult>) -> ReturnType {
+        if let Parameter::ClientDisconnected(session, reason) = param {
+            let client_id: &str = &session.id.client_id;
+            tracing::debug!(client_id, %reason, "mqtt client disconnected");
+            (self.on_disconnect)(client_id);
+        }
+        (true, acc)
+    }
+}
+
+/// Shared-subscription strategy: each message of a group goes to the next member in client-id
+/// order, preferring members that are online; if none is online, an offline member with a
+/// session gets it (queued until it reconnects).
+#[derive(Default)]
+struct RoundRobin {
+    next: Mutex<HashMap<SharedGroup, usize>>,
+}
+
+impl RoundRobin {
+    fn advance(&self, group: &SharedGroup) -> usize {
+        // A poisoned lock only means another thread panicked mid-update of a counter.
+        let mut next = self.next.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if next.len() >= MAX_TRACKED_GROUPS && !next.contains_key(group) {
+            next.clear();
+        }
+        let slot = next.entry(group.clone()).or_insert(0);
+        let current = *slot;
+        *slot = slot.wrapping_add(1);
+        current
+    }
+}
+
+#[async_trait]
+impl SharedSubscription for RoundRobin {
+    fn is_supported(&self) -> bool {
+        true
+    }
+
+    async fn choice(
+        &self,
+        _scx: &ServerContext,
+        group: &SharedGroup,
+        _publisher_id: &Id,
+        _topic: &TopicName,
+        members: &[(
+            NodeId,
+            ClientId,
+            SubscriptionOptions,
+            Option<Vec<SubscriptionIdentifier>>,
+            Option<IsOnline>,
+        )],
+    ) -> Option<(usize, IsOnline)> {
+        let is_online = |i: usize| members[i].4.unwrap_or(true);
+        let mut pool: Vec<usize> = (0..members.len()).filter(|&i| is_online(i)).collect();
+        if pool.is_empty() {
+            pool = (0..members.len()).collect();
+        }
+        if pool.is_empty() {
+            return None;
+        }
+        // The order rmqtt lists members in is not stable; client ids are.
+        pool.sort_by(|&a, &b| members[a].1.cmp(&members[b].1));
+        let chosen = pool[self.advance(group) % pool.len()];
+        Some((chosen, is_online(chosen)))
+    }
+}
+
+#[cfg(test)]
+mod tests;
