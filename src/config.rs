@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::dapr::{StoreSpec, Stores};
 use crate::engine::{Limits, ObserverLimits};
+use crate::http::HttpSettings;
 use crate::mqtt::service::MqttSettings;
 
 #[derive(Debug, Parser)]
@@ -69,6 +71,23 @@ pub struct ServeArgs {
     /// after which a client's KEYNOTIFY registrations are dropped. 0 = never.
     #[arg(long, env = "STATEGATE_OBSERVER_IDLE_SECS", default_value_t = 86_400)]
     pub observer_idle_secs: u64,
+    /// Where the HTTP door (Dapr state API) listens; `off` disables it. An address other than
+    /// loopback opens the API to the network (set --api-token).
+    #[arg(long, env = "STATEGATE_HTTP_LISTEN", default_value = "127.0.0.1:3500")]
+    pub http_listen: String,
+    /// Require header/metadata `dapr-api-token` with this value on HTTP and gRPC (health exempt).
+    #[arg(long, env = "STATEGATE_API_TOKEN", hide_env_values = true)]
+    pub api_token: Option<String>,
+    /// A Dapr state store name, optionally with its key prefix: `name`, `name=none`,
+    /// `name=name` or `name=<literal>` (repeatable; default `statestore=none`).
+    #[arg(long = "state-store", env = "STATEGATE_STATE_STORES", value_delimiter = ',')]
+    pub state_stores: Vec<String>,
+    /// Largest HTTP request body, bytes.
+    #[arg(long, env = "STATEGATE_HTTP_BODY_LIMIT", default_value_t = 4 * 1024 * 1024)]
+    pub http_body_limit: usize,
+    /// Most operations in one transaction.
+    #[arg(long, env = "STATEGATE_MAX_TRANSACTION_OPS", default_value_t = 1000)]
+    pub max_transaction_ops: usize,
 }
 
 impl Default for ServeArgs {
@@ -98,6 +117,10 @@ pub enum ConfigError {
     PacketTooSmall { packet: u32, value: usize },
     #[error("the embedded broker is not built in (cargo feature `embedded-broker`): give --mqtt-url")]
     NoEmbeddedBroker,
+    #[error("--http-listen must be an address like 127.0.0.1:3500, or off (got {0:?})")]
+    BadListen(String),
+    #[error("--state-store: {0}")]
+    BadStateStore(String),
 }
 
 /// The validated configuration of a running service.
@@ -107,6 +130,9 @@ pub struct Config {
     pub broker: BrokerChoice,
     pub mqtt: MqttSettings,
     pub limits: Limits,
+    /// Where the HTTP door listens (`None`: off).
+    pub http_listen: Option<SocketAddr>,
+    pub http: HttpSettings,
 }
 
 impl Default for Config {
@@ -150,11 +176,35 @@ impl Config {
                 idle: (external && a.observer_idle_secs > 0).then(|| Duration::from_secs(a.observer_idle_secs)),
             },
         };
+        let http_listen = match a.http_listen.as_str() {
+            "off" | "" => None,
+            other => Some(other.parse().map_err(|_| ConfigError::BadListen(other.to_owned()))?),
+        };
+        let stores = if a.state_stores.is_empty() {
+            Stores::default()
+        } else {
+            let specs = a
+                .state_stores
+                .iter()
+                .map(|s| s.parse::<StoreSpec>().map_err(ConfigError::BadStateStore))
+                .collect::<Result<Vec<_>, _>>()?;
+            Stores::new(specs)
+        };
+        let http = HttpSettings {
+            stores,
+            api_token: a.api_token.filter(|t| !t.is_empty()),
+            body_limit: a.http_body_limit,
+            max_transaction_ops: a.max_transaction_ops.max(1),
+            app_id: a.node_id.clone(),
+            ..HttpSettings::default()
+        };
         Ok(Config {
             node_id: a.node_id,
             broker,
             mqtt,
             limits,
+            http_listen,
+            http,
         })
     }
 }

@@ -57,6 +57,31 @@ impl Response {
     }
 }
 
+/// A live key as the Dapr-style doors read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub value: Bytes,
+    pub version: Hlc,
+    /// Absolute expiry deadline, wall-clock milliseconds since the epoch.
+    pub expires_at_ms: Option<u64>,
+}
+
+/// One operation of an atomic transaction.
+#[derive(Debug, Clone)]
+pub enum TxOp {
+    Set(Set),
+    Del(Del),
+}
+
+impl TxOp {
+    fn key(&self) -> &Bytes {
+        match self {
+            TxOp::Set(s) => &s.key,
+            TxOp::Del(d) => &d.key,
+        }
+    }
+}
+
 /// Limits the engine enforces.
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -196,10 +221,14 @@ impl Engine {
         }
     }
 
-    async fn lock(&self, key: &[u8]) -> MutexGuard<'_, ()> {
+    fn stripe(&self, key: &[u8]) -> usize {
         let mut h = self.0.hasher.build_hasher();
         key.hash(&mut h);
-        self.0.stripes[(h.finish() as usize) % STRIPES].lock().await
+        (h.finish() as usize) % STRIPES
+    }
+
+    async fn lock(&self, key: &[u8]) -> MutexGuard<'_, ()> {
+        self.0.stripes[self.stripe(key)].lock().await
     }
 
     fn check_skew(&self, ts: Option<&Hlc>, err: fn() -> EngineError) -> Result<(), EngineError> {
@@ -330,18 +359,171 @@ impl Engine {
     }
 
     async fn get(&self, c: Get) -> Result<Response, EngineError> {
-        if c.key.is_empty() {
+        Ok(match self.read(&c.key).await? {
+            None => Response::new(Reply::Nil, None),
+            Some(e) => Response::new(Reply::Value(e.value), Some(e.version)),
+        })
+    }
+
+    /// Reads a live key (GET with its expiry deadline). An expired key is removed and absent.
+    pub async fn read(&self, key: &Bytes) -> Result<Option<Entry>, EngineError> {
+        if key.is_empty() {
             return Err(EngineError::EmptyKey);
         }
-        match self.0.store.backend().get(&c.key).await? {
-            None => Ok(Response::new(Reply::Nil, None)),
+        match self.0.store.backend().get(key).await? {
+            None => Ok(None),
             Some(r) if r.is_expired(self.0.hlc.wall_ms()) => {
-                let _guard = self.lock(&c.key).await;
-                self.load_live(&c.key).await?;
-                Ok(Response::new(Reply::Nil, None))
+                let _guard = self.lock(key).await;
+                self.load_live(key).await?;
+                Ok(None)
             }
-            Some(r) => Ok(Response::new(Reply::Value(r.value), Some(r.version))),
+            Some(r) => Ok(Some(Entry {
+                value: r.value,
+                version: r.version,
+                expires_at_ms: r.expires_at_ms,
+            })),
         }
+    }
+
+    /// Keys strictly after `after` that start with `prefix`, in byte order, examining at most
+    /// `examine` keys (the Dapr query API pages over these).
+    pub async fn keys_with_prefix(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        examine: usize,
+    ) -> Result<crate::storage::KeyPage, EngineError> {
+        let now = self.0.hlc.wall_ms();
+        let keep = |k: &[u8]| k.starts_with(prefix);
+        Ok(self.0.store.backend().scan(after, examine.max(1), now, &keep).await?)
+    }
+
+    /// Applies every operation in order, or none. A condition that is not met (an ETag, NX)
+    /// fails the whole transaction with [`EngineError::VersionMismatch`]; deleting a missing
+    /// key succeeds. Returns one response per operation; observers are told of every change.
+    pub async fn transact(&self, ops: Vec<TxOp>) -> Result<Vec<Response>, EngineError> {
+        let l = &self.0.limits;
+        for op in &ops {
+            if op.key().is_empty() {
+                return Err(EngineError::EmptyKey);
+            }
+            match op {
+                TxOp::Set(s) => {
+                    if s.key.len() > l.max_key_bytes || s.value.len() > l.max_value_bytes {
+                        return Err(EngineError::QuotaExceeded);
+                    }
+                    self.check_skew(s.timestamp.as_ref(), || EngineError::TimestampSkew)?;
+                    self.check_skew(s.fencing.as_ref(), || EngineError::FencingTokenSkew)?;
+                }
+                TxOp::Del(d) => self.check_skew(d.fencing.as_ref(), || EngineError::FencingTokenSkew)?,
+            }
+        }
+        // Lock every stripe involved, in index order, so two transactions cannot deadlock.
+        let mut stripes: Vec<usize> = ops.iter().map(|op| self.stripe(op.key())).collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        let mut _guards = Vec::with_capacity(stripes.len());
+        for i in stripes {
+            _guards.push(self.0.stripes[i].lock().await);
+        }
+        'attempt: for _ in 0..MAX_SWAP_ATTEMPTS {
+            // key -> (version read, current record in this transaction's view)
+            let mut view: std::collections::HashMap<Bytes, (Option<Hlc>, Option<Record>)> = Default::default();
+            for op in &ops {
+                if !view.contains_key(op.key()) {
+                    let cur = self.load_live(op.key()).await?;
+                    view.insert(op.key().clone(), (cur.as_ref().map(|r| r.version.clone()), cur));
+                }
+            }
+            let now = self.0.hlc.wall_ms();
+            let mut changes = Vec::with_capacity(ops.len());
+            let mut responses = Vec::with_capacity(ops.len());
+            for op in &ops {
+                let Some((_, cur)) = view.get_mut(op.key()) else {
+                    continue 'attempt;
+                };
+                match op {
+                    TxOp::Set(s) => {
+                        Self::check_fencing(cur.as_ref().and_then(|r| r.fencing.as_ref()), s.fencing.as_ref())?;
+                        let ok = match (&s.condition, &*cur) {
+                            (SetCondition::IfVersion(v), Some(r)) => *v == r.version,
+                            (SetCondition::IfVersion(_), None) => false,
+                            (_, None) | (SetCondition::Always, Some(_)) => true,
+                            (SetCondition::IfAbsent, Some(_)) => false,
+                            (SetCondition::IfAbsentOrEqual, Some(r)) => r.value == s.value,
+                        };
+                        if !ok {
+                            return Err(EngineError::VersionMismatch);
+                        }
+                        let mut floors: Vec<&Hlc> = Vec::with_capacity(2);
+                        if let Some(ts) = &s.timestamp {
+                            floors.push(ts);
+                        }
+                        if let Some(r) = &*cur {
+                            floors.push(&r.version);
+                        }
+                        let version = self.0.hlc.next_after(&floors);
+                        let fencing = match (cur.as_ref().and_then(|r| r.fencing.clone()), s.fencing.clone()) {
+                            (Some(a), Some(b)) => Some(a.max(b)),
+                            (a, b) => a.or(b),
+                        };
+                        *cur = Some(Record {
+                            value: s.value.clone(),
+                            version: version.clone(),
+                            fencing,
+                            expires_at_ms: s.ttl_ms.map(|t| now.saturating_add(t)),
+                        });
+                        changes.push((s.key.clone(), version.clone(), ChangeKind::Set(s.value.clone())));
+                        responses.push(Response::new(Reply::Ok, Some(version)));
+                    }
+                    TxOp::Del(d) => {
+                        let Some(r) = cur.take() else {
+                            if d.if_version.is_some() {
+                                return Err(EngineError::VersionMismatch);
+                            }
+                            responses.push(Response::new(Reply::Int(0), None));
+                            continue;
+                        };
+                        if let Err(e) = Self::check_fencing(r.fencing.as_ref(), d.fencing.as_ref()) {
+                            return Err(e);
+                        }
+                        if d.if_version.as_ref().is_some_and(|v| *v != r.version) {
+                            return Err(EngineError::VersionMismatch);
+                        }
+                        let version = self.0.hlc.next_after(&[&r.version]);
+                        changes.push((d.key.clone(), version.clone(), ChangeKind::Delete));
+                        responses.push(Response::new(Reply::Int(1), Some(version)));
+                    }
+                }
+            }
+            let swaps: Vec<Swap> = view
+                .into_iter()
+                .filter(|(_, (read, cur))| read.as_ref() != cur.as_ref().map(|r| &r.version))
+                .map(|(key, (expected, new))| Swap { key, expected, new })
+                .collect();
+            let outcome = if swaps.is_empty() {
+                SwapOutcome::Done
+            } else {
+                self.0.store.backend().swap_many(&swaps, l.max_keys).await?
+            };
+            match outcome {
+                SwapOutcome::Done => {
+                    if swaps
+                        .iter()
+                        .any(|s| s.new.as_ref().is_some_and(|r| r.expires_at_ms.is_some()))
+                    {
+                        self.0.deadline_added.notify_one();
+                    }
+                    for (key, version, kind) in changes {
+                        self.publish(key, version, kind);
+                    }
+                    return Ok(responses);
+                }
+                SwapOutcome::TooManyKeys => return Err(EngineError::QuotaExceeded),
+                SwapOutcome::Conflict => continue,
+            }
+        }
+        Err(contended())
     }
 
     async fn del(&self, c: Del) -> Result<Response, EngineError> {

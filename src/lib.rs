@@ -16,8 +16,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 pub mod config;
+pub mod dapr;
 pub mod engine;
 pub mod hlc;
+pub mod http;
 pub mod mqtt;
 pub mod resp3;
 pub mod storage;
@@ -35,6 +37,12 @@ pub enum StartError {
     #[cfg(feature = "embedded-broker")]
     #[error("starting the embedded MQTT broker: {0}")]
     Broker(#[from] mqtt::broker::BrokerError),
+    #[error("binding the HTTP door to {addr}: {source}")]
+    HttpBind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// A running service: its engine, its doors and their background tasks.
@@ -46,6 +54,8 @@ pub struct Running {
     broker: Option<mqtt::broker::EmbeddedBroker>,
     stop: watch::Sender<bool>,
     expiry: tokio::task::JoinHandle<()>,
+    http_addr: Option<SocketAddr>,
+    http: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Running {
@@ -113,6 +123,33 @@ pub async fn start(config: Config, store: Store) -> Result<Running, StartError> 
         })
     };
 
+    let (http_addr, http) = match config.http_listen {
+        None => (None, None),
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::HttpBind { addr, source })?;
+            let bound = listener
+                .local_addr()
+                .map_err(|source| StartError::HttpBind { addr, source })?;
+            if !bound.ip().is_loopback() {
+                tracing::warn!(%bound, token = config.http.api_token.is_some(), "the HTTP door listens beyond loopback");
+            }
+            tracing::info!(%bound, "HTTP door (Dapr state API) listening");
+            let router = http::router(engine.clone(), config.http.clone());
+            let mut stop_rx = stop_rx.clone();
+            let task = tokio::spawn(async move {
+                let shutdown = async move {
+                    let _ = stop_rx.changed().await;
+                };
+                if let Err(e) = http::serve(listener, router, shutdown).await {
+                    tracing::error!(cause = %e, "HTTP door stopped");
+                }
+            });
+            (Some(bound), Some(task))
+        }
+    };
+
     let settings = MqttSettings {
         host: host.clone(),
         port,
@@ -128,6 +165,8 @@ pub async fn start(config: Config, store: Store) -> Result<Running, StartError> 
         broker,
         stop,
         expiry,
+        http_addr,
+        http,
     })
 }
 
@@ -151,9 +190,21 @@ impl Running {
         (&self.mqtt_addr.0, self.mqtt_addr.1)
     }
 
+    /// Where the HTTP door listens, if it runs.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
+    }
+
     /// Stops every door and background task.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
+        if let Some(h) = self.http {
+            // Open server-sent event streams would hold graceful shutdown forever: bound it.
+            let abort = h.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(2), h).await.is_err() {
+                abort.abort();
+            }
+        }
         self.mqtt.shutdown().await;
         #[cfg(feature = "embedded-broker")]
         if let Some(b) = self.broker {

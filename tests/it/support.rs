@@ -111,6 +111,7 @@ impl TestEnv {
     /// Starts with a configuration tweak (limits, page sizes, ids).
     pub async fn start_with(broker: Broker, tweak: impl FnOnce(&mut Config)) -> TestEnv {
         let mut config = Config::default();
+        config.http_listen = Some("127.0.0.1:0".parse().unwrap());
         let mosquitto = match broker {
             Broker::Mosquitto => {
                 let m = Mosquitto::start();
@@ -135,6 +136,16 @@ impl TestEnv {
             service: Some(running),
             _mosquitto: mosquitto,
         }
+    }
+
+    /// Base URL of the HTTP door, e.g. `http://127.0.0.1:41234`.
+    pub fn http(&self) -> String {
+        let addr = self
+            .service
+            .as_ref()
+            .and_then(|s| s.http_addr())
+            .expect("http door runs");
+        format!("http://{addr}")
     }
 
     pub fn engine(&self) -> &stategate::engine::Engine {

@@ -1,0 +1,398 @@
+//! Dapr state API semantics shared by the HTTP and gRPC doors: named stores and their key
+//! prefixes, ETags (HLC versions), request metadata (TTL, fencing), concurrency modes, value
+//! encoding in JSON, and the query language. Wire formats stay in the doors; the state store
+//! rules stay in the engine.
+
+use std::collections::HashMap;
+
+use base64::Engine as _;
+use bytes::Bytes;
+
+use crate::engine::{Del, Engine, EngineError, Entry, Reply, Set, SetCondition, TxOp};
+use crate::hlc::Hlc;
+
+pub mod query;
+
+/// The separator Dapr puts between a key prefix and a key.
+pub const PREFIX_SEPARATOR: &str = "||";
+/// Store features advertised in metadata and by the component API.
+pub const FEATURES: [&str; 4] = ["ETAG", "TRANSACTIONAL", "TTL", "QUERY_API"];
+/// Item metadata naming how a non-JSON value is encoded inside a JSON document.
+pub const ENCODING_METADATA: &str = "contentEncoding";
+
+/// How a store maps Dapr keys to engine keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyPrefix {
+    /// The key as given (shared with MQTT clients).
+    None,
+    /// `<store name>||key`.
+    Name,
+    /// `<literal>||key`.
+    Literal(String),
+}
+
+/// One named store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreSpec {
+    pub name: String,
+    pub prefix: KeyPrefix,
+}
+
+impl std::str::FromStr for StoreSpec {
+    type Err = String;
+
+    /// `name` or `name=none|name|<literal prefix>`.
+    fn from_str(s: &str) -> Result<StoreSpec, String> {
+        let (name, prefix) = match s.split_once('=') {
+            None => (s, KeyPrefix::None),
+            Some((n, "none")) => (n, KeyPrefix::None),
+            Some((n, "name")) => (n, KeyPrefix::Name),
+            Some((n, lit)) if !lit.is_empty() && !lit.contains(PREFIX_SEPARATOR) => {
+                (n, KeyPrefix::Literal(lit.to_owned()))
+            }
+            Some(_) => {
+                return Err(format!(
+                    "store {s:?}: prefix must be none, name or a literal without ||"
+                ));
+            }
+        };
+        if name.is_empty() || name.contains('/') {
+            return Err(format!("store {s:?}: the name must be non-empty and have no '/'"));
+        }
+        Ok(StoreSpec {
+            name: name.to_owned(),
+            prefix,
+        })
+    }
+}
+
+/// The configured stores.
+#[derive(Debug, Clone)]
+pub struct Stores(Vec<StoreSpec>);
+
+impl Default for Stores {
+    fn default() -> Stores {
+        Stores(vec![StoreSpec {
+            name: "statestore".into(),
+            prefix: KeyPrefix::None,
+        }])
+    }
+}
+
+impl Stores {
+    pub fn new(specs: Vec<StoreSpec>) -> Stores {
+        Stores(specs)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|s| s.name.as_str())
+    }
+
+    pub fn get(&self, name: &str) -> Result<&StoreSpec, DaprError> {
+        self.0
+            .iter()
+            .find(|s| s.name == name)
+            .ok_or_else(|| DaprError::StoreNotFound(name.to_owned()))
+    }
+}
+
+impl StoreSpec {
+    fn prefix_str(&self) -> Option<String> {
+        match &self.prefix {
+            KeyPrefix::None => None,
+            KeyPrefix::Name => Some(format!("{}{PREFIX_SEPARATOR}", self.name)),
+            KeyPrefix::Literal(l) => Some(format!("{l}{PREFIX_SEPARATOR}")),
+        }
+    }
+
+    /// The engine key for a Dapr key. Empty keys and keys containing `||` are malformed.
+    pub fn engine_key(&self, key: &str) -> Result<Bytes, DaprError> {
+        if key.is_empty() {
+            return Err(DaprError::Malformed("the key is missing or empty".into()));
+        }
+        if key.contains(PREFIX_SEPARATOR) {
+            return Err(DaprError::Malformed(format!(
+                "input key/keyPrefix '{key}' can't contain '||'"
+            )));
+        }
+        Ok(match self.prefix_str() {
+            None => Bytes::copy_from_slice(key.as_bytes()),
+            Some(p) => Bytes::from(format!("{p}{key}")),
+        })
+    }
+
+    /// The engine-key prefix of every key of this store (empty for `none`).
+    pub fn key_prefix(&self) -> Vec<u8> {
+        self.prefix_str().map(String::into_bytes).unwrap_or_default()
+    }
+
+    /// The Dapr key of an engine key of this store (lossy for non-UTF-8 keys).
+    pub fn dapr_key(&self, engine_key: &[u8]) -> String {
+        let p = self.key_prefix();
+        String::from_utf8_lossy(engine_key.strip_prefix(&p[..]).unwrap_or(engine_key)).into_owned()
+    }
+}
+
+/// What went wrong with a Dapr request. Each door maps it (with the operation) to its codes.
+#[derive(Debug, thiserror::Error)]
+pub enum DaprError {
+    #[error("state store {0} is not found")]
+    StoreNotFound(String),
+    #[error("{0}")]
+    Malformed(String),
+    #[error("invalid etag value: {0}")]
+    InvalidEtag(String),
+    #[error("possible etag mismatch. error from state store: {0}")]
+    EtagMismatch(String),
+    #[error("unsupported operation: {0}")]
+    UnsupportedOperation(String),
+    #[error("the number of operations ({got}) exceeds the maximum of {max}")]
+    TooManyOperations { got: usize, max: usize },
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+/// `concurrency` option.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Concurrency {
+    FirstWrite,
+    #[default]
+    LastWrite,
+}
+
+impl Concurrency {
+    /// Parses Dapr's option strings (an empty string is the default).
+    pub fn parse(s: Option<&str>) -> Result<Concurrency, DaprError> {
+        match s.unwrap_or("") {
+            "" | "last-write" => Ok(Concurrency::LastWrite),
+            "first-write" => Ok(Concurrency::FirstWrite),
+            other => Err(DaprError::Malformed(format!("unknown concurrency value {other:?}"))),
+        }
+    }
+}
+
+/// Checks a `consistency` option (both values behave the same here: writes are linearizable).
+pub fn check_consistency(s: Option<&str>) -> Result<(), DaprError> {
+    match s.unwrap_or("") {
+        "" | "eventual" | "strong" => Ok(()),
+        other => Err(DaprError::Malformed(format!("unknown consistency value {other:?}"))),
+    }
+}
+
+/// An ETag: the HLC version string. Empty means "no ETag".
+pub fn parse_etag(etag: Option<&str>) -> Result<Option<Hlc>, DaprError> {
+    match etag {
+        None | Some("") => Ok(None),
+        Some(e) => {
+            let e = e.trim_matches('"');
+            e.parse::<Hlc>()
+                .map(Some)
+                .map_err(|_| DaprError::InvalidEtag(e.to_owned()))
+        }
+    }
+}
+
+/// Request metadata that changes a write.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WriteMeta {
+    /// `ttlInSeconds`: `None` or `-1` = no expiry.
+    pub ttl_ms: Option<u64>,
+    /// `fencingToken`: an HLC, required on keys protected by one.
+    pub fencing: Option<Hlc>,
+}
+
+impl WriteMeta {
+    pub fn parse(meta: &HashMap<String, String>) -> Result<WriteMeta, DaprError> {
+        let ttl_ms = match meta.get("ttlInSeconds").map(|s| s.trim()) {
+            None | Some("") => None,
+            Some(s) => match s.parse::<i64>() {
+                Ok(-1) => None,
+                Ok(n) if n > 0 => Some((n as u64).saturating_mul(1000)),
+                _ => {
+                    return Err(DaprError::Malformed(format!(
+                        "incorrect value for metadata 'ttlInSeconds': {s:?} (an integer > 0, or -1)"
+                    )));
+                }
+            },
+        };
+        let fencing = match meta.get("fencingToken") {
+            None => None,
+            Some(s) => Some(
+                s.parse::<Hlc>()
+                    .map_err(|_| DaprError::Malformed(format!("metadata 'fencingToken' {s:?} is not a version")))?,
+            ),
+        };
+        Ok(WriteMeta { ttl_ms, fencing })
+    }
+}
+
+/// A save as the Dapr APIs describe it.
+#[derive(Debug, Clone)]
+pub struct SaveItem {
+    pub key: String,
+    pub value: Bytes,
+    pub etag: Option<String>,
+    pub metadata: HashMap<String, String>,
+    pub concurrency: Option<String>,
+    pub consistency: Option<String>,
+}
+
+/// A delete as the Dapr APIs describe it.
+#[derive(Debug, Clone)]
+pub struct DeleteItem {
+    pub key: String,
+    pub etag: Option<String>,
+    pub metadata: HashMap<String, String>,
+    pub concurrency: Option<String>,
+    pub consistency: Option<String>,
+}
+
+/// A transaction operation.
+#[derive(Debug, Clone)]
+pub enum TxItem {
+    Upsert(SaveItem),
+    Delete(DeleteItem),
+}
+
+impl SaveItem {
+    fn command(&self, store: &StoreSpec) -> Result<Set, DaprError> {
+        let key = store.engine_key(&self.key)?;
+        let meta = WriteMeta::parse(&self.metadata)?;
+        check_consistency(self.consistency.as_deref())?;
+        let concurrency = Concurrency::parse(self.concurrency.as_deref())?;
+        let condition = match (parse_etag(self.etag.as_deref())?, concurrency) {
+            (Some(v), _) => SetCondition::IfVersion(v),
+            (None, Concurrency::FirstWrite) => SetCondition::IfAbsent,
+            (None, Concurrency::LastWrite) => SetCondition::Always,
+        };
+        Ok(Set {
+            key,
+            value: self.value.clone(),
+            condition,
+            ttl_ms: meta.ttl_ms,
+            timestamp: None,
+            fencing: meta.fencing,
+        })
+    }
+}
+
+impl DeleteItem {
+    /// The engine command, plus whether first-write forbids deleting an existing key blind.
+    fn command(&self, store: &StoreSpec) -> Result<(Del, bool), DaprError> {
+        let key = store.engine_key(&self.key)?;
+        let meta = WriteMeta::parse(&self.metadata)?;
+        check_consistency(self.consistency.as_deref())?;
+        let concurrency = Concurrency::parse(self.concurrency.as_deref())?;
+        let if_version = parse_etag(self.etag.as_deref())?;
+        let blind_first_write = if_version.is_none() && concurrency == Concurrency::FirstWrite;
+        Ok((
+            Del {
+                key,
+                fencing: meta.fencing,
+                if_version,
+            },
+            blind_first_write,
+        ))
+    }
+}
+
+fn mismatch(e: EngineError) -> DaprError {
+    match e {
+        EngineError::VersionMismatch => DaprError::EtagMismatch("the etag does not match the stored version".into()),
+        other => DaprError::Engine(other),
+    }
+}
+
+/// Saves one item; returns the new version.
+pub async fn save(engine: &Engine, store: &StoreSpec, item: &SaveItem) -> Result<Hlc, DaprError> {
+    let cmd = item.command(store)?;
+    let first_write = cmd.condition == SetCondition::IfAbsent;
+    let resp = engine
+        .execute(crate::engine::Command::Set(cmd))
+        .await
+        .map_err(mismatch)?;
+    match (resp.reply, resp.version) {
+        (Reply::Ok, Some(v)) => Ok(v),
+        _ if first_write => Err(DaprError::EtagMismatch(
+            "first-write: the key already exists and no etag was given".into(),
+        )),
+        _ => Err(DaprError::EtagMismatch("the write was not applied".into())),
+    }
+}
+
+/// Deletes one item; deleting a missing key without an ETag succeeds.
+pub async fn delete(engine: &Engine, store: &StoreSpec, item: &DeleteItem) -> Result<(), DaprError> {
+    let (cmd, blind_first_write) = item.command(store)?;
+    if blind_first_write {
+        // Deleting an absent key is a no-op, so "fail if it exists" needs no write.
+        if engine.read(&cmd.key).await?.is_some() {
+            return Err(DaprError::EtagMismatch(
+                "first-write: the key exists and no etag was given".into(),
+            ));
+        }
+        return Ok(());
+    }
+    engine
+        .execute(crate::engine::Command::Del(cmd))
+        .await
+        .map_err(mismatch)?;
+    Ok(())
+}
+
+/// Reads one key of a store.
+pub async fn get(engine: &Engine, store: &StoreSpec, key: &str) -> Result<Option<Entry>, DaprError> {
+    let key = store.engine_key(key)?;
+    Ok(engine.read(&key).await?)
+}
+
+/// Runs a transaction: all operations in order, or none.
+pub async fn transact(engine: &Engine, store: &StoreSpec, items: &[TxItem], max_ops: usize) -> Result<(), DaprError> {
+    if items.len() > max_ops {
+        return Err(DaprError::TooManyOperations {
+            got: items.len(),
+            max: max_ops,
+        });
+    }
+    let mut ops = Vec::with_capacity(items.len());
+    for item in items {
+        ops.push(match item {
+            TxItem::Upsert(s) => TxOp::Set(s.command(store)?),
+            TxItem::Delete(d) => {
+                let (del, blind_first_write) = d.command(store)?;
+                if blind_first_write {
+                    // First-write without an ETag may only "delete" an absent key: a no-op.
+                    if engine.read(&del.key).await?.is_some() {
+                        return Err(DaprError::EtagMismatch(
+                            "first-write: the key exists and no etag was given".into(),
+                        ));
+                    }
+                    continue;
+                }
+                TxOp::Del(del)
+            }
+        });
+    }
+    engine.transact(ops).await.map_err(mismatch)?;
+    Ok(())
+}
+
+/// A value placed inside a JSON document (bulk get, query, events): JSON values as they are;
+/// anything else as a base64 string, flagged by item metadata `contentEncoding: base64`.
+pub fn value_to_json(value: &[u8]) -> (serde_json::Value, Option<(&'static str, &'static str)>) {
+    match serde_json::from_slice::<serde_json::Value>(value) {
+        Ok(v) => (v, None),
+        Err(_) => (
+            serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(value)),
+            Some((ENCODING_METADATA, "base64")),
+        ),
+    }
+}
+
+/// RFC 3339 (UTC) of a deadline in ms since the epoch, for `ttlExpireTime`.
+pub fn rfc3339(ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,169 @@
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::*;
+use crate::engine::Limits;
+use crate::hlc::ManualClock;
+use crate::storage::Store;
+
+async fn engine() -> Engine {
+    Engine::open(
+        Store::memory(),
+        "n",
+        Arc::new(ManualClock::new(1_000_000)),
+        Limits::default(),
+    )
+    .await
+    .unwrap()
+}
+
+fn spec(s: &str) -> StoreSpec {
+    s.parse().unwrap()
+}
+
+fn save_item(key: &str, value: &str) -> SaveItem {
+    SaveItem {
+        key: key.into(),
+        value: Bytes::copy_from_slice(value.as_bytes()),
+        etag: None,
+        metadata: HashMap::new(),
+        concurrency: None,
+        consistency: None,
+    }
+}
+
+fn delete_item(key: &str) -> DeleteItem {
+    DeleteItem {
+        key: key.into(),
+        etag: None,
+        metadata: HashMap::new(),
+        concurrency: None,
+        consistency: None,
+    }
+}
+
+#[test]
+fn store_specs_and_key_prefixes() {
+    assert_eq!(spec("statestore").engine_key("k").unwrap(), "k");
+    assert_eq!(spec("s=name").engine_key("k").unwrap(), "s||k");
+    assert_eq!(spec("s=app1").engine_key("k").unwrap(), "app1||k");
+    assert_eq!(spec("s=app1").dapr_key(b"app1||k"), "k");
+    assert!(matches!(spec("s").engine_key(""), Err(DaprError::Malformed(_))));
+    assert!(matches!(spec("s").engine_key("a||b"), Err(DaprError::Malformed(_))));
+    for bad in ["", "=x", "a/b", "s=a||b", "s="] {
+        assert!(bad.parse::<StoreSpec>().is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn metadata_parsing() {
+    let m = |k: &str, v: &str| HashMap::from([(k.to_owned(), v.to_owned())]);
+    assert_eq!(WriteMeta::parse(&m("ttlInSeconds", "5")).unwrap().ttl_ms, Some(5000));
+    assert_eq!(WriteMeta::parse(&m("ttlInSeconds", "-1")).unwrap().ttl_ms, None);
+    for bad in ["abc", "1.5", "0", "-2", "99999999999999999999"] {
+        assert!(WriteMeta::parse(&m("ttlInSeconds", bad)).is_err(), "{bad}");
+    }
+    assert!(WriteMeta::parse(&m("fencingToken", "x")).is_err());
+    assert!(WriteMeta::parse(&m("fencingToken", "1:0:n")).unwrap().fencing.is_some());
+    assert!(Concurrency::parse(Some("sometimes")).is_err());
+    assert!(check_consistency(Some("weak")).is_err());
+    assert!(matches!(parse_etag(Some("nope")), Err(DaprError::InvalidEtag(_))));
+    assert_eq!(parse_etag(Some("")).unwrap(), None);
+}
+
+#[tokio::test]
+async fn etags_and_first_write() {
+    let e = engine().await;
+    let s = spec("statestore");
+    let v1 = save(&e, &s, &save_item("k", "1")).await.unwrap();
+    let mut stale = save_item("k", "2");
+    stale.etag = Some(v1.to_string());
+    let v2 = save(&e, &s, &stale).await.unwrap();
+    assert!(v2 > v1);
+    // The old etag is now stale.
+    assert!(matches!(save(&e, &s, &stale).await, Err(DaprError::EtagMismatch(_))));
+    let mut fw = save_item("k", "3");
+    fw.concurrency = Some("first-write".into());
+    assert!(matches!(save(&e, &s, &fw).await, Err(DaprError::EtagMismatch(_))));
+    fw.key = "fresh".into();
+    save(&e, &s, &fw).await.unwrap();
+    // Delete: first-write without etag on an existing key conflicts; a missing key is fine.
+    let mut d = delete_item("k");
+    d.concurrency = Some("first-write".into());
+    assert!(matches!(delete(&e, &s, &d).await, Err(DaprError::EtagMismatch(_))));
+    d.key = "absent".into();
+    delete(&e, &s, &d).await.unwrap();
+    let mut d = delete_item("k");
+    d.etag = Some(v1.to_string());
+    assert!(matches!(delete(&e, &s, &d).await, Err(DaprError::EtagMismatch(_))));
+    d.etag = Some(v2.to_string());
+    delete(&e, &s, &d).await.unwrap();
+    assert_eq!(get(&e, &s, "k").await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn transactions_are_all_or_nothing_and_ordered() {
+    let e = engine().await;
+    let s = spec("statestore");
+    save(&e, &s, &save_item("k1", "1")).await.unwrap();
+    save(&e, &s, &save_item("k2", "2")).await.unwrap();
+    let items = vec![
+        TxItem::Delete(delete_item("k1")),
+        TxItem::Upsert(save_item("k2", "22")),
+        TxItem::Delete(delete_item("k2")),
+        TxItem::Upsert(save_item("k3", "3")),
+    ];
+    transact(&e, &s, &items, 10).await.unwrap();
+    assert_eq!(get(&e, &s, "k1").await.unwrap(), None);
+    assert_eq!(get(&e, &s, "k2").await.unwrap(), None);
+    assert_eq!(&get(&e, &s, "k3").await.unwrap().unwrap().value[..], b"3");
+
+    // A stale etag in the middle fails everything.
+    let mut bad = save_item("k3", "x");
+    bad.etag = Some("000000000000001:00000:n".into());
+    let items = vec![TxItem::Upsert(save_item("k4", "4")), TxItem::Upsert(bad)];
+    assert!(matches!(
+        transact(&e, &s, &items, 10).await,
+        Err(DaprError::EtagMismatch(_))
+    ));
+    assert_eq!(get(&e, &s, "k4").await.unwrap(), None);
+    assert_eq!(&get(&e, &s, "k3").await.unwrap().unwrap().value[..], b"3");
+    // Too many operations.
+    let many: Vec<TxItem> = (0..3)
+        .map(|i| TxItem::Upsert(save_item(&format!("m{i}"), "1")))
+        .collect();
+    assert!(matches!(
+        transact(&e, &s, &many, 2).await,
+        Err(DaprError::TooManyOperations { got: 3, max: 2 })
+    ));
+}
+
+#[tokio::test]
+async fn fencing_tokens_protect_keys_over_dapr_too() {
+    let e = engine().await;
+    let s = spec("statestore");
+    let mut item = save_item("f", "1");
+    item.metadata
+        .insert("fencingToken".into(), "000000000001000:00000:c".into());
+    save(&e, &s, &item).await.unwrap();
+    let err = save(&e, &s, &save_item("f", "2")).await.unwrap_err();
+    assert!(matches!(err, DaprError::Engine(EngineError::FencingTokenRequired)));
+    item.metadata
+        .insert("fencingToken".into(), "000000000000999:00000:c".into());
+    let err = save(&e, &s, &item).await.unwrap_err();
+    assert!(matches!(err, DaprError::Engine(EngineError::FencingTokenLower)));
+}
+
+#[test]
+fn values_inside_json() {
+    assert_eq!(value_to_json(b"{\"a\":1}"), (serde_json::json!({"a": 1}), None));
+    assert_eq!(value_to_json(b"\"s\""), (serde_json::json!("s"), None));
+    let (v, enc) = value_to_json(b"\xff raw");
+    assert_eq!(v, serde_json::json!("/yByYXc="));
+    assert_eq!(enc, Some(("contentEncoding", "base64")));
+}
+
+#[test]
+fn rfc3339_is_utc_seconds() {
+    assert_eq!(rfc3339(1_700_000_000_000), "2023-11-14T22:13:20Z");
+}

@@ -1,0 +1,195 @@
+//! The HTTP door: the Dapr state API (`/v1.0/state/...`), server-sent change events, health,
+//! metadata and the OpenAPI document.
+//!
+//! - `state.rs`: the routes; `sse.rs`: change events; `dto.rs`: JSON shapes (the only place
+//!   that derives serde/utoipa traits); `error.rs`: Dapr's error body and the error mapping.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use tokio::net::TcpListener;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::dapr::{StoreSpec, Stores};
+use crate::engine::Engine;
+
+pub mod dto;
+pub mod error;
+mod sse;
+mod state;
+
+use error::{ApiError, Op};
+
+/// HTTP door settings.
+#[derive(Debug, Clone)]
+pub struct HttpSettings {
+    pub stores: Stores,
+    /// When set, every route but health needs header `dapr-api-token` with this value.
+    pub api_token: Option<String>,
+    /// Largest request body, bytes.
+    pub body_limit: usize,
+    /// Longest a request may take before it is answered 408 (server-sent events excepted).
+    pub request_timeout: Duration,
+    /// Most operations in one transaction.
+    pub max_transaction_ops: usize,
+    /// Most keys in one bulk get.
+    pub max_bulk_keys: usize,
+    /// The id reported by `/v1.0/metadata`.
+    pub app_id: String,
+}
+
+impl Default for HttpSettings {
+    fn default() -> HttpSettings {
+        HttpSettings {
+            stores: Stores::default(),
+            api_token: None,
+            body_limit: 4 * 1024 * 1024,
+            request_timeout: Duration::from_secs(30),
+            max_transaction_ops: 1000,
+            max_bulk_keys: 10_000,
+            app_id: "stategate".into(),
+        }
+    }
+}
+
+/// Shared state of the handlers.
+#[derive(Clone)]
+pub struct AppState {
+    engine: Engine,
+    settings: Arc<HttpSettings>,
+}
+
+impl AppState {
+    fn store(&self, name: &str, op: Op) -> Result<&StoreSpec, ApiError> {
+        self.settings.stores.get(name).map_err(|e| ApiError::from_dapr(op, e))
+    }
+}
+
+/// A request body within the configured limit; anything else is a Dapr-shaped error.
+pub struct Body(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for Body {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Body, ApiError> {
+        match Bytes::from_request(req, state).await {
+            Ok(b) => Ok(Body(b)),
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                error::MALFORMED,
+                "the request body is larger than the configured limit",
+            )),
+            Err(e) => Err(ApiError::malformed(format!("cannot read the request body: {e}"))),
+        }
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "stategate HTTP API",
+        description = "The Dapr state API served by stategate. ETags are the keys' HLC versions \
+                       (`{ms:015}:{counter:05}:{node}`), shared with the MQTT and gRPC doors.",
+        license(name = "MIT OR Apache-2.0")
+    ),
+    tags(
+        (name = "state", description = "Dapr state API"),
+        (name = "health", description = "Health probes"),
+        (name = "metadata", description = "Stores and features"),
+    )
+)]
+struct ApiDoc;
+
+fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(state::save_state))
+        .routes(routes!(state::get_state, state::delete_state))
+        .routes(routes!(state::bulk_get))
+        .routes(routes!(state::transaction))
+        .routes(routes!(state::query_state))
+        .routes(routes!(sse::subscribe))
+        .routes(routes!(state::healthz))
+        .routes(routes!(state::healthz_outbound))
+        .routes(routes!(state::metadata))
+}
+
+/// The OpenAPI document of the HTTP door.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    routes().split_for_parts().1
+}
+
+/// The OpenAPI document as the committed `openapi/openapi.json` holds it.
+pub fn openapi_json() -> String {
+    let mut s = openapi()
+        .to_pretty_json()
+        .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
+    s.push('\n');
+    s
+}
+
+/// The HTTP door's router.
+pub fn router(engine: Engine, settings: HttpSettings) -> Router {
+    let settings = Arc::new(settings);
+    let state = AppState {
+        engine,
+        settings: settings.clone(),
+    };
+    let (router, _) = routes().split_for_parts();
+    let doc = openapi_json();
+    router
+        .route(
+            "/openapi.json",
+            axum::routing::get(move || async move { ([(header::CONTENT_TYPE, "application/json")], doc) }),
+        )
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(settings.clone(), check_token))
+        .layer(axum::extract::DefaultBodyLimit::max(settings.body_limit))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            settings.request_timeout,
+        ))
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "ERR_NOT_FOUND", "no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "ERR_METHOD_NOT_ALLOWED",
+        "the method is not allowed on this route",
+    )
+}
+
+/// `dapr-api-token` check, as Dapr does it: 401 with a plain-text body; health is exempt.
+async fn check_token(State(settings): State<Arc<HttpSettings>>, req: Request, next: Next) -> Response {
+    if let Some(token) = &settings.api_token {
+        let path = req.uri().path();
+        let exempt = path.starts_with("/v1.0/healthz");
+        let given = req.headers().get("dapr-api-token").and_then(|v| v.to_str().ok());
+        if !exempt && given != Some(token.as_str()) {
+            return (StatusCode::UNAUTHORIZED, "invalid api token").into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Serves `router` on an already bound listener until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+}

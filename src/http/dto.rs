@@ -1,0 +1,129 @@
+//! JSON shapes of the Dapr HTTP state API. Only this module derives serde/utoipa traits.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// `options` of a state item.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StateOptions {
+    /// `first-write` or `last-write` (default).
+    pub concurrency: Option<String>,
+    /// `eventual` or `strong`.
+    pub consistency: Option<String>,
+}
+
+/// One item of a save request.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct SaveItem {
+    pub key: Option<String>,
+    /// Any JSON value; stored as its compact JSON text.
+    #[schema(value_type = Object)]
+    #[serde(default)]
+    pub value: serde_json::Value,
+    /// The ETag (an HLC version) the key must have.
+    pub etag: Option<String>,
+    #[serde(default)]
+    pub metadata: HashMap<String, String>,
+    #[serde(default)]
+    pub options: StateOptions,
+    #[serde(rename = "contentType")]
+    pub content_type: Option<String>,
+}
+
+/// Bulk get request.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct BulkGetRequest {
+    pub keys: Vec<String>,
+    pub parallelism: Option<i64>,
+    #[serde(default)]
+    pub metadata: HashMap<String, String>,
+}
+
+/// One item of a bulk get answer. A missing key is `{"key": "..."}` alone.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct BulkItem {
+    pub key: String,
+    #[schema(value_type = Object)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub etag: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<HashMap<String, String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One transaction operation.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct TransactionOperation {
+    /// `upsert` or `delete`.
+    pub operation: String,
+    pub request: SaveItem,
+}
+
+/// Transaction request.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct TransactionRequest {
+    pub operations: Vec<TransactionOperation>,
+    #[serde(default)]
+    pub metadata: HashMap<String, String>,
+}
+
+/// One query result.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct QueryItem {
+    pub key: String,
+    #[schema(value_type = Object)]
+    pub data: serde_json::Value,
+    pub etag: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<HashMap<String, String>>,
+}
+
+/// Query answer.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct QueryResponse {
+    pub results: Vec<QueryItem>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+/// A store in the metadata answer.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ComponentMetadata {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub version: String,
+    pub capabilities: Vec<String>,
+}
+
+/// `/v1.0/metadata` answer.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Metadata {
+    pub id: String,
+    #[serde(rename = "runtimeVersion")]
+    pub runtime_version: String,
+    pub components: Vec<ComponentMetadata>,
+}
+
+/// One server-sent event's data.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChangeEvent {
+    pub key: String,
+    /// The new value (on `set`).
+    #[schema(value_type = Object)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Value>,
+    /// The new version (equals the event id).
+    pub etag: String,
+    /// `expired` when a delete came from expiry.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<HashMap<String, String>>,
+}

@@ -1,0 +1,130 @@
+//! Change notifications as server-sent events.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use futures_util::Stream;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::BroadcastStream;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+
+use super::AppState;
+use super::dto::ChangeEvent;
+use super::error::{ApiError, ErrorBody, Op};
+use crate::dapr::{self, StoreSpec};
+use crate::engine::{Change, ChangeKind};
+
+/// Which keys a subscriber wants.
+struct Selector {
+    store: StoreSpec,
+    prefix: Vec<u8>,
+    keys: Vec<Vec<u8>>,
+    patterns: Vec<glob::Pattern>,
+}
+
+impl Selector {
+    /// The Dapr key of a change this subscriber wants.
+    fn select(&self, change: &Change) -> Option<String> {
+        if !change.key.starts_with(&self.prefix) {
+            return None;
+        }
+        if self.keys.is_empty() && self.patterns.is_empty() {
+            return Some(self.store.dapr_key(&change.key));
+        }
+        if self.keys.iter().any(|k| k[..] == change.key[..]) {
+            return Some(self.store.dapr_key(&change.key));
+        }
+        let key = self.store.dapr_key(&change.key);
+        self.patterns.iter().any(|p| p.matches(&key)).then_some(key)
+    }
+}
+
+fn event(key: String, change: &Change) -> Event {
+    let (name, data, reason, meta) = match &change.kind {
+        ChangeKind::Set(v) => {
+            let (data, enc) = dapr::value_to_json(v);
+            let meta = enc.map(|(k, v)| HashMap::from([(k.to_owned(), v.to_owned())]));
+            ("set", Some(data), None, meta)
+        }
+        ChangeKind::Delete => ("delete", None, None, None),
+        ChangeKind::Expire => ("delete", None, Some("expired"), None),
+    };
+    let etag = change.version.to_string();
+    let body = ChangeEvent {
+        key,
+        data,
+        etag: etag.clone(),
+        reason,
+        metadata: meta,
+    };
+    let json = serde_json::to_string(&body).unwrap_or_else(|_| "{}".into());
+    Event::default().event(name).id(etag).data(json)
+}
+
+/// Subscribe to changes: `?key=a&key=b` and/or `?pattern=<glob>`; none = every key of the store.
+#[utoipa::path(
+    get,
+    path = "/v1.0-alpha1/state/{store}/subscribe",
+    tag = "state",
+    params(
+        ("store" = String, Path, description = "state store name"),
+        ("key" = Option<Vec<String>>, Query, description = "keys to watch (repeatable)"),
+        ("pattern" = Option<Vec<String>>, Query, description = "glob patterns of keys to watch (repeatable)"),
+    ),
+    responses(
+        (status = 200, content_type = "text/event-stream",
+         description = "events `set` and `delete` (expiry: `reason: expired`), id = the new version; \
+                        a reader that falls behind gets a final `overflow` event and the stream ends"),
+        (status = 400, body = ErrorBody),
+    )
+)]
+pub async fn subscribe(
+    State(st): State<AppState>,
+    Path(store): Path<String>,
+    Query(params): Query<Vec<(String, String)>>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let spec = st.store(&store, Op::Subscribe)?.clone();
+    let mut keys = Vec::new();
+    let mut patterns = Vec::new();
+    for (name, value) in &params {
+        match name.as_str() {
+            "key" => keys.push(
+                spec.engine_key(value)
+                    .map_err(|e| ApiError::from_dapr(Op::Subscribe, e))?
+                    .to_vec(),
+            ),
+            "pattern" => patterns
+                .push(glob::Pattern::new(value).map_err(|e| ApiError::malformed(format!("pattern {value:?}: {e}")))?),
+            other => return Err(ApiError::malformed(format!("unknown parameter {other:?}"))),
+        }
+    }
+    let selector = Selector {
+        prefix: spec.key_prefix(),
+        store: spec,
+        keys,
+        patterns,
+    };
+    let feed = BroadcastStream::new(st.engine.subscribe());
+    let mut done = false;
+    let stream = feed
+        .map_while(move |item| {
+            if done {
+                return None;
+            }
+            Some(match item {
+                Ok(change) => selector.select(&change).map(|key| event(key, &change)),
+                Err(BroadcastStreamRecvError::Lagged(n)) => {
+                    // Never stall the engine for a slow reader: tell it and end the stream.
+                    done = true;
+                    Some(Event::default().event("overflow").data(format!(
+                        "{{\"missed\":{n},\"message\":\"the subscriber fell behind; subscribe again\"}}"
+                    )))
+                }
+            })
+        })
+        .filter_map(|e| e.map(Ok));
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+}

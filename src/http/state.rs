@@ -1,0 +1,379 @@
+//! The Dapr state routes.
+
+use std::collections::HashMap;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::Value;
+
+use super::dto;
+use super::error::{ApiError, ErrorBody, Op};
+use super::{AppState, Body};
+use crate::dapr::{self, DeleteItem, SaveItem, TxItem, query};
+
+/// Query parameters as pairs (`metadata.<name>`, `concurrency`, `consistency`).
+type Params = Query<Vec<(String, String)>>;
+
+/// `metadata.<name>=<v>` query parameters.
+fn query_metadata(params: &[(String, String)]) -> HashMap<String, String> {
+    params
+        .iter()
+        .filter_map(|(k, v)| k.strip_prefix("metadata.").map(|n| (n.to_owned(), v.clone())))
+        .collect()
+}
+
+fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    params.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::malformed(format!("failed to parse the request body: {e}")))
+}
+
+/// Turns a JSON save item into the Dapr layer's item. Query metadata is merged in (query wins).
+fn save_item(item: dto::SaveItem, query_meta: &HashMap<String, String>) -> Result<SaveItem, ApiError> {
+    let key = item
+        .key
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| ApiError::malformed("a state item has no key"))?;
+    let value = serde_json::to_vec(&item.value).map_err(|e| ApiError::malformed(e.to_string()))?;
+    let mut metadata = item.metadata;
+    metadata.extend(query_meta.iter().map(|(k, v)| (k.clone(), v.clone())));
+    Ok(SaveItem {
+        key,
+        value: Bytes::from(value),
+        etag: item.etag,
+        metadata,
+        concurrency: item.options.concurrency,
+        consistency: item.options.consistency,
+    })
+}
+
+/// Save state: each item is one atomic write; good items land even when another fails.
+#[utoipa::path(
+    method(post, put),
+    path = "/v1.0/state/{store}",
+    tag = "state",
+    params(("store" = String, Path, description = "state store name")),
+    request_body = Vec<dto::SaveItem>,
+    responses(
+        (status = 204, description = "saved"),
+        (status = 400, body = ErrorBody, description = "malformed request, unknown store or invalid etag"),
+        (status = 409, body = ErrorBody, description = "etag mismatch, first-write conflict or fencing token refused"),
+        (status = 507, body = ErrorBody, description = "quota exceeded"),
+    )
+)]
+pub async fn save_state(
+    State(st): State<AppState>,
+    Path(store): Path<String>,
+    Query(params): Params,
+    body: Body,
+) -> Result<StatusCode, ApiError> {
+    let store = st.store(&store, Op::Save)?;
+    let items: Vec<dto::SaveItem> = parse_json(&body.0)?;
+    let query_meta = query_metadata(&params);
+    // Validate every item before writing any, so malformed input changes nothing.
+    let items = items
+        .into_iter()
+        .map(|i| save_item(i, &query_meta))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut first_error = None;
+    for item in &items {
+        if let Err(e) = dapr::save(&st.engine, store, item).await {
+            first_error.get_or_insert(ApiError::from_dapr(Op::Save, e));
+        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(StatusCode::NO_CONTENT),
+    }
+}
+
+/// Get state: the stored bytes unchanged, the version as `ETag`; 204 when missing.
+#[utoipa::path(
+    get,
+    path = "/v1.0/state/{store}/{key}",
+    tag = "state",
+    params(
+        ("store" = String, Path, description = "state store name"),
+        ("key" = String, Path, description = "key (percent-encoded)"),
+    ),
+    responses(
+        (status = 200, description = "the stored value; headers ETag and, with a TTL, metadata.ttlExpireTime"),
+        (status = 204, description = "no such key"),
+        (status = 400, body = ErrorBody),
+    )
+)]
+pub async fn get_state(
+    State(st): State<AppState>,
+    Path((store, key)): Path<(String, String)>,
+    Query(params): Params,
+) -> Result<Response, ApiError> {
+    let store = st.store(&store, Op::Get)?;
+    dapr::check_consistency(param(&params, "consistency")).map_err(|e| ApiError::from_dapr(Op::Get, e))?;
+    let Some(entry) = dapr::get(&st.engine, store, &key)
+        .await
+        .map_err(|e| ApiError::from_dapr(Op::Get, e))?
+    else {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    };
+    let mut headers = HeaderMap::new();
+    let content_type = if serde_json::from_slice::<serde::de::IgnoredAny>(&entry.value).is_ok() {
+        "application/json"
+    } else {
+        "application/octet-stream"
+    };
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if let Ok(v) = HeaderValue::from_str(&entry.version.to_string()) {
+        headers.insert(header::ETAG, v);
+    }
+    if let Some(ms) = entry.expires_at_ms {
+        if let Ok(v) = HeaderValue::from_str(&dapr::rfc3339(ms)) {
+            headers.insert("metadata.ttlExpireTime", v);
+        }
+    }
+    Ok((StatusCode::OK, headers, entry.value).into_response())
+}
+
+/// Bulk get: one item per key, in request order.
+#[utoipa::path(
+    method(post, put),
+    path = "/v1.0/state/{store}/bulk",
+    tag = "state",
+    params(("store" = String, Path, description = "state store name")),
+    request_body = dto::BulkGetRequest,
+    responses((status = 200, body = Vec<dto::BulkItem>), (status = 400, body = ErrorBody))
+)]
+pub async fn bulk_get(
+    State(st): State<AppState>,
+    Path(store): Path<String>,
+    body: Body,
+) -> Result<axum::Json<Vec<dto::BulkItem>>, ApiError> {
+    let store = st.store(&store, Op::BulkGet)?;
+    let req: dto::BulkGetRequest = parse_json(&body.0)?;
+    if req.keys.len() > st.settings.max_bulk_keys {
+        return Err(ApiError::malformed(format!(
+            "a bulk get may name at most {} keys",
+            st.settings.max_bulk_keys
+        )));
+    }
+    let mut out = Vec::with_capacity(req.keys.len());
+    for key in req.keys {
+        let item = match dapr::get(&st.engine, store, &key).await {
+            Ok(Some(e)) => {
+                let (data, encoding) = dapr::value_to_json(&e.value);
+                let mut meta = HashMap::new();
+                if let Some((k, v)) = encoding {
+                    meta.insert(k.to_owned(), v.to_owned());
+                }
+                if let Some(ms) = e.expires_at_ms {
+                    meta.insert("ttlExpireTime".to_owned(), dapr::rfc3339(ms));
+                }
+                dto::BulkItem {
+                    key,
+                    data: Some(data),
+                    etag: Some(e.version.to_string()),
+                    metadata: (!meta.is_empty()).then_some(meta),
+                    error: None,
+                }
+            }
+            Ok(None) => dto::BulkItem {
+                key,
+                data: None,
+                etag: None,
+                metadata: None,
+                error: None,
+            },
+            Err(e) => {
+                let err = ApiError::from_dapr(Op::BulkGet, e);
+                if err.status.is_server_error() {
+                    return Err(err);
+                }
+                dto::BulkItem {
+                    key,
+                    data: None,
+                    etag: None,
+                    metadata: None,
+                    error: Some(err.message),
+                }
+            }
+        };
+        out.push(item);
+    }
+    Ok(axum::Json(out))
+}
+
+/// Delete state; the ETag goes in `If-Match`.
+#[utoipa::path(
+    delete,
+    path = "/v1.0/state/{store}/{key}",
+    tag = "state",
+    params(
+        ("store" = String, Path, description = "state store name"),
+        ("key" = String, Path, description = "key (percent-encoded)"),
+        ("If-Match" = Option<String>, Header, description = "the ETag the key must have"),
+    ),
+    responses(
+        (status = 204, description = "deleted, or there was no such key"),
+        (status = 400, body = ErrorBody),
+        (status = 409, body = ErrorBody),
+    )
+)]
+pub async fn delete_state(
+    State(st): State<AppState>,
+    Path((store, key)): Path<(String, String)>,
+    Query(params): Params,
+    headers: HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    let store = st.store(&store, Op::Delete)?;
+    let etag = match headers.get(header::IF_MATCH) {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| ApiError::new(StatusCode::BAD_REQUEST, "ERR_STATE_DELETE", "If-Match is not text"))?
+                .to_owned(),
+        ),
+    };
+    let item = DeleteItem {
+        key,
+        etag,
+        metadata: query_metadata(&params),
+        concurrency: param(&params, "concurrency").map(str::to_owned),
+        consistency: param(&params, "consistency").map(str::to_owned),
+    };
+    dapr::delete(&st.engine, store, &item)
+        .await
+        .map_err(|e| ApiError::from_dapr(Op::Delete, e))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Transaction: every operation in order, or none.
+#[utoipa::path(
+    method(post, put),
+    path = "/v1.0/state/{store}/transaction",
+    tag = "state",
+    params(("store" = String, Path, description = "state store name")),
+    request_body = dto::TransactionRequest,
+    responses(
+        (status = 204, description = "committed"),
+        (status = 400, body = ErrorBody, description = "malformed, unknown operation, too many operations"),
+        (status = 500, body = ErrorBody, description = "not committed (conflicts included)"),
+    )
+)]
+pub async fn transaction(
+    State(st): State<AppState>,
+    Path(store): Path<String>,
+    Query(params): Params,
+    body: Body,
+) -> Result<StatusCode, ApiError> {
+    let store = st.store(&store, Op::Transaction)?;
+    let req: dto::TransactionRequest = parse_json(&body.0)?;
+    let mut meta = req.metadata;
+    meta.extend(query_metadata(&params));
+    let mut items = Vec::with_capacity(req.operations.len());
+    for op in req.operations {
+        let item = save_item(op.request, &meta)?;
+        items.push(match op.operation.as_str() {
+            "upsert" => TxItem::Upsert(item),
+            "delete" => TxItem::Delete(DeleteItem {
+                key: item.key,
+                etag: item.etag,
+                metadata: item.metadata,
+                concurrency: item.concurrency,
+                consistency: item.consistency,
+            }),
+            other => {
+                return Err(ApiError::from_dapr(
+                    Op::Transaction,
+                    dapr::DaprError::UnsupportedOperation(other.to_owned()),
+                ));
+            }
+        });
+    }
+    dapr::transact(&st.engine, store, &items, st.settings.max_transaction_ops)
+        .await
+        .map_err(|e| ApiError::from_dapr(Op::Transaction, e))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Query (alpha): filters, sort and paging over JSON values.
+#[utoipa::path(
+    method(post, put),
+    path = "/v1.0-alpha1/state/{store}/query",
+    tag = "state",
+    params(("store" = String, Path, description = "state store name")),
+    request_body(content = Object, description = "{filter?, sort?, page?: {limit, token}}"),
+    responses(
+        (status = 200, body = dto::QueryResponse),
+        (status = 204, description = "no results"),
+        (status = 400, body = ErrorBody),
+    )
+)]
+pub async fn query_state(
+    State(st): State<AppState>,
+    Path(store): Path<String>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let store = st.store(&store, Op::Query)?;
+    let q: Value = parse_json(&body.0)?;
+    let q = query::Query::parse(&q).map_err(|e| ApiError::from_dapr(Op::Query, e))?;
+    let page = query::run(&st.engine, store, &q)
+        .await
+        .map_err(|e| ApiError::from_dapr(Op::Query, e))?;
+    if page.rows.is_empty() {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    let results = page
+        .rows
+        .into_iter()
+        .map(|r| {
+            let (data, encoding) = dapr::value_to_json(&r.value);
+            dto::QueryItem {
+                key: r.key,
+                data,
+                etag: r.etag,
+                metadata: encoding.map(|(k, v)| HashMap::from([(k.to_owned(), v.to_owned())])),
+            }
+        })
+        .collect();
+    Ok(axum::Json(dto::QueryResponse {
+        results,
+        token: page.token,
+    })
+    .into_response())
+}
+
+/// Health of the service.
+#[utoipa::path(get, path = "/v1.0/healthz", tag = "health", responses((status = 204, description = "healthy")))]
+pub async fn healthz() -> StatusCode {
+    StatusCode::NO_CONTENT
+}
+
+/// Health of outbound connections (SDKs probe this before any call).
+#[utoipa::path(get, path = "/v1.0/healthz/outbound", tag = "health", responses((status = 204, description = "healthy")))]
+pub async fn healthz_outbound() -> StatusCode {
+    StatusCode::NO_CONTENT
+}
+
+/// The stores and their features.
+#[utoipa::path(get, path = "/v1.0/metadata", tag = "metadata", responses((status = 200, body = dto::Metadata)))]
+pub async fn metadata(State(st): State<AppState>) -> axum::Json<dto::Metadata> {
+    let components = st
+        .settings
+        .stores
+        .names()
+        .map(|name| dto::ComponentMetadata {
+            name: name.to_owned(),
+            kind: "state.stategate".into(),
+            version: "v1".into(),
+            capabilities: dapr::FEATURES.iter().map(|f| f.to_string()).collect(),
+        })
+        .collect();
+    axum::Json(dto::Metadata {
+        id: st.settings.app_id.clone(),
+        runtime_version: env!("CARGO_PKG_VERSION").into(),
+        components,
+    })
+}
