@@ -13,6 +13,7 @@ use bytes::Bytes;
 
 use crate::hlc::Hlc;
 
+pub mod durable;
 pub mod memory;
 
 /// What is stored for one key.
@@ -104,6 +105,40 @@ pub trait Backend: Send + Sync + 'static {
     async fn max_version(&self) -> Result<Option<Hlc>, StorageError>;
 }
 
+/// Which backend stores the records (`--storage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StorageKind {
+    /// Volatile: everything is lost when the process stops (tests, caches).
+    Memory,
+    /// On disk under `--data-dir`, surviving restarts and crashes (see [`durable`]).
+    #[default]
+    Durable,
+}
+
+/// An unknown `--storage` value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown storage {0:?}: expected durable or memory")]
+pub struct ParseStorageKindError(String);
+
+impl std::str::FromStr for StorageKind {
+    type Err = ParseStorageKindError;
+    fn from_str(s: &str) -> Result<StorageKind, ParseStorageKindError> {
+        match s.to_ascii_lowercase().as_str() {
+            "memory" => Ok(StorageKind::Memory),
+            "durable" => Ok(StorageKind::Durable),
+            _ => Err(ParseStorageKindError(s.to_owned())),
+        }
+    }
+}
+
+/// Where and how records are stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageConfig {
+    pub kind: StorageKind,
+    pub data_dir: std::path::PathBuf,
+    pub fsync: durable::FsyncMode,
+}
+
 /// A cheap handle on a backend.
 #[derive(Clone)]
 pub struct Store(Arc<dyn Backend>);
@@ -121,6 +156,18 @@ impl Store {
 
     pub fn memory() -> Store {
         Store::new(memory::MemoryBackend::default())
+    }
+
+    /// Opens the configured backend (recovering a durable one from disk; blocks while it reads).
+    pub fn open(config: &StorageConfig) -> Result<Store, StorageError> {
+        match config.kind {
+            StorageKind::Memory => Ok(Store::memory()),
+            StorageKind::Durable => {
+                let mut options = durable::DurableOptions::new(&config.data_dir);
+                options.fsync = config.fsync;
+                Ok(Store::new(durable::DurableBackend::open(options)?))
+            }
+        }
     }
 
     pub fn backend(&self) -> &dyn Backend {

@@ -58,6 +58,57 @@ impl MemoryBackend {
     pub fn load(&self, key: Bytes, rec: Option<Record>) {
         self.write().put(key, rec);
     }
+
+    /// Raises the highest version ever stored (a durable backend restores it from a snapshot:
+    /// the key that held it may have been deleted since).
+    pub(crate) fn observe_version(&self, v: &Hlc) {
+        let mut inner = self.write();
+        if inner.max_version.as_ref().is_none_or(|m| v > m) {
+            inner.max_version = Some(v.clone());
+        }
+    }
+
+    /// [`Backend::swap_many`], running `then` under the same lock once the swaps are applied, so
+    /// that what `then` records (a log append) comes in the order the swaps were applied.
+    pub(crate) fn swap_then<R>(
+        &self,
+        swaps: &[Swap],
+        max_keys: Option<u64>,
+        then: impl FnOnce() -> R,
+    ) -> (SwapOutcome, Option<R>) {
+        let mut inner = self.write();
+        let outcome = check_swaps(&inner.map, swaps, max_keys);
+        if outcome != SwapOutcome::Done {
+            return (outcome, None);
+        }
+        for s in swaps {
+            inner.put(s.key.clone(), s.new.clone());
+        }
+        (outcome, Some(then()))
+    }
+
+    /// Up to `n` records strictly after `after`, in key order (for snapshots, a chunk at a time).
+    pub(crate) fn records_after(&self, after: Option<&[u8]>, n: usize) -> Vec<(Bytes, Record)> {
+        let inner = self.read();
+        let lower = match after {
+            Some(a) => Bound::Excluded(Bytes::copy_from_slice(a)),
+            None => Bound::Unbounded,
+        };
+        inner
+            .map
+            .range((lower, Bound::Unbounded))
+            .take(n)
+            .map(|(k, r)| (k.clone(), r.clone()))
+            .collect()
+    }
+
+    pub(crate) fn max_version_now(&self) -> Option<Hlc> {
+        self.read().max_version.clone()
+    }
+
+    pub(crate) fn key_count(&self) -> u64 {
+        self.read().map.len() as u64
+    }
 }
 
 /// Checks and applies swaps on an in-memory map; shared by backends that keep an index in memory.
@@ -85,14 +136,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError> {
-        let mut inner = self.write();
-        let outcome = check_swaps(&inner.map, swaps, max_keys);
-        if outcome == SwapOutcome::Done {
-            for s in swaps {
-                inner.put(s.key.clone(), s.new.clone());
-            }
-        }
-        Ok(outcome)
+        Ok(self.swap_then(swaps, max_keys, || ()).0)
     }
 
     async fn scan(

@@ -1,0 +1,444 @@
+//! The durable backend: the in-memory index of [`MemoryBackend`] plus an append-only log of
+//! CRC-checked records and periodic snapshots, in one data directory.
+//!
+//! A `swap_many` is checked and applied to the index under its lock, and in the same critical
+//! section encoded as one log frame and queued, so the log holds swaps in the order they were
+//! applied and a multi-key swap is one record (atomic on disk). The call then waits until its
+//! frame is acknowledged by the commit thread ([`writer`]), which writes whatever is queued with
+//! one `write` and, with [`FsyncMode::Always`], one `fdatasync`: concurrent writers share it
+//! (group commit).
+//!
+//! Until its write is acknowledged, a change is not served: `get` of a key with a write in
+//! flight waits for that write's acknowledgement, and `scan` for every write in flight. So no
+//! reader sees a value that a crash could still take back. An I/O error while logging poisons
+//! the backend: every later call fails, the process must restart and recover from disk.
+//!
+//! Files (see `format.rs` for the bytes, ARCHITECTURE.md for the rules):
+//! - `log-<seq>.log`: log segments, appended in `seq` order; only the newest is written.
+//! - `snap-<seq>.snap`: every key as of some moment after segment `seq` was started; recovery
+//!   loads the newest snapshot and replays segments `seq..` on top of it.
+//! - `LOCK`: held (advisory lock) while a process has the directory open.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use tokio::sync::Notify;
+
+use super::memory::MemoryBackend;
+use super::{Backend, KeyPage, Record, StorageError, Swap, SwapOutcome};
+use crate::hlc::Hlc;
+
+mod format;
+mod recovery;
+mod snapshot;
+mod writer;
+
+/// When a write is acknowledged, and what a crash can take back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FsyncMode {
+    /// After `fdatasync` (shared by every write of a group commit). Nothing acknowledged is lost,
+    /// even on power loss.
+    #[default]
+    Always,
+    /// After `write`; `fdatasync` runs every `batch_interval`. A process crash loses nothing; an
+    /// OS crash or power loss loses up to the last interval of acknowledged writes.
+    Batch,
+    /// After `write`; the OS writes back when it likes (on Linux, typically within 30 s). A
+    /// process crash loses nothing; an OS crash or power loss loses what was not written back.
+    Never,
+}
+
+impl FsyncMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FsyncMode::Always => "always",
+            FsyncMode::Batch => "batch",
+            FsyncMode::Never => "never",
+        }
+    }
+}
+
+impl fmt::Display for FsyncMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An unknown `--fsync` value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown fsync mode {0:?}: expected always, batch or never")]
+pub struct ParseFsyncModeError(String);
+
+impl FromStr for FsyncMode {
+    type Err = ParseFsyncModeError;
+    fn from_str(s: &str) -> Result<FsyncMode, ParseFsyncModeError> {
+        match s.to_ascii_lowercase().as_str() {
+            "always" => Ok(FsyncMode::Always),
+            "batch" => Ok(FsyncMode::Batch),
+            "never" => Ok(FsyncMode::Never),
+            _ => Err(ParseFsyncModeError(s.to_owned())),
+        }
+    }
+}
+
+/// How to open a durable store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DurableOptions {
+    pub dir: PathBuf,
+    pub fsync: FsyncMode,
+    /// A log segment is closed and a snapshot written once the segment holds this many bytes,
+    /// or half the size of the last snapshot if that is more: disk use stays below about twice
+    /// the live data plus this, and a restart replays at most that much log.
+    pub segment_bytes: u64,
+    /// With [`FsyncMode::Batch`]: the longest time between a write and its `fdatasync`.
+    pub batch_interval: Duration,
+}
+
+impl DurableOptions {
+    pub fn new(dir: impl Into<PathBuf>) -> DurableOptions {
+        DurableOptions {
+            dir: dir.into(),
+            fsync: FsyncMode::Always,
+            segment_bytes: 64 * 1024 * 1024,
+            batch_interval: Duration::from_millis(50),
+        }
+    }
+}
+
+/// Log sequence numbers: the n-th frame queued since open has lsn n (starting at 1).
+type Lsn = u64;
+
+/// What the commit thread has done, as seen by writers and readers.
+#[derive(Debug, Clone, Default)]
+struct Progress {
+    /// Every frame up to this one has been handed to the OS (`write`).
+    written: Lsn,
+    /// Every frame up to this one is acknowledged (per the fsync mode).
+    acked: Lsn,
+    /// The log failed: nothing is acknowledged any more.
+    failed: Option<Arc<str>>,
+}
+
+/// Frames waiting for the commit thread.
+#[derive(Debug, Default)]
+struct Queue {
+    buf: Vec<u8>,
+    /// The lsn of the last frame queued.
+    last: Lsn,
+    shutdown: bool,
+}
+
+/// State shared by callers, the commit thread and the snapshot thread.
+#[derive(Debug, Default)]
+struct Shared {
+    queue: Mutex<Queue>,
+    /// Wakes the commit thread.
+    work: Condvar,
+    progress: Mutex<Progress>,
+    /// Wakes threads waiting for progress (the snapshot thread).
+    progressed: Condvar,
+    /// Wakes tasks waiting for progress.
+    progressed_async: Notify,
+    /// Keys with a write in flight, and the lsn of their latest write.
+    in_flight: Mutex<HashMap<Bytes, Lsn>>,
+    /// A snapshot thread is running.
+    snapshotting: AtomicBool,
+    /// Bytes of the last snapshot written or loaded: the size of the live data.
+    live_bytes: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    fn publish(&self, written: Lsn, acked: Lsn) {
+        {
+            let mut p = lock(&self.progress);
+            p.written = written;
+            p.acked = acked;
+        }
+        lock(&self.in_flight).retain(|_, lsn| *lsn > acked);
+        self.progressed.notify_all();
+        self.progressed_async.notify_waiters();
+    }
+
+    fn fail(&self, cause: &std::io::Error) {
+        lock(&self.progress).failed = Some(cause.to_string().into());
+        self.progressed.notify_all();
+        self.progressed_async.notify_waiters();
+    }
+
+    fn last_queued(&self) -> Lsn {
+        lock(&self.queue).last
+    }
+
+    /// Waits (blocking the thread) until `lsn` has been written.
+    fn wait_written(&self, lsn: Lsn) -> Result<(), StorageError> {
+        let mut p = lock(&self.progress);
+        loop {
+            if let Some(f) = &p.failed {
+                return Err(failed(f));
+            }
+            if p.written >= lsn {
+                return Ok(());
+            }
+            p = self.progressed.wait(p).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Waits until `lsn` is acknowledged.
+    async fn wait_acked(&self, lsn: Lsn) -> Result<(), StorageError> {
+        loop {
+            let notified = self.progressed_async.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so a publish between the check and the await wakes us.
+            notified.as_mut().enable();
+            {
+                let p = lock(&self.progress);
+                if let Some(f) = &p.failed {
+                    return Err(failed(f));
+                }
+                if p.acked >= lsn {
+                    return Ok(());
+                }
+            }
+            notified.await;
+        }
+    }
+
+    fn check(&self) -> Result<(), StorageError> {
+        match &lock(&self.progress).failed {
+            Some(f) => Err(failed(f)),
+            None => Ok(()),
+        }
+    }
+}
+
+fn failed(cause: &str) -> StorageError {
+    StorageError::Io(std::io::Error::other(format!(
+        "the log failed earlier ({cause}); restart to recover from disk"
+    )))
+}
+
+/// The durable backend. Opening it recovers the directory; dropping it flushes, syncs and
+/// releases the directory.
+pub struct DurableBackend {
+    index: Arc<MemoryBackend>,
+    shared: Arc<Shared>,
+    writer: Option<JoinHandle<()>>,
+    snapshot: Arc<Mutex<Option<JoinHandle<()>>>>,
+    dir: PathBuf,
+    /// Holds the directory's advisory lock until the backend is dropped.
+    _lock: File,
+}
+
+impl fmt::Debug for DurableBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DurableBackend").field("dir", &self.dir).finish()
+    }
+}
+
+impl DurableBackend {
+    /// Opens (creating if needed) the store in `options.dir` and recovers it: loads the newest
+    /// snapshot, replays the log after it, and cuts a torn tail off the last segment (logged).
+    /// A damaged file anywhere else is [`StorageError::Corrupt`]. Blocks while it reads.
+    pub fn open(options: DurableOptions) -> Result<DurableBackend, StorageError> {
+        let dir = options.dir.clone();
+        std::fs::create_dir_all(&dir).map_err(|e| with_path(e, &dir))?;
+        let lock_path = dir.join("LOCK");
+        let lock_file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| with_path(e, &lock_path))?;
+        match lock_file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(StorageError::Backend(format!(
+                    "{} is in use by another process",
+                    dir.display()
+                )));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(with_path(e, &lock_path)),
+        }
+
+        let index = Arc::new(MemoryBackend::default());
+        let started = std::time::Instant::now();
+        let recovered = recovery::recover(&dir, &index)?;
+        tracing::info!(
+            dir = %dir.display(),
+            keys = index.key_count(),
+            snapshot_bytes = recovered.snapshot_bytes,
+            log_records = recovered.log_records,
+            segments = recovered.segments_replayed,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            fsync = %options.fsync,
+            "durable storage recovered"
+        );
+
+        let shared = Arc::new(Shared::default());
+        shared.live_bytes.store(recovered.snapshot_bytes, Ordering::Relaxed);
+        let snapshot = Arc::new(Mutex::new(None));
+        let writer = writer::Writer {
+            shared: shared.clone(),
+            index: index.clone(),
+            snapshot: snapshot.clone(),
+            dir: dir.clone(),
+            options,
+            file: recovered.file,
+            seq: recovered.seq,
+            seg_bytes: recovered.seg_bytes,
+            written: 0,
+            synced: 0,
+            last_sync: std::time::Instant::now(),
+        };
+        let writer = std::thread::Builder::new()
+            .name("stategate-log".into())
+            .spawn(move || writer.run())
+            .map_err(StorageError::Io)?;
+        Ok(DurableBackend {
+            index,
+            shared,
+            writer: Some(writer),
+            snapshot,
+            dir,
+            _lock: lock_file,
+        })
+    }
+
+    /// Waits until every write in flight is acknowledged, so that a read that follows serves
+    /// nothing a crash could take back.
+    async fn settle(&self, keys: Option<&[u8]>) -> Result<(), StorageError> {
+        let lsn = {
+            let in_flight = lock(&self.shared.in_flight);
+            match keys {
+                Some(k) => in_flight.get(k).copied(),
+                None if in_flight.is_empty() => None,
+                None => Some(self.shared.last_queued()),
+            }
+        };
+        match lsn {
+            Some(lsn) => self.shared.wait_acked(lsn).await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for DurableBackend {
+    fn drop(&mut self) {
+        lock(&self.shared.queue).shutdown = true;
+        self.shared.work.notify_all();
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+        // A snapshot still being written must not touch the directory once the lock is released.
+        let pending = lock(&self.snapshot).take();
+        if let Some(s) = pending {
+            let _ = s.join();
+        }
+    }
+}
+
+fn with_path(e: std::io::Error, path: &Path) -> StorageError {
+    StorageError::Io(std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+#[async_trait]
+impl Backend for DurableBackend {
+    async fn get(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {
+        self.shared.check()?;
+        let rec = self.index.get(key).await?;
+        self.settle(Some(key)).await?;
+        Ok(rec)
+    }
+
+    async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError> {
+        if swaps.is_empty() {
+            return Ok(SwapOutcome::Done);
+        }
+        self.shared.check()?;
+        let mut frame = Vec::new();
+        format::encode_batch(&mut frame, swaps);
+        if frame.len() > format::MAX_PAYLOAD {
+            return Err(StorageError::Backend("a write of more than 1 GiB".into()));
+        }
+        let (outcome, lsn) = self.index.swap_then(swaps, max_keys, || {
+            let lsn = {
+                let mut q = lock(&self.shared.queue);
+                q.last += 1;
+                q.buf.extend_from_slice(&frame);
+                q.last
+            };
+            let mut in_flight = lock(&self.shared.in_flight);
+            for s in swaps {
+                in_flight.insert(s.key.clone(), lsn);
+            }
+            lsn
+        });
+        if let Some(lsn) = lsn {
+            self.shared.work.notify_one();
+            self.shared.wait_acked(lsn).await?;
+        }
+        Ok(outcome)
+    }
+
+    async fn scan(
+        &self,
+        after: Option<&[u8]>,
+        examine: usize,
+        now_ms: u64,
+        keep: &(dyn for<'k> Fn(&'k [u8]) -> bool + Sync),
+    ) -> Result<KeyPage, StorageError> {
+        self.shared.check()?;
+        let page = self.index.scan(after, examine, now_ms, keep).await?;
+        self.settle(None).await?;
+        Ok(page)
+    }
+
+    async fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<(Bytes, Hlc)>, StorageError> {
+        self.shared.check()?;
+        self.index.expired(now_ms, limit).await
+    }
+
+    async fn next_deadline(&self) -> Result<Option<u64>, StorageError> {
+        self.shared.check()?;
+        self.index.next_deadline().await
+    }
+
+    async fn len(&self) -> Result<u64, StorageError> {
+        self.shared.check()?;
+        self.index.len().await
+    }
+
+    async fn max_version(&self) -> Result<Option<Hlc>, StorageError> {
+        self.shared.check()?;
+        self.index.max_version().await
+    }
+}
+
+fn segment_name(seq: u64) -> String {
+    format!("log-{seq:020}.log")
+}
+
+fn snapshot_name(seq: u64) -> String {
+    format!("snap-{seq:020}.snap")
+}
+
+/// Makes a directory's entries (created, renamed, removed files) durable.
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,319 @@
+//! On-disk formats of the durable backend: file headers, CRC-checked frames, and the records
+//! inside them. Pure: bytes in, bytes out, no I/O. Decoding never panics on any input.
+//!
+//! ```text
+//! file    = header frame*
+//! header  = magic[8] seq:u64          (16 bytes; seq is the number in the file name)
+//! frame   = len:u32 crc:u32 payload   (crc32 of payload; len = payload length)
+//! payload = kind:u8 ...
+//!   kind 1 (log: one swap_many call)    count:u32 entry{count}
+//!   kind 2 (snapshot: a chunk of keys)  count:u32 entry{count}    (puts only)
+//!   kind 3 (snapshot: the end)          keys:u64 has_max:u8 [hlc]
+//! entry   = key_len:u32 key tag:u8        tag 0 = delete; tag 1 = put, followed by:
+//!           value_len:u32 value hlc(version) has_fencing:u8 [hlc] has_expiry:u8 [deadline_ms:u64]
+//! hlc     = ms:u64 counter:u32 node_len:u16 node(utf-8)
+//! ```
+//! Integers are little-endian.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::hlc::Hlc;
+use crate::storage::{Record, Swap};
+
+pub const LOG_MAGIC: &[u8; 8] = b"SGLOG01\n";
+pub const SNAP_MAGIC: &[u8; 8] = b"SGSNP01\n";
+pub const HEADER_LEN: usize = 16;
+pub const FRAME_HEADER_LEN: usize = 8;
+/// Largest payload accepted (a guard against a corrupt length; values are at most a few MiB).
+pub const MAX_PAYLOAD: usize = 1 << 30;
+
+pub const KIND_BATCH: u8 = 1;
+pub const KIND_SNAP_CHUNK: u8 = 2;
+pub const KIND_SNAP_END: u8 = 3;
+
+const TAG_DELETE: u8 = 0;
+const TAG_PUT: u8 = 1;
+
+/// Why some bytes are not a valid frame or payload.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FormatError {
+    #[error("incomplete frame")]
+    Incomplete,
+    #[error("frame length {0} is out of range")]
+    BadLength(u64),
+    #[error("checksum mismatch")]
+    Checksum,
+    #[error("malformed payload: {0}")]
+    Malformed(&'static str),
+}
+
+pub fn header(magic: &[u8; 8], seq: u64) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[..8].copy_from_slice(magic);
+    h[8..].copy_from_slice(&seq.to_le_bytes());
+    h
+}
+
+/// The sequence number in a header, if the header has this magic.
+pub fn parse_header(magic: &[u8; 8], bytes: &[u8]) -> Option<u64> {
+    let h = bytes.get(..HEADER_LEN)?;
+    if &h[..8] != magic {
+        return None;
+    }
+    Some(u64::from_le_bytes(h[8..16].try_into().ok()?))
+}
+
+/// Appends one frame around the payload that `fill` writes.
+pub fn frame(out: &mut Vec<u8>, fill: impl FnOnce(&mut Vec<u8>)) {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; FRAME_HEADER_LEN]);
+    fill(out);
+    let payload_len = (out.len() - start - FRAME_HEADER_LEN) as u32;
+    let crc = crc32fast::hash(&out[start + FRAME_HEADER_LEN..]);
+    out[start..start + 4].copy_from_slice(&payload_len.to_le_bytes());
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// The frame at the start of `buf`: its payload and its whole length.
+pub fn read_frame(buf: &[u8]) -> Result<(&[u8], usize), FormatError> {
+    let head = buf.get(..FRAME_HEADER_LEN).ok_or(FormatError::Incomplete)?;
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+    if len == 0 || len > MAX_PAYLOAD {
+        return Err(FormatError::BadLength(len as u64));
+    }
+    let payload = buf
+        .get(FRAME_HEADER_LEN..FRAME_HEADER_LEN + len)
+        .ok_or(FormatError::Incomplete)?;
+    if crc32fast::hash(payload) != crc {
+        return Err(FormatError::Checksum);
+    }
+    Ok((payload, FRAME_HEADER_LEN + len))
+}
+
+/// Whether a frame that checks out starts at `buf[0]`, judged cheaply first (used only to tell
+/// a torn tail from corruption in the middle of a log).
+pub fn looks_like_frame(buf: &[u8]) -> bool {
+    let Some(head) = buf.get(..FRAME_HEADER_LEN + 1) else {
+        return false;
+    };
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    let kind = head[FRAME_HEADER_LEN];
+    if len < 5 || len > buf.len() - FRAME_HEADER_LEN || !(KIND_BATCH..=KIND_SNAP_END).contains(&kind) {
+        return false;
+    }
+    read_frame(buf).is_ok()
+}
+
+/// One swap_many call as a log frame: every key's outcome, all or nothing.
+pub fn encode_batch(out: &mut Vec<u8>, swaps: &[Swap]) {
+    frame(out, |p| {
+        p.push(KIND_BATCH);
+        p.extend_from_slice(&(swaps.len() as u32).to_le_bytes());
+        for s in swaps {
+            put_entry(p, &s.key, s.new.as_ref());
+        }
+    });
+}
+
+/// A snapshot chunk of live records.
+pub fn encode_chunk(out: &mut Vec<u8>, records: &[(Bytes, Record)]) {
+    frame(out, |p| {
+        p.push(KIND_SNAP_CHUNK);
+        p.extend_from_slice(&(records.len() as u32).to_le_bytes());
+        for (k, r) in records {
+            put_entry(p, k, Some(r));
+        }
+    });
+}
+
+/// The last frame of a snapshot: how many keys it holds and the highest version ever stored.
+pub fn encode_end(out: &mut Vec<u8>, keys: u64, max_version: Option<&Hlc>) {
+    frame(out, |p| {
+        p.push(KIND_SNAP_END);
+        p.extend_from_slice(&keys.to_le_bytes());
+        put_opt_hlc(p, max_version);
+    });
+}
+
+fn put_bytes32(p: &mut Vec<u8>, b: &[u8]) {
+    p.extend_from_slice(&(b.len() as u32).to_le_bytes());
+    p.extend_from_slice(b);
+}
+
+fn put_hlc(p: &mut Vec<u8>, h: &Hlc) {
+    p.extend_from_slice(&h.ms.to_le_bytes());
+    p.extend_from_slice(&h.counter.to_le_bytes());
+    // Node ids come from configuration and peers' tokens; they are far below 64 KiB.
+    let node = h.node.as_bytes();
+    let node = &node[..node.len().min(u16::MAX as usize)];
+    p.extend_from_slice(&(node.len() as u16).to_le_bytes());
+    p.extend_from_slice(node);
+}
+
+fn put_opt_hlc(p: &mut Vec<u8>, h: Option<&Hlc>) {
+    match h {
+        Some(h) => {
+            p.push(1);
+            put_hlc(p, h);
+        }
+        None => p.push(0),
+    }
+}
+
+fn put_entry(p: &mut Vec<u8>, key: &[u8], rec: Option<&Record>) {
+    put_bytes32(p, key);
+    match rec {
+        None => p.push(TAG_DELETE),
+        Some(r) => {
+            p.push(TAG_PUT);
+            put_bytes32(p, &r.value);
+            put_hlc(p, &r.version);
+            put_opt_hlc(p, r.fencing.as_ref());
+            match r.expires_at_ms {
+                Some(d) => {
+                    p.push(1);
+                    p.extend_from_slice(&d.to_le_bytes());
+                }
+                None => p.push(0),
+            }
+        }
+    }
+}
+
+/// A decoded payload.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Payload {
+    /// A log batch or a snapshot chunk: (key, record or delete) in order.
+    Entries {
+        kind: u8,
+        entries: Vec<(Bytes, Option<Record>)>,
+    },
+    /// The end of a snapshot.
+    End { keys: u64, max_version: Option<Hlc> },
+}
+
+/// Decodes payloads, sharing one `Arc<str>` per node id (a store has few of them).
+#[derive(Debug, Default)]
+pub struct Decoder {
+    nodes: HashMap<Box<[u8]>, Arc<str>>,
+}
+
+impl Decoder {
+    pub fn decode(&mut self, payload: &[u8]) -> Result<Payload, FormatError> {
+        let mut r = Reader { buf: payload, pos: 0 };
+        let kind = r.u8()?;
+        let out = match kind {
+            KIND_BATCH | KIND_SNAP_CHUNK => {
+                let count = r.u32()? as usize;
+                // Each entry takes at least 5 bytes: do not trust `count` for the allocation.
+                let mut entries = Vec::with_capacity(count.min(payload.len() / 5));
+                for _ in 0..count {
+                    let key = Bytes::copy_from_slice(r.bytes32()?);
+                    let rec = match r.u8()? {
+                        TAG_DELETE => None,
+                        TAG_PUT => Some(self.record(&mut r)?),
+                        _ => return Err(FormatError::Malformed("entry tag")),
+                    };
+                    if kind == KIND_SNAP_CHUNK && rec.is_none() {
+                        return Err(FormatError::Malformed("delete in a snapshot"));
+                    }
+                    entries.push((key, rec));
+                }
+                Payload::Entries { kind, entries }
+            }
+            KIND_SNAP_END => {
+                let keys = r.u64()?;
+                let max_version = self.opt_hlc(&mut r)?;
+                Payload::End { keys, max_version }
+            }
+            _ => return Err(FormatError::Malformed("payload kind")),
+        };
+        if r.pos != payload.len() {
+            return Err(FormatError::Malformed("trailing bytes"));
+        }
+        Ok(out)
+    }
+
+    fn record(&mut self, r: &mut Reader<'_>) -> Result<Record, FormatError> {
+        let value = Bytes::copy_from_slice(r.bytes32()?);
+        let version = self.hlc(r)?;
+        let fencing = self.opt_hlc(r)?;
+        let expires_at_ms = match r.u8()? {
+            0 => None,
+            1 => Some(r.u64()?),
+            _ => return Err(FormatError::Malformed("expiry flag")),
+        };
+        Ok(Record {
+            value,
+            version,
+            fencing,
+            expires_at_ms,
+        })
+    }
+
+    fn hlc(&mut self, r: &mut Reader<'_>) -> Result<Hlc, FormatError> {
+        let ms = r.u64()?;
+        let counter = r.u32()?;
+        let len = r.u16()? as usize;
+        let node = r.take(len)?;
+        let node = match self.nodes.get(node) {
+            Some(n) => n.clone(),
+            None => {
+                let s: Arc<str> = std::str::from_utf8(node)
+                    .map_err(|_| FormatError::Malformed("node id is not utf-8"))?
+                    .into();
+                self.nodes.insert(node.into(), s.clone());
+                s
+            }
+        };
+        Ok(Hlc { ms, counter, node })
+    }
+
+    fn opt_hlc(&mut self, r: &mut Reader<'_>) -> Result<Option<Hlc>, FormatError> {
+        match r.u8()? {
+            0 => Ok(None),
+            1 => Ok(Some(self.hlc(r)?)),
+            _ => Err(FormatError::Malformed("version flag")),
+        }
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], FormatError> {
+        let end = self.pos.checked_add(n).ok_or(FormatError::Malformed("length"))?;
+        let s = self.buf.get(self.pos..end).ok_or(FormatError::Malformed("truncated"))?;
+        self.pos = end;
+        Ok(s)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], FormatError> {
+        let s = self.take(N)?;
+        let mut a = [0u8; N];
+        a.copy_from_slice(s);
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, FormatError> {
+        Ok(self.array::<1>()?[0])
+    }
+    fn u16(&mut self) -> Result<u16, FormatError> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+    fn u32(&mut self) -> Result<u32, FormatError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+    fn u64(&mut self) -> Result<u64, FormatError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+    fn bytes32(&mut self) -> Result<&'a [u8], FormatError> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+}

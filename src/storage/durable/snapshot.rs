@@ -1,0 +1,88 @@
+//! Writing a snapshot while writes go on.
+//!
+//! Segment `seq` was started before the snapshot reads the index, so every write that is not in
+//! segments `seq..` is in the index already. The index is read a chunk at a time (writers are
+//! held up for one chunk at most), so the snapshot may hold some keys as they were after later
+//! writes. That is fine: log records hold whole records, not deltas, so replaying segments
+//! `seq..` on top of the snapshot ends with every key's last state, and a multi-key write that
+//! the snapshot caught half of is made whole by its replay. For that replay to be possible, the
+//! snapshot is committed (renamed into place) only once every write it reflects is synced in
+//! the log. Only then are the segments and snapshot it replaces removed.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use bytes::Bytes;
+
+use super::{Shared, format, segment_name, snapshot_name, sync_dir};
+use crate::storage::StorageError;
+use crate::storage::memory::MemoryBackend;
+
+const CHUNK_KEYS: usize = 512;
+
+/// Writes `snap-<seq>.snap` and removes what it replaces. Returns its size in bytes.
+pub(super) fn write(dir: &Path, seq: u64, index: &MemoryBackend, shared: &Shared) -> Result<u64, StorageError> {
+    let tmp = dir.join(format!("snap-{seq:020}.tmp"));
+    let result = write_tmp(&tmp, seq, index, shared);
+    let bytes = match result {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
+    std::fs::rename(&tmp, dir.join(snapshot_name(seq)))?;
+    sync_dir(dir)?;
+    remove_replaced(dir, seq)?;
+    Ok(bytes)
+}
+
+fn write_tmp(tmp: &Path, seq: u64, index: &MemoryBackend, shared: &Shared) -> Result<u64, StorageError> {
+    let mut out = BufWriter::with_capacity(1 << 20, File::create(tmp)?);
+    out.write_all(&format::header(format::SNAP_MAGIC, seq))?;
+    let mut after: Option<Bytes> = None;
+    let mut keys = 0u64;
+    let mut buf = Vec::new();
+    loop {
+        let chunk = index.records_after(after.as_deref(), CHUNK_KEYS);
+        let Some((last, _)) = chunk.last() else {
+            break;
+        };
+        after = Some(last.clone());
+        keys += chunk.len() as u64;
+        buf.clear();
+        format::encode_chunk(&mut buf, &chunk);
+        out.write_all(&buf)?;
+    }
+    // Every write the chunks above reflect was queued before this point.
+    let reflected = shared.last_queued();
+    buf.clear();
+    format::encode_end(&mut buf, keys, index.max_version_now().as_ref());
+    out.write_all(&buf)?;
+    let file = out.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    let bytes = file.metadata()?.len();
+
+    shared.wait_written(reflected)?;
+    // Any handle syncs the file; the commit thread may be appending to it meanwhile.
+    File::open(tmp.with_file_name(segment_name(seq)))?.sync_data()?;
+    Ok(bytes)
+}
+
+/// Removes the segments before `seq` and the snapshots before this one.
+fn remove_replaced(dir: &Path, seq: u64) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let name = entry?.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let old = match super::recovery::parse_name(name) {
+            Some(super::recovery::FileKind::Segment(s)) => s < seq,
+            Some(super::recovery::FileKind::Snapshot(s)) => s < seq,
+            _ => false,
+        };
+        if old {
+            std::fs::remove_file(dir.join(name))?;
+        }
+    }
+    sync_dir(dir)
+}
