@@ -1,6 +1,7 @@
 //! Command line and configuration. Every flag is also an environment variable `STATEGATE_*`.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -9,6 +10,9 @@ use crate::dapr::{StoreSpec, Stores};
 use crate::engine::{Limits, ObserverLimits};
 use crate::http::HttpSettings;
 use crate::mqtt::service::MqttSettings;
+use crate::storage::StorageConfig;
+use crate::storage::StorageKind;
+use crate::storage::durable::FsyncMode;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -88,6 +92,19 @@ pub struct ServeArgs {
     /// Most operations in one transaction.
     #[arg(long, env = "STATEGATE_MAX_TRANSACTION_OPS", default_value_t = 1000)]
     pub max_transaction_ops: usize,
+    /// Where records are stored: `durable` (on disk under --data-dir) or `memory` (lost when
+    /// the process stops; for tests and caches).
+    #[arg(long, env = "STATEGATE_STORAGE", default_value = "durable")]
+    pub storage: StorageKind,
+    /// The durable store's directory (created if missing; one process at a time).
+    #[arg(long, env = "STATEGATE_DATA_DIR", default_value = "./stategate-data")]
+    pub data_dir: PathBuf,
+    /// When a write is acknowledged: `always` (after fdatasync, shared by concurrent writes;
+    /// nothing acknowledged is ever lost), `batch` (after write, fdatasync every 50 ms; a power
+    /// loss can lose the last 50 ms), `never` (after write; a power loss can lose what the OS had
+    /// not written back). A process crash loses nothing acknowledged in any mode.
+    #[arg(long, env = "STATEGATE_FSYNC", default_value = "always")]
+    pub fsync: FsyncMode,
 }
 
 impl Default for ServeArgs {
@@ -133,6 +150,7 @@ pub struct Config {
     /// Where the HTTP door listens (`None`: off).
     pub http_listen: Option<SocketAddr>,
     pub http: HttpSettings,
+    pub storage: StorageConfig,
 }
 
 impl Default for Config {
@@ -198,6 +216,11 @@ impl Config {
             app_id: a.node_id.clone(),
             ..HttpSettings::default()
         };
+        let storage = StorageConfig {
+            kind: a.storage,
+            data_dir: a.data_dir,
+            fsync: a.fsync,
+        };
         Ok(Config {
             node_id: a.node_id,
             broker,
@@ -205,6 +228,7 @@ impl Config {
             limits,
             http_listen,
             http,
+            storage,
         })
     }
 }
@@ -286,6 +310,36 @@ mod tests {
         let mut a = ServeArgs::default();
         a.mqtt_max_packet_bytes = 1024;
         assert!(matches!(Config::from_args(a), Err(ConfigError::PacketTooSmall { .. })));
+    }
+
+    #[test]
+    fn storage_flags() {
+        let c = Config::default();
+        assert_eq!(c.storage.kind, StorageKind::Durable);
+        assert_eq!(c.storage.data_dir, PathBuf::from("./stategate-data"));
+        assert_eq!(c.storage.fsync, FsyncMode::Always);
+        let cli = Cli::try_parse_from([
+            "stategate",
+            "--storage",
+            "memory",
+            "--fsync",
+            "batch",
+            "--data-dir",
+            "/d",
+        ])
+        .unwrap();
+        let c = Config::from_args(cli.serve).unwrap();
+        assert_eq!(c.storage.kind, StorageKind::Memory);
+        assert_eq!(c.storage.fsync, FsyncMode::Batch);
+        assert_eq!(c.storage.data_dir, PathBuf::from("/d"));
+        let err = Cli::try_parse_from(["stategate", "--storage", "disk"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("expected durable or memory"), "{err}");
+        let err = Cli::try_parse_from(["stategate", "--fsync", "sometimes"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("expected always, batch or never"), "{err}");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 use clap::Parser;
 use stategate::config::{Cli, CliCommand, Config};
-use stategate::storage::Store;
+use stategate::storage::{StorageKind, Store};
 use tracing_subscriber::EnvFilter;
 
 /// Exit code for a bad command line or configuration (EX_USAGE).
@@ -36,7 +36,17 @@ fn main() {
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
-    let running = stategate::start(config, Store::memory()).await?;
+    let storage = config.storage.clone();
+    let store = tokio::task::spawn_blocking(move || Store::open(&storage))
+        .await?
+        .map_err(|e| match config.storage.kind {
+            StorageKind::Durable => anyhow::anyhow!("opening storage in {}: {e}", config.storage.data_dir.display()),
+            StorageKind::Memory => anyhow::anyhow!("opening storage: {e}"),
+        })?;
+    if config.storage.kind == StorageKind::Memory {
+        tracing::warn!("storage is in memory: every record is lost when the process stops");
+    }
+    let running = stategate::start(config, store).await?;
     let (host, port) = running.mqtt_broker();
     tracing::info!(host, port, "stategate is serving the state store over MQTT");
     shutdown_signal().await;
