@@ -29,6 +29,9 @@ pub enum KeyPrefix {
     Name,
     /// `<literal>||key`.
     Literal(String),
+    /// Keys arrive already prefixed (daprd applies its own `appid||` prefix before calling a
+    /// pluggable component), so `||` is allowed and nothing is added.
+    Raw,
 }
 
 /// One named store.
@@ -97,9 +100,17 @@ impl Stores {
 }
 
 impl StoreSpec {
+    /// The store the pluggable component API serves: keys as daprd sends them.
+    pub fn raw(name: &str) -> StoreSpec {
+        StoreSpec {
+            name: name.to_owned(),
+            prefix: KeyPrefix::Raw,
+        }
+    }
+
     fn prefix_str(&self) -> Option<String> {
         match &self.prefix {
-            KeyPrefix::None => None,
+            KeyPrefix::None | KeyPrefix::Raw => None,
             KeyPrefix::Name => Some(format!("{}{PREFIX_SEPARATOR}", self.name)),
             KeyPrefix::Literal(l) => Some(format!("{l}{PREFIX_SEPARATOR}")),
         }
@@ -110,7 +121,7 @@ impl StoreSpec {
         if key.is_empty() {
             return Err(DaprError::Malformed("the key is missing or empty".into()));
         }
-        if key.contains(PREFIX_SEPARATOR) {
+        if self.prefix != KeyPrefix::Raw && key.contains(PREFIX_SEPARATOR) {
             return Err(DaprError::Malformed(format!(
                 "input key/keyPrefix '{key}' can't contain '||'"
             )));

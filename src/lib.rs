@@ -18,6 +18,7 @@ use tokio::sync::watch;
 pub mod config;
 pub mod dapr;
 pub mod engine;
+pub mod grpc;
 pub mod hlc;
 pub mod http;
 pub mod mqtt;
@@ -37,6 +38,14 @@ pub enum StartError {
     #[cfg(feature = "embedded-broker")]
     #[error("starting the embedded MQTT broker: {0}")]
     Broker(#[from] mqtt::broker::BrokerError),
+    #[error("starting the gRPC door: {0}")]
+    Grpc(#[from] grpc::GrpcError),
+    #[error("binding the gRPC door to {addr}: {source}")]
+    GrpcBind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("binding the HTTP door to {addr}: {source}")]
     HttpBind {
         addr: SocketAddr,
@@ -56,6 +65,8 @@ pub struct Running {
     expiry: tokio::task::JoinHandle<()>,
     http_addr: Option<SocketAddr>,
     http: Option<tokio::task::JoinHandle<()>>,
+    grpc_addr: Option<SocketAddr>,
+    grpc: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Running {
@@ -150,6 +161,48 @@ pub async fn start(config: Config, store: Store) -> Result<Running, StartError> 
         }
     };
 
+    let dapr_settings = Arc::new(config.http.clone());
+    let mut grpc_tasks = Vec::new();
+    let grpc_addr = match config.grpc_listen {
+        None => None,
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::GrpcBind { addr, source })?;
+            let bound = listener
+                .local_addr()
+                .map_err(|source| StartError::GrpcBind { addr, source })?;
+            if !bound.ip().is_loopback() {
+                tracing::warn!(%bound, token = config.http.api_token.is_some(), "the gRPC door listens beyond loopback");
+            }
+            tracing::info!(%bound, "gRPC door (statestore.v1, Dapr runtime) listening");
+            let (engine, settings, mut stop_rx) = (engine.clone(), dapr_settings.clone(), stop_rx.clone());
+            grpc_tasks.push(tokio::spawn(async move {
+                let shutdown = async move {
+                    let _ = stop_rx.changed().await;
+                };
+                if let Err(e) = grpc::serve_tcp(engine, settings, listener, shutdown).await {
+                    tracing::error!(cause = %e, "gRPC door stopped");
+                }
+            }));
+            Some(bound)
+        }
+    };
+    if let Some(path) = &config.dapr_component_socket {
+        let listener = grpc::bind_component_socket(path)?;
+        tracing::info!(path = %path.display(), "Dapr pluggable state component listening");
+        let (engine, mut stop_rx) = (engine.clone(), stop_rx.clone());
+        let max_ops = config.http.max_transaction_ops;
+        grpc_tasks.push(tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stop_rx.changed().await;
+            };
+            if let Err(e) = grpc::serve_component(engine, max_ops, listener, shutdown).await {
+                tracing::error!(cause = %e, "Dapr component socket stopped");
+            }
+        }));
+    }
+
     let settings = MqttSettings {
         host: host.clone(),
         port,
@@ -167,6 +220,8 @@ pub async fn start(config: Config, store: Store) -> Result<Running, StartError> 
         expiry,
         http_addr,
         http,
+        grpc_addr,
+        grpc: grpc_tasks,
     })
 }
 
@@ -195,9 +250,21 @@ impl Running {
         self.http_addr
     }
 
+    /// Where the gRPC door listens, if it runs.
+    pub fn grpc_addr(&self) -> Option<SocketAddr> {
+        self.grpc_addr
+    }
+
     /// Stops every door and background task.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
+        for h in self.grpc {
+            // Open Watch streams would hold graceful shutdown forever: bound it.
+            let abort = h.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(2), h).await.is_err() {
+                abort.abort();
+            }
+        }
         if let Some(h) = self.http {
             // Open server-sent event streams would hold graceful shutdown forever: bound it.
             let abort = h.abort_handle();

@@ -112,6 +112,7 @@ impl TestEnv {
     pub async fn start_with(broker: Broker, tweak: impl FnOnce(&mut Config)) -> TestEnv {
         let mut config = Config::default();
         config.http_listen = Some("127.0.0.1:0".parse().unwrap());
+        config.grpc_listen = Some("127.0.0.1:0".parse().unwrap());
         let mosquitto = match broker {
             Broker::Mosquitto => {
                 let m = Mosquitto::start();
@@ -145,6 +146,16 @@ impl TestEnv {
             .as_ref()
             .and_then(|s| s.http_addr())
             .expect("http door runs");
+        format!("http://{addr}")
+    }
+
+    /// URL of the gRPC door, e.g. `http://127.0.0.1:41235`.
+    pub fn grpc(&self) -> String {
+        let addr = self
+            .service
+            .as_ref()
+            .and_then(|s| s.grpc_addr())
+            .expect("grpc door runs");
         format!("http://{addr}")
     }
 

@@ -1,0 +1,199 @@
+//! The gRPC doors, on one TCP port: `statestore.v1` (native, with a streaming Watch), the Dapr
+//! runtime state RPCs, health and reflection; and on a Unix socket: the Dapr pluggable state
+//! component API (with reflection, which daprd uses to discover it).
+//!
+//! - `native.rs`, `runtime.rs`, `component.rs`: the services; `error.rs`: the status mapping.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::net::{TcpListener, UnixListener};
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tonic::service::Interceptor;
+use tonic::transport::Server;
+use tonic::{Request, Status};
+
+use crate::dapr::StoreSpec;
+use crate::engine::Engine;
+use crate::http::HttpSettings;
+
+mod component;
+pub mod error;
+mod native;
+mod runtime;
+
+/// Generated protobuf and tonic code.
+pub mod pb {
+    pub mod statestore {
+        pub mod v1 {
+            tonic::include_proto!("statestore.v1");
+        }
+    }
+    pub mod dapr {
+        pub mod proto {
+            pub mod common {
+                pub mod v1 {
+                    tonic::include_proto!("dapr.proto.common.v1");
+                }
+            }
+            pub mod runtime {
+                pub mod v1 {
+                    tonic::include_proto!("dapr.proto.runtime.v1");
+                }
+            }
+            pub mod components {
+                pub mod v1 {
+                    tonic::include_proto!("dapr.proto.components.v1");
+                }
+            }
+        }
+    }
+    /// Every file's descriptor, for reflection.
+    pub const DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("stategate_descriptor");
+}
+
+use pb::dapr::proto::components::v1 as cpb;
+use pb::dapr::proto::runtime::v1 as rpb;
+use pb::statestore::v1 as npb;
+
+/// Largest gRPC message accepted, bytes (values up to the engine's limit fit).
+const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Checks `dapr-api-token` when a token is configured (health and reflection stay open).
+#[derive(Clone)]
+struct TokenCheck(Option<Arc<str>>);
+
+impl Interceptor for TokenCheck {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        let Some(token) = &self.0 else {
+            return Ok(req);
+        };
+        match req.metadata().get("dapr-api-token").and_then(|v| v.to_str().ok()) {
+            Some(t) if t == &**token => Ok(req),
+            _ => Err(Status::unauthenticated("invalid api token")),
+        }
+    }
+}
+
+fn reflection_v1() -> Result<
+    tonic_reflection::server::v1::ServerReflectionServer<impl tonic_reflection::server::v1::ServerReflection>,
+    tonic_reflection::server::Error,
+> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::DESCRIPTOR_SET)
+        .build_v1()
+}
+
+fn reflection_v1alpha() -> Result<
+    tonic_reflection::server::v1alpha::ServerReflectionServer<impl tonic_reflection::server::v1alpha::ServerReflection>,
+    tonic_reflection::server::Error,
+> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::DESCRIPTOR_SET)
+        .build_v1alpha()
+}
+
+/// Why a gRPC door failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GrpcError {
+    #[error("grpc reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("grpc transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("dapr component socket {path}: {source}")]
+    Socket {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Serves the TCP gRPC door on an already bound listener until `shutdown` resolves.
+pub async fn serve_tcp(
+    engine: Engine,
+    settings: Arc<HttpSettings>,
+    listener: TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), GrpcError> {
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<npb::state_store_server::StateStoreServer<native::Native>>()
+        .await;
+    health_reporter
+        .set_serving::<rpb::dapr_server::DaprServer<runtime::Runtime>>()
+        .await;
+    let check = TokenCheck(settings.api_token.as_deref().map(Arc::from));
+    let native = npb::state_store_server::StateStoreServer::new(native::Native { engine: engine.clone() })
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let runtime = rpb::dapr_server::DaprServer::new(runtime::Runtime { engine, settings })
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    Server::builder()
+        .tcp_nodelay(true)
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            native,
+            check.clone(),
+        ))
+        .add_service(tonic::service::interceptor::InterceptedService::new(runtime, check))
+        .add_service(health)
+        .add_service(reflection_v1()?)
+        .add_service(reflection_v1alpha()?)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await?;
+    Ok(())
+}
+
+/// Binds the component socket (replacing a stale socket file left by a crash).
+pub fn bind_component_socket(path: &std::path::Path) -> Result<UnixListener, GrpcError> {
+    let socket_err = |source| GrpcError::Socket {
+        path: path.to_owned(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(socket_err)?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(socket_err(e)),
+    }
+    UnixListener::bind(path).map_err(socket_err)
+}
+
+/// Serves the Dapr pluggable state component API on a bound Unix socket until `shutdown`.
+pub async fn serve_component(
+    engine: Engine,
+    max_transaction_ops: usize,
+    listener: UnixListener,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), GrpcError> {
+    let component = component::Component {
+        engine,
+        store: Arc::new(StoreSpec::raw("stategate")),
+        max_transaction_ops,
+    };
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<cpb::state_store_server::StateStoreServer<component::Component>>()
+        .await;
+    Server::builder()
+        .add_service(
+            cpb::state_store_server::StateStoreServer::new(component.clone())
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(cpb::transactional_state_store_server::TransactionalStateStoreServer::new(component.clone()))
+        .add_service(cpb::queriable_state_store_server::QueriableStateStoreServer::new(
+            component.clone(),
+        ))
+        .add_service(
+            cpb::transactional_store_multi_max_size_server::TransactionalStoreMultiMaxSizeServer::new(component),
+        )
+        .add_service(health)
+        .add_service(reflection_v1()?)
+        .add_service(reflection_v1alpha()?)
+        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .await?;
+    Ok(())
+}

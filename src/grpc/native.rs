@@ -1,0 +1,176 @@
+//! `statestore.v1.StateStore`: the MQTT protocol's semantics in typed form.
+
+use std::pin::Pin;
+
+use bytes::Bytes;
+use tokio_stream::wrappers::BroadcastStream;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status};
+
+use super::error::{Surface, from_engine};
+use super::pb::statestore::v1 as pb;
+use crate::engine::{ChangeKind, Command, Del, Engine, EngineError, Reply, Scan, Set, SetCondition, VDel};
+use crate::hlc::Hlc;
+
+pub struct Native {
+    pub(crate) engine: Engine,
+}
+
+fn err(e: EngineError) -> Status {
+    from_engine(Surface::Native, e)
+}
+
+/// An optional HLC field: empty = none; anything else must parse.
+fn hlc(field: &str) -> Result<Option<Hlc>, Status> {
+    if field.is_empty() {
+        return Ok(None);
+    }
+    field
+        .parse()
+        .map(Some)
+        .map_err(|_| err(EngineError::MalformedTimestamp))
+}
+
+fn version(v: Option<Hlc>) -> String {
+    v.map(|v| v.to_string()).unwrap_or_default()
+}
+
+#[tonic::async_trait]
+impl pb::state_store_server::StateStore for Native {
+    async fn set(&self, req: Request<pb::SetRequest>) -> Result<Response<pb::SetResponse>, Status> {
+        let r = req.into_inner();
+        let condition = match pb::SetCondition::try_from(r.condition) {
+            Ok(pb::SetCondition::Unspecified) => SetCondition::Always,
+            Ok(pb::SetCondition::Nx) => SetCondition::IfAbsent,
+            Ok(pb::SetCondition::Nex) => SetCondition::IfAbsentOrEqual,
+            Err(_) => return Err(Status::invalid_argument("unknown set condition")),
+        };
+        let cmd = Set {
+            key: Bytes::from(r.key),
+            value: Bytes::from(r.value),
+            condition,
+            ttl_ms: (r.ttl_ms > 0).then_some(r.ttl_ms),
+            timestamp: hlc(&r.timestamp)?,
+            fencing: hlc(&r.fencing_token)?,
+        };
+        let resp = self.engine.execute(Command::Set(cmd)).await.map_err(err)?;
+        Ok(Response::new(pb::SetResponse {
+            applied: resp.reply == Reply::Ok,
+            version: version(resp.version),
+        }))
+    }
+
+    async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::GetResponse>, Status> {
+        let key = Bytes::from(req.into_inner().key);
+        Ok(Response::new(match self.engine.read(&key).await.map_err(err)? {
+            None => pb::GetResponse::default(),
+            Some(e) => pb::GetResponse {
+                found: true,
+                value: e.value.to_vec(),
+                version: e.version.to_string(),
+                expires_at_ms: e.expires_at_ms.unwrap_or(0),
+            },
+        }))
+    }
+
+    async fn del(&self, req: Request<pb::DelRequest>) -> Result<Response<pb::DelResponse>, Status> {
+        let r = req.into_inner();
+        let cmd = Del {
+            key: Bytes::from(r.key),
+            fencing: hlc(&r.fencing_token)?,
+            if_version: None,
+        };
+        let resp = self.engine.execute(Command::Del(cmd)).await.map_err(err)?;
+        Ok(Response::new(pb::DelResponse {
+            deleted: resp.reply == Reply::Int(1),
+            version: version(resp.version),
+        }))
+    }
+
+    async fn v_del(&self, req: Request<pb::VDelRequest>) -> Result<Response<pb::VDelResponse>, Status> {
+        let r = req.into_inner();
+        let cmd = VDel {
+            key: Bytes::from(r.key),
+            value: Bytes::from(r.value),
+            fencing: hlc(&r.fencing_token)?,
+        };
+        let resp = self.engine.execute(Command::VDel(cmd)).await.map_err(err)?;
+        let outcome = match resp.reply {
+            Reply::Int(1) => pb::DeleteOutcome::Deleted,
+            Reply::NotApplied => pb::DeleteOutcome::ValueMismatch,
+            _ => pb::DeleteOutcome::Absent,
+        };
+        Ok(Response::new(pb::VDelResponse {
+            outcome: outcome as i32,
+            version: version(resp.version),
+        }))
+    }
+
+    async fn scan(&self, req: Request<pb::ScanRequest>) -> Result<Response<pb::ScanResponse>, Status> {
+        let r = req.into_inner();
+        let cmd = Scan {
+            pattern: Bytes::from(r.pattern),
+            token: (!r.continuation_token.is_empty()).then(|| Bytes::from(r.continuation_token)),
+        };
+        let resp = self.engine.execute(Command::Scan(cmd)).await.map_err(err)?;
+        let Reply::Keys { keys, token } = resp.reply else {
+            return Err(Status::internal("scan returned no keys"));
+        };
+        Ok(Response::new(pb::ScanResponse {
+            keys: keys.into_iter().map(|k| k.to_vec()).collect(),
+            continuation_token: token
+                .map(|t| String::from_utf8_lossy(&t).into_owned())
+                .unwrap_or_default(),
+        }))
+    }
+
+    type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
+
+    async fn watch(&self, req: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let r = req.into_inner();
+        let patterns = r
+            .patterns
+            .iter()
+            .map(|p| glob::Pattern::new(p).map_err(|e| Status::invalid_argument(format!("pattern {p:?}: {e}"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        let keys = r.keys;
+        let all = keys.is_empty() && patterns.is_empty();
+        let mut done = false;
+        let stream = BroadcastStream::new(self.engine.subscribe())
+            .map_while(move |item| {
+                if done {
+                    return None;
+                }
+                Some(match item {
+                    Ok(c) => {
+                        let wanted = all
+                            || keys.iter().any(|k| k[..] == c.key[..])
+                            || patterns.iter().any(|p| p.matches(&String::from_utf8_lossy(&c.key)));
+                        wanted.then(|| {
+                            let (kind, value) = match c.kind {
+                                ChangeKind::Set(v) => (pb::watch_event::Kind::Set, v.to_vec()),
+                                ChangeKind::Delete => (pb::watch_event::Kind::Delete, Vec::new()),
+                                ChangeKind::Expire => (pb::watch_event::Kind::Expire, Vec::new()),
+                            };
+                            pb::WatchEvent {
+                                key: c.key.to_vec(),
+                                kind: kind as i32,
+                                value,
+                                version: c.version.to_string(),
+                            }
+                        })
+                    }
+                    Err(BroadcastStreamRecvError::Lagged(_)) => {
+                        done = true;
+                        Some(pb::WatchEvent {
+                            kind: pb::watch_event::Kind::Overflow as i32,
+                            ..Default::default()
+                        })
+                    }
+                })
+            })
+            .filter_map(|e| e.map(Ok));
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
