@@ -105,6 +105,14 @@ pub struct ServeArgs {
     /// not written back). A process crash loses nothing acknowledged in any mode.
     #[arg(long, env = "STATEGATE_FSYNC", default_value = "always")]
     pub fsync: FsyncMode,
+    /// Where the gRPC door (statestore.v1, Dapr runtime state RPCs, health, reflection)
+    /// listens; `off` disables it. Beyond loopback it is open to the network (set --api-token).
+    #[arg(long, env = "STATEGATE_GRPC_LISTEN", default_value = "127.0.0.1:50001")]
+    pub grpc_listen: String,
+    /// Serve the Dapr pluggable state component API on this Unix socket, e.g.
+    /// `/tmp/dapr-components-sockets/stategate.sock` (daprd's component type `state.stategate`).
+    #[arg(long, env = "STATEGATE_DAPR_COMPONENT_SOCKET")]
+    pub dapr_component_socket: Option<std::path::PathBuf>,
 }
 
 impl Default for ServeArgs {
@@ -134,8 +142,8 @@ pub enum ConfigError {
     PacketTooSmall { packet: u32, value: usize },
     #[error("the embedded broker is not built in (cargo feature `embedded-broker`): give --mqtt-url")]
     NoEmbeddedBroker,
-    #[error("--http-listen must be an address like 127.0.0.1:3500, or off (got {0:?})")]
-    BadListen(String),
+    #[error("{flag} must be an address like 127.0.0.1:3500, or off (got {value:?})")]
+    BadListen { flag: &'static str, value: String },
     #[error("--state-store: {0}")]
     BadStateStore(String),
 }
@@ -151,6 +159,10 @@ pub struct Config {
     pub http_listen: Option<SocketAddr>,
     pub http: HttpSettings,
     pub storage: StorageConfig,
+    /// Where the gRPC door listens (`None`: off).
+    pub grpc_listen: Option<SocketAddr>,
+    /// Unix socket of the Dapr pluggable state component (`None`: off).
+    pub dapr_component_socket: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -194,10 +206,8 @@ impl Config {
                 idle: (external && a.observer_idle_secs > 0).then(|| Duration::from_secs(a.observer_idle_secs)),
             },
         };
-        let http_listen = match a.http_listen.as_str() {
-            "off" | "" => None,
-            other => Some(other.parse().map_err(|_| ConfigError::BadListen(other.to_owned()))?),
-        };
+        let http_listen = parse_listen("--http-listen", &a.http_listen)?;
+        let grpc_listen = parse_listen("--grpc-listen", &a.grpc_listen)?;
         let stores = if a.state_stores.is_empty() {
             Stores::default()
         } else {
@@ -229,7 +239,19 @@ impl Config {
             http_listen,
             http,
             storage,
+            grpc_listen,
+            dapr_component_socket: a.dapr_component_socket,
         })
+    }
+}
+
+fn parse_listen(flag: &'static str, value: &str) -> Result<Option<SocketAddr>, ConfigError> {
+    match value {
+        "off" | "" => Ok(None),
+        other => other.parse().map(Some).map_err(|_| ConfigError::BadListen {
+            flag,
+            value: other.to_owned(),
+        }),
     }
 }
 
