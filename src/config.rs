@@ -199,9 +199,10 @@ impl Config {
             max_keys: a.max_keys,
             max_key_bytes: a.max_key_bytes,
             max_value_bytes: a.max_value_bytes,
-            scan_page: a.scan_page.max(1),
+            // At least 2, so a scan over 100 keys always ends within 64 pages.
+            scan_page: a.scan_page.max(2),
             observers: ObserverLimits {
-                per_client: a.max_observed_keys,
+                per_client: a.max_observed_keys.max(1),
                 // The embedded broker reports disconnects; only an external one needs idle expiry.
                 idle: (external && a.observer_idle_secs > 0).then(|| Duration::from_secs(a.observer_idle_secs)),
             },

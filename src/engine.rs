@@ -291,6 +291,17 @@ impl Engine {
     }
 
     async fn set(&self, c: Set) -> Result<Response, EngineError> {
+        match self.set_once(&c).await {
+            // Expired keys that the driver has not swept yet still count against max_keys, yet
+            // read as absent everywhere: sweep them and try once more.
+            Err(EngineError::QuotaExceeded) if self.0.limits.max_keys.is_some() && self.expire_due().await? > 0 => {
+                self.set_once(&c).await
+            }
+            other => other,
+        }
+    }
+
+    async fn set_once(&self, c: &Set) -> Result<Response, EngineError> {
         let l = &self.0.limits;
         if c.key.is_empty() {
             return Err(EngineError::EmptyKey);
@@ -348,7 +359,7 @@ impl Engine {
                     if expires_at_ms.is_some() {
                         self.0.deadline_added.notify_one();
                     }
-                    self.publish(c.key, version.clone(), ChangeKind::Set(c.value));
+                    self.publish(c.key.clone(), version.clone(), ChangeKind::Set(c.value.clone()));
                     return Ok(Response::new(Reply::Ok, Some(version)));
                 }
                 SwapOutcome::TooManyKeys => return Err(EngineError::QuotaExceeded),

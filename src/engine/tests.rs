@@ -1187,6 +1187,24 @@ async fn quota_max_keys() {
 }
 
 #[tokio::test]
+async fn quota_does_not_count_expired_keys_the_sweeper_has_not_reached() {
+    let mut f = fx_with(Limits {
+        max_keys: Some(1),
+        ..Limits::default()
+    })
+    .await;
+    f.ok(&["SET", "brief", "1", "PX", "10"]).await;
+    f.clock.advance(10);
+    f.changes();
+    // No sweep has run: the expired key still occupies the only slot, yet reads as absent.
+    assert_eq!(f.ok(&["SET", "next", "1"]).await.reply, Reply::Ok);
+    let kinds: Vec<ChangeKind> = f.changes().into_iter().map(|c| c.kind).collect();
+    assert_eq!(kinds, vec![ChangeKind::Expire, ChangeKind::Set(b("1"))]);
+    // Still full now: a third key is refused.
+    assert_err!(f.run(&["SET", "third", "1"], ts(T0)).await, EngineError::QuotaExceeded);
+}
+
+#[tokio::test]
 async fn quota_key_and_value_sizes() {
     let mut f = fx_with(Limits {
         max_key_bytes: 8,
