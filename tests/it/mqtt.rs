@@ -434,3 +434,36 @@ fn now_ms() -> u64 {
         .unwrap()
         .as_millis() as u64
 }
+
+/// Two replicas in one share group on the same broker split the requests between them, and
+/// both serve the same protocol (`__srcId` names the replica that answered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_in_a_share_group_split_requests() {
+    let mosquitto = crate::support::Mosquitto::start();
+    let mut replicas = Vec::new();
+    for id in ["replica-a", "replica-b"] {
+        let mut config = stategate::config::Config::default();
+        config.broker = stategate::config::BrokerChoice::External {
+            host: "127.0.0.1".into(),
+            port: mosquitto.port,
+        };
+        config.http_listen = None;
+        config.grpc_listen = None;
+        config.mqtt.client_id = id.into();
+        config.mqtt.share_group = Some("stategate".into());
+        let store = stategate::storage::Store::memory();
+        replicas.push(stategate::start(config, store).await.expect("replica starts"));
+    }
+    let mut c = RawClient::connect(mosquitto.port, &unique_id("shared")).await;
+    let mut answered_by = std::collections::BTreeSet::new();
+    for i in 0..20 {
+        let k = format!("k{i}");
+        let r = c.request(&[b"GET", k.as_bytes()], &[]).await;
+        assert_eq!(payload(&r), b"$-1\r\n");
+        answered_by.insert(prop(&r, "__srcId").unwrap().to_owned());
+    }
+    assert_eq!(answered_by.into_iter().collect::<Vec<_>>(), ["replica-a", "replica-b"]);
+    for r in replicas {
+        r.shutdown().await;
+    }
+}
