@@ -17,6 +17,8 @@ pub mod query;
 pub const PREFIX_SEPARATOR: &str = "||";
 /// Store features advertised in metadata and by the component API.
 pub const FEATURES: [&str; 4] = ["ETAG", "TRANSACTIONAL", "TTL", "QUERY_API"];
+/// Longest TTL accepted (100 years).
+pub const MAX_TTL_SECONDS: i64 = 100 * 365 * 24 * 3600;
 /// Item metadata naming how a non-JSON value is encoded inside a JSON document.
 pub const ENCODING_METADATA: &str = "contentEncoding";
 
@@ -137,6 +139,16 @@ impl StoreSpec {
         self.prefix_str().map(String::into_bytes).unwrap_or_default()
     }
 
+    /// Whether an engine key belongs to this store: a store without a prefix does not see the
+    /// keys of prefixed stores (they contain `||`, which it cannot address).
+    pub fn owns(&self, engine_key: &[u8]) -> bool {
+        match &self.prefix {
+            KeyPrefix::Raw => true,
+            KeyPrefix::None => !engine_key.windows(2).any(|w| w == PREFIX_SEPARATOR.as_bytes()),
+            KeyPrefix::Name | KeyPrefix::Literal(_) => engine_key.starts_with(&self.key_prefix()),
+        }
+    }
+
     /// The Dapr key of an engine key of this store (lossy for non-UTF-8 keys).
     pub fn dapr_key(&self, engine_key: &[u8]) -> String {
         let p = self.key_prefix();
@@ -218,10 +230,10 @@ impl WriteMeta {
             None | Some("") => None,
             Some(s) => match s.parse::<i64>() {
                 Ok(-1) => None,
-                Ok(n) if n > 0 => Some((n as u64).saturating_mul(1000)),
+                Ok(n) if n > 0 && n <= MAX_TTL_SECONDS => Some((n as u64).saturating_mul(1000)),
                 _ => {
                     return Err(DaprError::Malformed(format!(
-                        "incorrect value for metadata 'ttlInSeconds': {s:?} (an integer > 0, or -1)"
+                        "incorrect value for metadata 'ttlInSeconds': {s:?} (an integer from 1 to {MAX_TTL_SECONDS}, or -1)"
                     )));
                 }
             },
@@ -401,7 +413,9 @@ pub fn value_to_json(value: &[u8]) -> (serde_json::Value, Option<(&'static str, 
 
 /// RFC 3339 (UTC) of a deadline in ms since the epoch, for `ttlExpireTime`.
 pub fn rfc3339(ms: u64) -> String {
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    // humantime formats years up to 9999 only; later deadlines read as the last second of 9999.
+    const MAX_MS: u64 = 253_402_300_799_000;
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.min(MAX_MS));
     humantime::format_rfc3339_seconds(t).to_string()
 }
 

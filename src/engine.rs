@@ -307,7 +307,7 @@ impl Engine {
             return Err(EngineError::EmptyKey);
         }
         if c.key.len() > l.max_key_bytes || c.value.len() > l.max_value_bytes {
-            return Err(EngineError::QuotaExceeded);
+            return Err(EngineError::TooLarge);
         }
         self.check_skew(c.timestamp.as_ref(), || EngineError::TimestampSkew)?;
         self.check_skew(c.fencing.as_ref(), || EngineError::FencingTokenSkew)?;
@@ -421,7 +421,7 @@ impl Engine {
             match op {
                 TxOp::Set(s) => {
                     if s.key.len() > l.max_key_bytes || s.value.len() > l.max_value_bytes {
-                        return Err(EngineError::QuotaExceeded);
+                        return Err(EngineError::TooLarge);
                     }
                     self.check_skew(s.timestamp.as_ref(), || EngineError::TimestampSkew)?;
                     self.check_skew(s.fencing.as_ref(), || EngineError::FencingTokenSkew)?;

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{FromRequest, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -70,6 +71,34 @@ pub struct AppState {
 impl AppState {
     fn store(&self, name: &str, op: Op) -> Result<&StoreSpec, ApiError> {
         self.settings.stores.get(name).map_err(|e| ApiError::from_dapr(op, e))
+    }
+}
+
+/// Path parameters; a segment that does not decode is a Dapr-shaped 400.
+pub struct DaprPath<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> FromRequestParts<S> for DaprPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<DaprPath<T>, ApiError> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(p) => Ok(DaprPath(p.0)),
+            Err(e) => Err(ApiError::malformed(e.body_text())),
+        }
+    }
+}
+
+/// Query parameters as pairs; a query that does not decode is a Dapr-shaped 400.
+pub struct DaprQuery(pub Vec<(String, String)>);
+
+impl<S: Send + Sync> FromRequestParts<S> for DaprQuery {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<DaprQuery, ApiError> {
+        match axum::extract::Query::<Vec<(String, String)>>::from_request_parts(parts, state).await {
+            Ok(q) => Ok(DaprQuery(q.0)),
+            Err(e) => Err(ApiError::malformed(e.body_text())),
+        }
     }
 }
 
@@ -191,5 +220,12 @@ pub async fn serve(
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+    // Dapr ignores a trailing slash; trimming must happen before routing, so it wraps the router.
+    let app = tower::Layer::layer(
+        &tower_http::normalize_path::NormalizePathLayer::trim_trailing_slash(),
+        router,
+    );
+    axum::serve(listener, axum::ServiceExt::<Request>::into_make_service(app))
+        .with_graceful_shutdown(shutdown)
+        .await
 }

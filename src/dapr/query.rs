@@ -246,6 +246,9 @@ pub async fn run(engine: &Engine, store: &StoreSpec, q: &Query) -> Result<QueryP
         let page = engine.keys_with_prefix(&prefix, after.as_deref(), 4096).await?;
         for key in page.keys {
             examined += 1;
+            if !store.owns(&key) {
+                continue;
+            }
             if examined > MAX_QUERY_KEYS {
                 return Err(DaprError::Malformed(format!(
                     "the query would examine more than {MAX_QUERY_KEYS} keys"

@@ -34,9 +34,13 @@ pub enum EngineError {
     FencingTokenSkew,
     #[error("the request fencing token is a lower version than the fencing token protecting the resource")]
     FencingTokenLower,
-    /// Too many keys, a key or value over its size limit, too many observed keys.
+    /// Too many keys, or too many keys observed by one client.
     #[error("the quota has been exceeded")]
     QuotaExceeded,
+    /// A key or value over its size limit (over MQTT the same quota error; over HTTP and gRPC
+    /// it is the caller's input that is wrong, not the store that is full).
+    #[error("the quota has been exceeded")]
+    TooLarge,
     /// A write conditioned on a version (an ETag) found another version or no key.
     #[error("the stored version does not match the requested version")]
     VersionMismatch,

@@ -1218,9 +1218,9 @@ async fn quota_key_and_value_sizes() {
     let val17 = "v".repeat(17);
     assert_eq!(f.ok(&["SET", &key8, &val16]).await.reply, Reply::Ok);
     f.changes();
-    assert_err!(f.run(&["SET", &key9, "v"], ts(T0)).await, EngineError::QuotaExceeded);
-    assert_err!(f.run(&["SET", "k", &val17], ts(T0)).await, EngineError::QuotaExceeded);
-    assert_err!(f.run(&["SET", &key8, &val17], ts(T0)).await, EngineError::QuotaExceeded);
+    assert_err!(f.run(&["SET", &key9, "v"], ts(T0)).await, EngineError::TooLarge);
+    assert_err!(f.run(&["SET", "k", &val17], ts(T0)).await, EngineError::TooLarge);
+    assert_err!(f.run(&["SET", &key8, &val17], ts(T0)).await, EngineError::TooLarge);
     f.no_changes();
     assert_eq!(
         f.get(&key8).await.reply,

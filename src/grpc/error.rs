@@ -40,6 +40,7 @@ pub fn from_engine(surface: Surface, err: EngineError) -> Status {
             Surface::Runtime { .. } if tx => Status::internal(msg),
             Surface::Native | Surface::Runtime { .. } => Status::aborted(msg),
         },
+        EngineError::TooLarge => Status::invalid_argument("the key or value is larger than the configured limit"),
         EngineError::QuotaExceeded if tx => Status::internal(msg),
         EngineError::QuotaExceeded => Status::resource_exhausted(msg),
         EngineError::Storage(e) => {

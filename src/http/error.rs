@@ -112,6 +112,7 @@ impl ApiError {
             EngineError::FencingTokenRequired | EngineError::FencingTokenLower | EngineError::VersionMismatch => {
                 ApiError::new(StatusCode::CONFLICT, op.code(), message)
             }
+            EngineError::TooLarge => ApiError::malformed("the key or value is larger than the configured limit"),
             EngineError::QuotaExceeded if tx => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, op.code(), message),
             EngineError::QuotaExceeded => ApiError::new(StatusCode::INSUFFICIENT_STORAGE, op.code(), message),
             EngineError::Storage(e) => {

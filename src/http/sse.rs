@@ -4,16 +4,16 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::Stream;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 
-use super::AppState;
 use super::dto::ChangeEvent;
 use super::error::{ApiError, ErrorBody, Op};
+use super::{AppState, DaprPath, DaprQuery};
 use crate::dapr::{self, StoreSpec};
 use crate::engine::{Change, ChangeKind};
 
@@ -28,7 +28,7 @@ struct Selector {
 impl Selector {
     /// The Dapr key of a change this subscriber wants.
     fn select(&self, change: &Change) -> Option<String> {
-        if !change.key.starts_with(&self.prefix) {
+        if !change.key.starts_with(&self.prefix) || !self.store.owns(&change.key) {
             return None;
         }
         if self.keys.is_empty() && self.patterns.is_empty() {
@@ -83,8 +83,8 @@ fn event(key: String, change: &Change) -> Event {
 )]
 pub async fn subscribe(
     State(st): State<AppState>,
-    Path(store): Path<String>,
-    Query(params): Query<Vec<(String, String)>>,
+    DaprPath(store): DaprPath<String>,
+    DaprQuery(params): DaprQuery,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let spec = st.store(&store, Op::Subscribe)?.clone();
     let mut keys = Vec::new();

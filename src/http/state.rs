@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -10,11 +10,11 @@ use serde_json::Value;
 
 use super::dto;
 use super::error::{ApiError, ErrorBody, Op};
-use super::{AppState, Body};
+use super::{AppState, Body, DaprPath, DaprQuery};
 use crate::dapr::{self, DeleteItem, SaveItem, TxItem, query};
 
 /// Query parameters as pairs (`metadata.<name>`, `concurrency`, `consistency`).
-type Params = Query<Vec<(String, String)>>;
+type Params = DaprQuery;
 
 /// `metadata.<name>=<v>` query parameters.
 fn query_metadata(params: &[(String, String)]) -> HashMap<String, String> {
@@ -67,8 +67,8 @@ fn save_item(item: dto::SaveItem, query_meta: &HashMap<String, String>) -> Resul
 )]
 pub async fn save_state(
     State(st): State<AppState>,
-    Path(store): Path<String>,
-    Query(params): Params,
+    DaprPath(store): DaprPath<String>,
+    DaprQuery(params): Params,
     body: Body,
 ) -> Result<StatusCode, ApiError> {
     let store = st.store(&store, Op::Save)?;
@@ -108,8 +108,8 @@ pub async fn save_state(
 )]
 pub async fn get_state(
     State(st): State<AppState>,
-    Path((store, key)): Path<(String, String)>,
-    Query(params): Params,
+    DaprPath((store, key)): DaprPath<(String, String)>,
+    DaprQuery(params): Params,
 ) -> Result<Response, ApiError> {
     let store = st.store(&store, Op::Get)?;
     dapr::check_consistency(param(&params, "consistency")).map_err(|e| ApiError::from_dapr(Op::Get, e))?;
@@ -148,7 +148,7 @@ pub async fn get_state(
 )]
 pub async fn bulk_get(
     State(st): State<AppState>,
-    Path(store): Path<String>,
+    DaprPath(store): DaprPath<String>,
     body: Body,
 ) -> Result<axum::Json<Vec<dto::BulkItem>>, ApiError> {
     let store = st.store(&store, Op::BulkGet)?;
@@ -223,8 +223,8 @@ pub async fn bulk_get(
 )]
 pub async fn delete_state(
     State(st): State<AppState>,
-    Path((store, key)): Path<(String, String)>,
-    Query(params): Params,
+    DaprPath((store, key)): DaprPath<(String, String)>,
+    DaprQuery(params): Params,
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
     let store = st.store(&store, Op::Delete)?;
@@ -264,8 +264,8 @@ pub async fn delete_state(
 )]
 pub async fn transaction(
     State(st): State<AppState>,
-    Path(store): Path<String>,
-    Query(params): Params,
+    DaprPath(store): DaprPath<String>,
+    DaprQuery(params): Params,
     body: Body,
 ) -> Result<StatusCode, ApiError> {
     let store = st.store(&store, Op::Transaction)?;
@@ -313,7 +313,7 @@ pub async fn transaction(
 )]
 pub async fn query_state(
     State(st): State<AppState>,
-    Path(store): Path<String>,
+    DaprPath(store): DaprPath<String>,
     body: Body,
 ) -> Result<Response, ApiError> {
     let store = st.store(&store, Op::Query)?;

@@ -43,7 +43,8 @@ pub fn error_reply(err: &EngineError) -> ErrorReply {
         | EngineError::FencingTokenRequired
         | EngineError::FencingTokenSkew
         | EngineError::FencingTokenLower
-        | EngineError::QuotaExceeded => err.to_string(),
+        | EngineError::QuotaExceeded
+        | EngineError::TooLarge => err.to_string(),
         // Not reachable from an MQTT command (no ETags on this door); answered honestly anyway.
         EngineError::VersionMismatch => "the stored version does not match the requested version".into(),
         EngineError::Storage(_) => return ErrorReply::ServiceFault,
