@@ -75,23 +75,42 @@ impl Interceptor for TokenCheck {
     }
 }
 
-fn reflection_v1() -> Result<
+/// Reflection over every descriptor (so any message can be described) that lists only the
+/// services a listener really serves: `services`.
+fn reflection(services: &[&str]) -> tonic_reflection::server::Builder<'static> {
+    services.iter().fold(
+        tonic_reflection::server::Builder::configure().register_encoded_file_descriptor_set(pb::DESCRIPTOR_SET),
+        |b, s| b.with_service_name(*s),
+    )
+}
+
+fn reflection_v1(
+    services: &[&str],
+) -> Result<
     tonic_reflection::server::v1::ServerReflectionServer<impl tonic_reflection::server::v1::ServerReflection>,
     tonic_reflection::server::Error,
 > {
-    tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::DESCRIPTOR_SET)
-        .build_v1()
+    reflection(services).build_v1()
 }
 
-fn reflection_v1alpha() -> Result<
+fn reflection_v1alpha(
+    services: &[&str],
+) -> Result<
     tonic_reflection::server::v1alpha::ServerReflectionServer<impl tonic_reflection::server::v1alpha::ServerReflection>,
     tonic_reflection::server::Error,
 > {
-    tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::DESCRIPTOR_SET)
-        .build_v1alpha()
+    reflection(services).build_v1alpha()
 }
+
+/// The services of the TCP door, as reflection lists them.
+const TCP_SERVICES: &[&str] = &[npb::state_store_server::SERVICE_NAME, rpb::dapr_server::SERVICE_NAME];
+/// The services of the component socket (what daprd discovers).
+const COMPONENT_SERVICES: &[&str] = &[
+    cpb::state_store_server::SERVICE_NAME,
+    cpb::transactional_state_store_server::SERVICE_NAME,
+    cpb::queriable_state_store_server::SERVICE_NAME,
+    cpb::transactional_store_multi_max_size_server::SERVICE_NAME,
+];
 
 /// Why a gRPC door failed.
 #[derive(Debug, thiserror::Error)]
@@ -137,8 +156,8 @@ pub async fn serve_tcp(
         ))
         .add_service(tonic::service::interceptor::InterceptedService::new(runtime, check))
         .add_service(health)
-        .add_service(reflection_v1()?)
-        .add_service(reflection_v1alpha()?)
+        .add_service(reflection_v1(TCP_SERVICES)?)
+        .add_service(reflection_v1alpha(TCP_SERVICES)?)
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await?;
     Ok(())
@@ -191,8 +210,8 @@ pub async fn serve_component(
             cpb::transactional_store_multi_max_size_server::TransactionalStoreMultiMaxSizeServer::new(component),
         )
         .add_service(health)
-        .add_service(reflection_v1()?)
-        .add_service(reflection_v1alpha()?)
+        .add_service(reflection_v1(COMPONENT_SERVICES)?)
+        .add_service(reflection_v1alpha(COMPONENT_SERVICES)?)
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await?;
     Ok(())
