@@ -6,10 +6,11 @@
 //! conditional swap of [`crate::storage::Backend`].
 
 use std::hash::{BuildHasher, Hash, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
-use tokio::sync::{Mutex as AsyncMutex, MutexGuard, Notify, broadcast};
+use tokio::sync::{Mutex as AsyncMutex, MutexGuard, Notify, broadcast, mpsc};
 
 use crate::hlc::{Clock, Hlc, HlcClock};
 use crate::storage::{Record, Store, Swap, SwapOutcome};
@@ -20,7 +21,7 @@ pub mod notify;
 
 pub use command::{Command, Del, Get, KeyNotify, Meta, Scan, Set, SetCondition, VDel};
 pub use error::EngineError;
-pub use notify::{Change, ChangeKind, ObserverLimits};
+pub use notify::{Change, ChangeKind, KeyNotification, ObserverLimits};
 
 use notify::Observers;
 
@@ -113,6 +114,8 @@ impl Default for Limits {
 
 const STRIPES: usize = 1024;
 const FEED_CAPACITY: usize = 65_536;
+/// KEYNOTIFY notifications waiting for the MQTT door; past this they are dropped and logged.
+const KEYNOTIFY_CAPACITY: usize = 65_536;
 /// Conflicts are only possible when another process shares the storage; give up eventually.
 const MAX_SWAP_ATTEMPTS: usize = 64;
 
@@ -126,6 +129,10 @@ struct Inner {
     limits: Limits,
     feed: broadcast::Sender<Change>,
     observers: Mutex<Observers>,
+    /// Keys with at least one KEYNOTIFY observer (read without the lock on every write).
+    observed_keys: AtomicUsize,
+    /// Where KEYNOTIFY notifications go (the MQTT door takes the receiving end).
+    keynotify: OnceLock<mpsc::Sender<KeyNotification>>,
     stripes: Vec<AsyncMutex<()>>,
     hasher: std::collections::hash_map::RandomState,
     /// Woken when a write sets a deadline, so the expiry driver can look again.
@@ -158,6 +165,8 @@ impl Engine {
             limits,
             feed,
             observers: Mutex::new(Observers::default()),
+            observed_keys: AtomicUsize::new(0),
+            keynotify: OnceLock::new(),
             stripes: (0..STRIPES).map(|_| AsyncMutex::new(())).collect(),
             hasher: Default::default(),
             deadline_added: Notify::new(),
@@ -177,6 +186,13 @@ impl Engine {
         self.0.feed.subscribe()
     }
 
+    /// The notifications for KEYNOTIFY observers, in change order per key: the MQTT door takes
+    /// this once (`None` afterwards). Changes to keys nobody observes are never queued.
+    pub fn keynotify_feed(&self) -> Option<mpsc::Receiver<KeyNotification>> {
+        let (tx, rx) = mpsc::channel(KEYNOTIFY_CAPACITY);
+        self.0.keynotify.set(tx).ok().map(|()| rx)
+    }
+
     /// The client ids observing `key` (KEYNOTIFY).
     pub fn observers_of(&self, key: &[u8]) -> Vec<Arc<str>> {
         self.observers().of_key(key)
@@ -184,7 +200,15 @@ impl Engine {
 
     /// Drops every KEYNOTIFY registration of a client (it disconnected).
     pub fn drop_client(&self, client: &str) -> usize {
-        self.observers().drop_client(client)
+        self.with_observers(|o| o.drop_client(client))
+    }
+
+    /// Runs a change of the registry and keeps the count of observed keys current.
+    fn with_observers<T>(&self, f: impl FnOnce(&mut Observers) -> T) -> T {
+        let mut obs = self.observers();
+        let out = f(&mut obs);
+        self.0.observed_keys.store(obs.key_count(), Ordering::Relaxed);
+        out
     }
 
     /// Records that a client is alive (it sent a request).
@@ -195,7 +219,7 @@ impl Engine {
     /// Drops the registrations of clients idle past the configured limit.
     pub fn sweep_idle_observers(&self) -> usize {
         match self.0.limits.observers.idle {
-            Some(idle) => self.observers().sweep_idle(idle),
+            Some(idle) => self.with_observers(|o| o.sweep_idle(idle)),
             None => 0,
         }
     }
@@ -285,9 +309,32 @@ impl Engine {
         }
     }
 
+    /// Tells the watchers (broadcast feed) and the KEYNOTIFY observers of a change. Called under
+    /// the key's stripe lock, so each key's changes go out in order. Costs nothing when nobody
+    /// listens.
     fn publish(&self, key: Bytes, version: Hlc, kind: ChangeKind) {
-        // No receiver is not an error: nobody is listening.
-        let _ = self.0.feed.send(Change { key, version, kind });
+        let observed = self.0.observed_keys.load(Ordering::Relaxed) > 0;
+        let watched = self.0.feed.receiver_count() > 0;
+        if !observed && !watched {
+            return;
+        }
+        let change = Change { key, version, kind };
+        if observed && let Some(tx) = self.0.keynotify.get() {
+            let observers = self.observers().of_key(&change.key);
+            if !observers.is_empty() {
+                let n = KeyNotification {
+                    change: change.clone(),
+                    observers,
+                };
+                if tx.try_send(n).is_err() {
+                    tracing::warn!("KEYNOTIFY notification dropped: the MQTT door is not keeping up");
+                }
+            }
+        }
+        if watched {
+            // A receiver that went away in between is not an error.
+            let _ = self.0.feed.send(change);
+        }
     }
 
     async fn set(&self, c: Set) -> Result<Response, EngineError> {
@@ -582,14 +629,14 @@ impl Engine {
         if c.key.is_empty() {
             return Err(EngineError::EmptyKey);
         }
-        let mut obs = self.observers();
+        let cap = self.0.limits.observers.per_client;
         let reply = if c.stop {
-            if obs.unregister(&c.client, &c.key) {
+            if self.with_observers(|o| o.unregister(&c.client, &c.key)) {
                 Reply::Ok
             } else {
                 Reply::Int(0)
             }
-        } else if obs.register(&c.client, c.key, self.0.limits.observers.per_client) {
+        } else if self.with_observers(|o| o.register(&c.client, c.key, cap)) {
             Reply::Ok
         } else {
             return Err(EngineError::QuotaExceeded);

@@ -28,6 +28,13 @@ pub enum ChangeKind {
     Expire,
 }
 
+/// A change to a key that KEYNOTIFY observers registered for, with who they are.
+#[derive(Debug, Clone)]
+pub struct KeyNotification {
+    pub change: Change,
+    pub observers: Vec<Arc<str>>,
+}
+
 /// Limits on KEYNOTIFY registrations.
 #[derive(Debug, Clone)]
 pub struct ObserverLimits {
@@ -141,5 +148,10 @@ impl Observers {
 
     pub(crate) fn client_count(&self) -> usize {
         self.by_client.len()
+    }
+
+    /// Number of keys with at least one observer.
+    pub(crate) fn key_count(&self) -> usize {
+        self.by_key.len()
     }
 }

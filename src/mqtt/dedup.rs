@@ -1,7 +1,7 @@
 //! The short-lived response cache that answers a QoS 1 redelivery without executing it again.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use tokio::time::{Duration, Instant};
@@ -18,7 +18,7 @@ pub(crate) enum Seen {
     /// Still executing: the first copy will answer.
     InProgress,
     /// Answered before: send this again.
-    Answered(Outgoing),
+    Answered(Arc<Outgoing>),
 }
 
 #[derive(Debug)]
@@ -30,7 +30,7 @@ pub(crate) struct Dedup {
 
 #[derive(Debug, Default)]
 struct Inner {
-    map: HashMap<Key, Option<Outgoing>>,
+    map: HashMap<Key, Option<Arc<Outgoing>>>,
     order: VecDeque<(Instant, Key)>,
 }
 
@@ -73,10 +73,10 @@ impl Dedup {
     }
 
     /// Stores the answer of a request marked in progress.
-    pub(crate) fn answered(&self, topic: &str, correlation: &Bytes, out: &Outgoing) {
+    pub(crate) fn answered(&self, topic: &str, correlation: &Bytes, out: Arc<Outgoing>) {
         let mut inner = self.lock();
         if let Some(slot) = inner.map.get_mut(&(topic.to_owned(), correlation.clone())) {
-            *slot = Some(out.clone());
+            *slot = Some(out);
         }
     }
 

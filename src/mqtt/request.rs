@@ -206,6 +206,27 @@ pub async fn handle(engine: &Engine, service_id: &str, req: &Request) -> Result<
     })
 }
 
+/// The answer to a request refused because too many run at once: `__stat=503`, nothing executed.
+/// `None` when the request cannot be answered at all.
+pub fn busy(service_id: &str, req: &Request) -> Option<Outgoing> {
+    let to = reply_to(req).ok()?;
+    Some(Outgoing {
+        topic: to.topic,
+        payload: Bytes::new(),
+        correlation: Some(to.correlation),
+        user_properties: vec![
+            (PROP_STATUS.to_owned(), "503".to_owned()),
+            (
+                PROP_STATUS_MESSAGE.to_owned(),
+                "the state store is busy; retry".to_owned(),
+            ),
+            (PROP_PROTOCOL_VERSION.to_owned(), PROTOCOL_VERSION.to_owned()),
+            (PROP_SOURCE_ID.to_owned(), service_id.to_owned()),
+        ],
+        message_expiry: to.message_expiry,
+    })
+}
+
 /// The topic a KEYNOTIFY notification for `key` goes to, for observer `client`.
 pub fn notify_topic(client: &str, key: &[u8]) -> String {
     format!(

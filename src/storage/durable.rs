@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 
 use super::memory::MemoryBackend;
 use super::{Backend, KeyPage, Record, StorageError, Swap, SwapOutcome};
@@ -128,12 +128,20 @@ struct Progress {
     failed: Option<Arc<str>>,
 }
 
+/// A writer's wait for its frame's acknowledgement (or the log's failure).
+type Ack = oneshot::Sender<Result<(), Arc<str>>>;
+
 /// Frames waiting for the commit thread.
 #[derive(Debug, Default)]
 struct Queue {
     buf: Vec<u8>,
+    /// One per frame in `buf`: woken exactly when that frame's group is acknowledged (no
+    /// thundering herd of every writer on every group).
+    acks: Vec<Ack>,
     /// The lsn of the last frame queued.
     last: Lsn,
+    /// The log failed: nothing more is queued.
+    failed: Option<Arc<str>>,
     shutdown: bool,
 }
 
@@ -172,8 +180,18 @@ impl Shared {
         self.progressed_async.notify_waiters();
     }
 
-    fn fail(&self, cause: &std::io::Error) {
-        lock(&self.progress).failed = Some(cause.to_string().into());
+    /// Fails the writers of `group` and of everything queued, and every later call.
+    fn fail(&self, cause: &std::io::Error, group: Vec<Ack>) {
+        let cause: Arc<str> = cause.to_string().into();
+        lock(&self.progress).failed = Some(cause.clone());
+        let queued = {
+            let mut q = lock(&self.queue);
+            q.failed = Some(cause.clone());
+            std::mem::take(&mut q.acks)
+        };
+        for ack in group.into_iter().chain(queued) {
+            let _ = ack.send(Err(cause.clone()));
+        }
         self.progressed.notify_all();
         self.progressed_async.notify_waiters();
     }
@@ -196,7 +214,7 @@ impl Shared {
         }
     }
 
-    /// Waits until `lsn` is acknowledged.
+    /// Waits until `lsn` is acknowledged (readers; writers have their own [`Ack`]).
     async fn wait_acked(&self, lsn: Lsn) -> Result<(), StorageError> {
         loop {
             let notified = self.progressed_async.notified();
@@ -373,24 +391,36 @@ impl Backend for DurableBackend {
         if frame.len() > format::MAX_PAYLOAD {
             return Err(StorageError::Backend("a write of more than 1 GiB".into()));
         }
-        let (outcome, lsn) = self.index.swap_then(swaps, max_keys, || {
+        let (outcome, queued) = self.index.swap_then(swaps, max_keys, || {
+            let (tx, rx) = oneshot::channel();
             let lsn = {
                 let mut q = lock(&self.shared.queue);
+                if let Some(f) = &q.failed {
+                    return Err(f.clone());
+                }
                 q.last += 1;
                 q.buf.extend_from_slice(&frame);
+                q.acks.push(tx);
                 q.last
             };
             let mut in_flight = lock(&self.shared.in_flight);
             for s in swaps {
                 in_flight.insert(s.key.clone(), lsn);
             }
-            lsn
+            Ok(rx)
         });
-        if let Some(lsn) = lsn {
-            self.shared.work.notify_one();
-            self.shared.wait_acked(lsn).await?;
+        match queued {
+            None => Ok(outcome),
+            Some(Err(cause)) => Err(failed(&cause)),
+            Some(Ok(ack)) => {
+                self.shared.work.notify_one();
+                match ack.await {
+                    Ok(Ok(())) => Ok(outcome),
+                    Ok(Err(cause)) => Err(failed(&cause)),
+                    Err(_) => Err(failed("the log thread stopped")),
+                }
+            }
         }
-        Ok(outcome)
     }
 
     async fn scan(

@@ -34,6 +34,7 @@ pub(super) struct Writer {
 impl Writer {
     pub fn run(mut self) {
         let mut buf = Vec::new();
+        let mut group = Vec::new();
         loop {
             let (last, shutdown) = {
                 let mut q = lock(&self.shared.queue);
@@ -60,17 +61,32 @@ impl Writer {
                 // Swap buffers: the queue keeps an allocation for the next group.
                 buf.clear();
                 std::mem::swap(&mut buf, &mut q.buf);
+                std::mem::swap(&mut group, &mut q.acks);
                 (q.last, q.shutdown)
             };
             if let Err(e) = self.commit(&buf, last, shutdown) {
-                tracing::error!(cause = %e, segment = %segment_name(self.seq), "writing the log failed; storage is now read-only until restart");
-                self.shared.fail(&e);
+                self.failed(&e, &mut group);
                 return;
+            }
+            // `commit` acknowledged the whole group (synced or written, per the mode).
+            for ack in group.drain(..) {
+                let _ = ack.send(Ok(()));
+            }
+            if !shutdown {
+                if let Err(e) = self.maybe_rotate() {
+                    self.failed(&e, &mut group);
+                    return;
+                }
             }
             if shutdown {
                 return;
             }
         }
+    }
+
+    fn failed(&self, e: &std::io::Error, group: &mut Vec<super::Ack>) {
+        tracing::error!(cause = %e, segment = %segment_name(self.seq), "writing the log failed; every storage call fails until a restart");
+        self.shared.fail(e, std::mem::take(group));
     }
 
     fn commit(&mut self, buf: &[u8], last: Lsn, shutdown: bool) -> std::io::Result<()> {
@@ -92,11 +108,16 @@ impl Writer {
             FsyncMode::Batch | FsyncMode::Never => self.written,
         };
         self.shared.publish(self.written, acked);
+        Ok(())
+    }
+
+    /// Starts the next segment and a snapshot when this one is over budget.
+    fn maybe_rotate(&mut self) -> std::io::Result<()> {
         let budget = self
             .options
             .segment_bytes
             .max(self.shared.live_bytes.load(Ordering::Relaxed) / 2);
-        if !shutdown && self.seg_bytes >= budget && !self.shared.snapshotting.load(Ordering::Acquire) {
+        if self.seg_bytes >= budget && !self.shared.snapshotting.load(Ordering::Acquire) {
             self.rotate()?;
         }
         Ok(())
