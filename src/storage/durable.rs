@@ -142,6 +142,9 @@ struct Queue {
     last: Lsn,
     /// The log failed: nothing more is queued.
     failed: Option<Arc<str>>,
+    /// The commit thread waits for work: the next frame queued must wake it (only that one:
+    /// a busy commit thread finds the frame when it comes back for more).
+    idle: bool,
     shutdown: bool,
 }
 
@@ -401,6 +404,9 @@ impl Backend for DurableBackend {
                 q.last += 1;
                 q.buf.extend_from_slice(&frame);
                 q.acks.push(tx);
+                if std::mem::take(&mut q.idle) {
+                    self.shared.work.notify_one();
+                }
                 q.last
             };
             let mut in_flight = lock(&self.shared.in_flight);
@@ -412,14 +418,11 @@ impl Backend for DurableBackend {
         match queued {
             None => Ok(outcome),
             Some(Err(cause)) => Err(failed(&cause)),
-            Some(Ok(ack)) => {
-                self.shared.work.notify_one();
-                match ack.await {
-                    Ok(Ok(())) => Ok(outcome),
-                    Ok(Err(cause)) => Err(failed(&cause)),
-                    Err(_) => Err(failed("the log thread stopped")),
-                }
-            }
+            Some(Ok(ack)) => match ack.await {
+                Ok(Ok(())) => Ok(outcome),
+                Ok(Err(cause)) => Err(failed(&cause)),
+                Err(_) => Err(failed("the log thread stopped")),
+            },
         }
     }
 

@@ -35,6 +35,12 @@ impl Writer {
     pub fn run(mut self) {
         let mut buf = Vec::new();
         let mut group = Vec::new();
+        // A log recovered over budget (written during a snapshot that a crash interrupted, say)
+        // is compacted right away, so restarts stay fast.
+        if let Err(e) = self.maybe_rotate() {
+            self.failed(&e, &mut group);
+            return;
+        }
         loop {
             let (last, shutdown) = {
                 let mut q = lock(&self.shared.queue);
@@ -48,6 +54,7 @@ impl Writer {
                         if now >= due {
                             break;
                         }
+                        q.idle = true;
                         q = self
                             .shared
                             .work
@@ -55,8 +62,10 @@ impl Writer {
                             .unwrap_or_else(|e| e.into_inner())
                             .0;
                     } else {
+                        q.idle = true;
                         q = self.shared.work.wait(q).unwrap_or_else(|e| e.into_inner());
                     }
+                    q.idle = false;
                 }
                 // Swap buffers: the queue keeps an allocation for the next group.
                 buf.clear();
