@@ -8,13 +8,14 @@ use tokio::time::{Duration, Instant};
 
 use super::request::Outgoing;
 
-type Key = (String, Bytes);
+/// (response topic, correlation data), allocated once and shared by the map and the queue.
+pub(crate) type Key = Arc<(String, Bytes)>;
 
 /// What the cache knows of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Seen {
-    /// First time: execute it (the cache now marks it in progress).
-    New,
+    /// First time: execute it (the cache now marks it in progress under this key).
+    New(Key),
     /// Still executing: the first copy will answer.
     InProgress,
     /// Answered before: send this again.
@@ -60,28 +61,27 @@ impl Dedup {
                 inner.map.remove(&k);
             }
         }
-        let key = (topic.to_owned(), correlation.clone());
+        let key: Key = Arc::new((topic.to_owned(), correlation.clone()));
         match inner.map.get(&key) {
             Some(Some(out)) => Seen::Answered(out.clone()),
             Some(None) => Seen::InProgress,
             None => {
                 inner.map.insert(key.clone(), None);
-                inner.order.push_back((now, key));
-                Seen::New
+                inner.order.push_back((now, key.clone()));
+                Seen::New(key)
             }
         }
     }
 
     /// Stores the answer of a request marked in progress.
-    pub(crate) fn answered(&self, topic: &str, correlation: &Bytes, out: Arc<Outgoing>) {
-        let mut inner = self.lock();
-        if let Some(slot) = inner.map.get_mut(&(topic.to_owned(), correlation.clone())) {
+    pub(crate) fn answered(&self, key: &Key, out: Arc<Outgoing>) {
+        if let Some(slot) = self.lock().map.get_mut(key) {
             *slot = Some(out);
         }
     }
 
     /// Forgets a request that got no answer, so a redelivery is executed.
-    pub(crate) fn forget(&self, topic: &str, correlation: &Bytes) {
-        self.lock().map.remove(&(topic.to_owned(), correlation.clone()));
+    pub(crate) fn forget(&self, key: &Key) {
+        self.lock().map.remove(key);
     }
 }

@@ -206,6 +206,20 @@ pub async fn handle(engine: &Engine, service_id: &str, req: &Request) -> Result<
     })
 }
 
+/// Whether a payload is a command that changes nothing (GET, SCAN), judged from its first
+/// argument without decoding the rest. Anything unsure counts as a change.
+pub fn is_read_only(payload: &[u8]) -> bool {
+    // `*<n>\r\n$<len>\r\n<verb>\r\n...`
+    let Some(rest) = payload.strip_prefix(b"*") else {
+        return false;
+    };
+    let Some(pos) = rest.windows(2).position(|w| w == b"\r\n") else {
+        return false;
+    };
+    let rest = &rest[pos + 2..];
+    rest.starts_with(b"$3\r\nGET\r\n") || rest.starts_with(b"$4\r\nSCAN\r\n")
+}
+
 /// The answer to a request refused because too many run at once: `__stat=503`, nothing executed.
 /// `None` when the request cannot be answered at all.
 pub fn busy(service_id: &str, req: &Request) -> Option<Outgoing> {

@@ -257,13 +257,14 @@ async fn poller(mut eventloop: EventLoop, ctx: Arc<Ctx>, ready: oneshot::Sender<
 
 async fn serve_one(ctx: &Ctx, p: Publish) {
     let req = to_request(p);
-    let key = match (&req.response_topic, &req.correlation) {
-        (Some(t), Some(c)) if req.qos == 1 => Some((t.clone(), c.clone())),
-        _ => None,
-    };
-    if let Some((t, c)) = &key {
+    // GET and SCAN change nothing: a redelivered copy may simply run again.
+    let mut key = None;
+    if let (Some(t), Some(c)) = (&req.response_topic, &req.correlation)
+        && req.qos == 1
+        && !request::is_read_only(&req.payload)
+    {
         match ctx.dedup.check(t, c) {
-            Seen::New => {}
+            Seen::New(k) => key = Some(k),
             Seen::InProgress => return,
             Seen::Answered(out) => {
                 debug!(topic = %t, "mqtt: redelivered request answered from the cache");
@@ -275,14 +276,14 @@ async fn serve_one(ctx: &Ctx, p: Publish) {
     match request::handle(&ctx.engine, &ctx.settings.client_id, &req).await {
         Ok(out) => {
             let out = Arc::new(out);
-            if let Some((t, c)) = &key {
-                ctx.dedup.answered(t, c, out.clone());
+            if let Some(k) = &key {
+                ctx.dedup.answered(k, out.clone());
             }
             publish(&ctx.client, &out).await;
         }
         Err(why) => {
-            if let Some((t, c)) = &key {
-                ctx.dedup.forget(t, c);
+            if let Some(k) = &key {
+                ctx.dedup.forget(k);
             }
             warn!(?why, topic = %req.topic, "mqtt: request not answered");
         }

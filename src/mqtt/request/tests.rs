@@ -136,3 +136,20 @@ fn notification_payloads_are_exact() {
     );
     assert_eq!(&notify_payload(None)[..], b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n");
 }
+
+#[test]
+fn read_only_commands_are_recognised_from_the_payload() {
+    assert!(is_read_only(&resp3::encode_request([&b"GET"[..], b"k"])));
+    assert!(is_read_only(&resp3::encode_request([&b"SCAN"[..], b"*", b"tok"])));
+    for args in [
+        &[&b"SET"[..], b"k", b"v"][..],
+        &[b"GETX", b"k"],
+        &[b"DEL", b"k"],
+        &[b"VDEL", b"k", b"v"],
+        &[],
+    ] {
+        assert!(!is_read_only(&resp3::encode_request(args.iter())), "{args:?}");
+    }
+    assert!(!is_read_only(b"GET k"));
+    assert!(!is_read_only(b""));
+}
