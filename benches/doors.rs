@@ -193,7 +193,9 @@ where
     }
 }
 
-/// Fires `op` at a fixed rate (open loop); latency counts from the scheduled send time.
+/// Fires `op` at a fixed rate (open loop). Latency counts from the moment the request is sent:
+/// tokio's timer wakes up to 1 ms late, and counting from the scheduled time measured that
+/// timer (a bare handler showed p50 0.8 ms), not the server.
 async fn fixed_rate<F, Fut>(name: String, per_sec: u64, o: &Opts, op: F) -> Row
 where
     F: Fn(u64) -> Fut + Send + Sync + 'static,
@@ -210,9 +212,10 @@ where
         tokio::time::sleep_until(at.into()).await;
         let (op, h) = (op.clone(), h.clone());
         tasks.push(tokio::spawn(async move {
+            let sent = Instant::now();
             op(i).await;
             if i >= warm {
-                let us = at.elapsed().as_micros().max(1) as u64;
+                let us = sent.elapsed().as_micros().max(1) as u64;
                 let _ = h.lock().map(|mut h| h.record(us));
             }
         }));
@@ -753,11 +756,13 @@ async fn memory(o: &Opts) {
     .await
     .expect("engine");
     let before = rss_bytes();
-    let value = Bytes::from(vec![b'v'; 100]);
     for i in 0..n {
+        // Every value its own 100 bytes, as values arriving over a door are.
+        let mut value = vec![b'v'; 100];
+        value[..8].copy_from_slice(&(i as u64).to_be_bytes());
         let cmd = stategate::engine::Command::Set(stategate::engine::Set {
             key: Bytes::from(format!("key-{i:012}")),
-            value: value.clone().slice(..),
+            value: Bytes::from(value),
             condition: stategate::engine::SetCondition::Always,
             ttl_ms: None,
             timestamp: None,

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -15,30 +15,113 @@ pub struct MemoryBackend {
     inner: RwLock<Inner>,
 }
 
+/// A record as the index keeps it: 64 bytes where [`Record`] takes 112 (node ids are interned,
+/// the rare fencing token is boxed, "no deadline" is 0). Memory per key is a target.
+#[derive(Debug, Clone)]
+struct Slot {
+    value: Bytes,
+    ms: u64,
+    counter: u32,
+    /// Index into [`Inner::nodes`].
+    node: u32,
+    /// 0 = no deadline.
+    expires_at_ms: u64,
+    fencing: Option<Box<Hlc>>,
+}
+
+impl Slot {
+    fn is_expired(&self, now_ms: u64) -> bool {
+        self.expires_at_ms != 0 && self.expires_at_ms <= now_ms
+    }
+    fn deadline(&self) -> Option<u64> {
+        (self.expires_at_ms != 0).then_some(self.expires_at_ms)
+    }
+}
+
 #[derive(Debug, Default)]
 struct Inner {
-    map: BTreeMap<Bytes, Record>,
+    map: BTreeMap<Bytes, Slot>,
     deadlines: BTreeSet<(u64, Bytes)>,
     max_version: Option<Hlc>,
+    /// Node ids seen in versions (a handful: one per service node that ever wrote).
+    nodes: Vec<Arc<str>>,
 }
 
 impl Inner {
+    fn intern(&mut self, node: &Arc<str>) -> u32 {
+        match self.nodes.iter().position(|n| **n == **node) {
+            Some(i) => i as u32,
+            None => {
+                self.nodes.push(node.clone());
+                (self.nodes.len() - 1) as u32
+            }
+        }
+    }
+
+    fn version(&self, slot: &Slot) -> Hlc {
+        let node = self
+            .nodes
+            .get(slot.node as usize)
+            .cloned()
+            .unwrap_or_else(|| Arc::from("?"));
+        Hlc {
+            ms: slot.ms,
+            counter: slot.counter,
+            node,
+        }
+    }
+
+    fn version_is(&self, slot: &Slot, v: &Hlc) -> bool {
+        slot.ms == v.ms
+            && slot.counter == v.counter
+            && self.nodes.get(slot.node as usize).is_some_and(|n| **n == *v.node)
+    }
+
+    fn record(&self, slot: &Slot) -> Record {
+        Record {
+            value: slot.value.clone(),
+            version: self.version(slot),
+            fencing: slot.fencing.as_deref().cloned(),
+            expires_at_ms: slot.deadline(),
+        }
+    }
+
+    fn slot(&mut self, rec: Record) -> Slot {
+        Slot {
+            // A compact copy: the caller's bytes may be a slice of a large network buffer.
+            value: Bytes::copy_from_slice(&rec.value),
+            ms: rec.version.ms,
+            counter: rec.version.counter,
+            node: self.intern(&rec.version.node),
+            expires_at_ms: rec.expires_at_ms.map(|d| d.max(1)).unwrap_or(0),
+            fencing: rec.fencing.map(Box::new),
+        }
+    }
+
     fn put(&mut self, key: Bytes, new: Option<Record>) {
         let old = match new {
             Some(rec) => {
-                if let Some(d) = rec.expires_at_ms {
-                    self.deadlines.insert((d, key.clone()));
-                }
                 if self.max_version.as_ref().is_none_or(|m| rec.version > *m) {
                     self.max_version = Some(rec.version.clone());
                 }
-                self.map.insert(key.clone(), rec)
+                let slot = self.slot(rec);
+                if let Some(d) = slot.deadline() {
+                    self.deadlines.insert((d, key.clone()));
+                }
+                match self.map.get_mut(&key) {
+                    Some(cur) => Some(std::mem::replace(cur, slot)),
+                    None => {
+                        // A new key: store a compact copy of it too.
+                        self.map.insert(Bytes::copy_from_slice(&key), slot);
+                        None
+                    }
+                }
             }
             None => self.map.remove(&key),
         };
-        if let Some(d) = old.and_then(|o| o.expires_at_ms) {
+        if let Some(d) = old.and_then(|o| o.deadline()) {
             // The same (deadline, key) may have just been inserted again for the new record.
-            let still = self.map.get(&key).and_then(|r| r.expires_at_ms) == Some(d);
+            let still = self.map.get(&key).and_then(Slot::deadline) == Some(d);
             if !still {
                 self.deadlines.remove(&(d, key));
             }
@@ -77,7 +160,7 @@ impl MemoryBackend {
         then: impl FnOnce() -> R,
     ) -> (SwapOutcome, Option<R>) {
         let mut inner = self.write();
-        let outcome = check_swaps(&inner.map, swaps, max_keys);
+        let outcome = check_swaps(&inner, swaps, max_keys);
         if outcome != SwapOutcome::Done {
             return (outcome, None);
         }
@@ -98,7 +181,7 @@ impl MemoryBackend {
             .map
             .range((lower, Bound::Unbounded))
             .take(n)
-            .map(|(k, r)| (k.clone(), r.clone()))
+            .map(|(k, slot)| (k.clone(), inner.record(slot)))
             .collect()
     }
 
@@ -111,12 +194,18 @@ impl MemoryBackend {
     }
 }
 
-/// Checks and applies swaps on an in-memory map; shared by backends that keep an index in memory.
-pub(crate) fn check_swaps(map: &BTreeMap<Bytes, Record>, swaps: &[Swap], max_keys: Option<u64>) -> SwapOutcome {
+/// Checks swaps against the index: every expected version must be the stored one.
+fn check_swaps(inner: &Inner, swaps: &[Swap], max_keys: Option<u64>) -> SwapOutcome {
+    let map = &inner.map;
     let mut added: i64 = 0;
     for s in swaps {
         let cur = map.get(&s.key);
-        if cur.map(|r| &r.version) != s.expected.as_ref() {
+        let matches = match (cur, &s.expected) {
+            (None, None) => true,
+            (Some(slot), Some(v)) => inner.version_is(slot, v),
+            _ => false,
+        };
+        if !matches {
             return SwapOutcome::Conflict;
         }
         added += i64::from(s.new.is_some()) - i64::from(cur.is_some());
@@ -132,7 +221,8 @@ pub(crate) fn check_swaps(map: &BTreeMap<Bytes, Record>, swaps: &[Swap], max_key
 #[async_trait]
 impl Backend for MemoryBackend {
     async fn get(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {
-        Ok(self.read().map.get(key).cloned())
+        let inner = self.read();
+        Ok(inner.map.get(key).map(|slot| inner.record(slot)))
     }
 
     async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError> {
@@ -174,7 +264,7 @@ impl Backend for MemoryBackend {
             .deadlines
             .iter()
             .take_while(|(d, _)| *d <= now_ms)
-            .filter_map(|(_, k)| inner.map.get(k).map(|r| (k.clone(), r.version.clone())))
+            .filter_map(|(_, k)| inner.map.get(k).map(|slot| (k.clone(), inner.version(slot))))
             .take(limit)
             .collect())
     }
