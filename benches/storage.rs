@@ -1,5 +1,6 @@
 //! Storage benchmark (not a test): SET throughput through the engine with 64 writers in flight
-//! for each storage mode, and restart time of a durable store holding 1 million keys.
+//! for each storage mode, the same through the MQTT door (service in process, embedded broker,
+//! median of 3 alternating rounds), and restart time of a durable store holding 1 million keys.
 //!
 //! ```text
 //! cargo bench --bench storage
@@ -77,6 +78,112 @@ async fn set_load(store: Store, writers: u64, secs: u64) -> Run {
     };
     Run {
         ops_per_sec: all.len() as f64 / elapsed.as_secs_f64(),
+        p50: pct(0.50).unwrap_or_default(),
+        p99: pct(0.99).unwrap_or_default(),
+    }
+}
+
+/// The same load through the MQTT door: the service in process on the embedded broker, one
+/// raw MQTT5 client keeping `in_flight` QoS 1 SET requests outstanding.
+async fn mqtt_load(store: Store, in_flight: usize, secs: u64) -> Run {
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
+    use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+
+    let mut config = stategate::config::Config::default();
+    config.http_listen = None;
+    config.grpc_listen = None;
+    config.broker = stategate::config::BrokerChoice::Embedded {
+        listen: "127.0.0.1:0".parse().expect("addr"),
+    };
+    let running = stategate::start(config, store).await.expect("stategate starts");
+    let (host, port) = {
+        let (h, p) = running.mqtt_broker();
+        (h.to_owned(), p)
+    };
+    let mut o = MqttOptions::new("storage-bench", host, port);
+    o.set_max_packet_size(Some(1024 * 1024));
+    o.set_keep_alive(Duration::from_secs(30));
+    let mut net = rumqttc::NetworkOptions::new();
+    net.set_tcp_nodelay(true);
+    o.set_network_options(net);
+    let (client, mut eventloop) = AsyncClient::new(o, 4096);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let poller = tokio::spawn(async move {
+        while let Ok(event) = eventloop.poll().await {
+            match event {
+                Event::Incoming(Packet::Publish(p)) => {
+                    let _ = tx.send(Some(p));
+                }
+                Event::Incoming(Packet::SubAck(_)) => {
+                    let _ = tx.send(None);
+                }
+                _ => {}
+            }
+        }
+    });
+    let topic = "clients/storage-bench/response".to_owned();
+    client.subscribe(&topic, QoS::AtLeastOnce).await.expect("subscribe");
+    while let Some(Some(_)) = rx.recv().await {}
+    let value = vec![b'v'; 100];
+    let send = |n: u64| {
+        let client = client.clone();
+        let topic = topic.clone();
+        let payload = stategate::resp3::encode_request([&b"SET"[..], &key(0, n % 640_000), &value]);
+        async move {
+            let ts = format!(
+                "{:015}:00000:bench",
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_millis())
+                    .unwrap_or(0)
+            );
+            let props = PublishProperties {
+                response_topic: Some(topic),
+                correlation_data: Some(Bytes::copy_from_slice(&n.to_be_bytes())),
+                user_properties: vec![("__protVer".into(), "1.0".into()), ("__ts".into(), ts)],
+                ..Default::default()
+            };
+            client
+                .publish_with_properties(stategate::mqtt::INVOKE_TOPIC, QoS::AtLeastOnce, false, payload, props)
+                .await
+                .expect("publish");
+        }
+    };
+    let mut started = std::collections::HashMap::new();
+    let mut next = 0u64;
+    for _ in 0..in_flight {
+        started.insert(next, Instant::now());
+        send(next).await;
+        next += 1;
+    }
+    let start = Instant::now();
+    let end = start + Duration::from_secs(secs);
+    let mut latencies = Vec::new();
+    while Instant::now() < end {
+        let Ok(Some(Some(p))) = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await else {
+            panic!("no answer within 10 s");
+        };
+        let corr = p.properties.and_then(|p| p.correlation_data).expect("correlation data");
+        let n = u64::from_be_bytes(corr.as_ref().try_into().expect("8 bytes"));
+        if let Some(t) = started.remove(&n) {
+            latencies.push(t.elapsed());
+        }
+        started.insert(next, Instant::now());
+        send(next).await;
+        next += 1;
+    }
+    let elapsed = start.elapsed();
+    poller.abort();
+    running.shutdown().await;
+    latencies.sort_unstable();
+    let pct = |p: f64| {
+        latencies
+            .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
+            .copied()
+    };
+    Run {
+        ops_per_sec: latencies.len() as f64 / elapsed.as_secs_f64(),
         p50: pct(0.50).unwrap_or_default(),
         p99: pct(0.99).unwrap_or_default(),
     }
@@ -185,6 +292,47 @@ fn main() {
             let base_rate = *memory.get_or_insert(run.ops_per_sec);
             println!(
                 "| {name} | {writers} | {:.0} | {:.1}% | {:.2} ms | {:.2} ms |",
+                run.ops_per_sec,
+                100.0 * run.ops_per_sec / base_rate,
+                run.p50.as_secs_f64() * 1e3,
+                run.p99.as_secs_f64() * 1e3,
+            );
+        }
+        println!();
+        println!("Through the MQTT door (embedded broker, one client, QoS 1 requests):");
+        println!();
+        println!("| storage | requests in flight | SET/s | vs memory | p50 | p99 |");
+        println!("|---|---:|---:|---:|---:|---:|");
+        // Rows run alternately, 3 rounds; the median round of each is printed, so a burst of
+        // noise on a shared machine does not decide a ratio.
+        let modes = [
+            ("memory", None),
+            ("durable, fsync always", Some(FsyncMode::Always)),
+            ("durable, fsync batch", Some(FsyncMode::Batch)),
+        ];
+        let mut runs: Vec<Vec<Run>> = modes.iter().map(|_| Vec::new()).collect();
+        for _round in 0..3 {
+            for ((name, mode), runs) in modes.iter().zip(runs.iter_mut()) {
+                if !format!("mqtt {name}").contains(&only) {
+                    continue;
+                }
+                let dir = tempfile::tempdir_in(&base).expect("tempdir");
+                let store = match mode {
+                    None => Store::memory(),
+                    Some(m) => durable(dir.path(), *m),
+                };
+                runs.push(mqtt_load(store, 64, secs).await);
+            }
+        }
+        let mut memory = None;
+        for ((name, _), mut runs) in modes.into_iter().zip(runs) {
+            runs.sort_by(|a, b| a.ops_per_sec.total_cmp(&b.ops_per_sec));
+            let Some(run) = runs.get(runs.len() / 2) else {
+                continue;
+            };
+            let base_rate = *memory.get_or_insert(run.ops_per_sec);
+            println!(
+                "| {name} | 64 | {:.0} | {:.1}% | {:.2} ms | {:.2} ms |",
                 run.ops_per_sec,
                 100.0 * run.ops_per_sec / base_rate,
                 run.p50.as_secs_f64() * 1e3,
