@@ -11,7 +11,7 @@
 //!   kind 3 (snapshot: the end)          keys:u64 has_max:u8 [hlc]
 //! entry   = key_len:u32 key tag:u8        tag 0 = delete; tag 1 = put, followed by:
 //!           value_len:u32 value hlc(version) has_fencing:u8 [hlc] has_expiry:u8 [deadline_ms:u64]
-//! hlc     = ms:u64 counter:u32 node_len:u16 node(utf-8)
+//! hlc     = ms:u64 counter:u32 node_len:u32 node(utf-8)
 //! ```
 //! Integers are little-endian.
 
@@ -147,11 +147,8 @@ fn put_bytes32(p: &mut Vec<u8>, b: &[u8]) {
 fn put_hlc(p: &mut Vec<u8>, h: &Hlc) {
     p.extend_from_slice(&h.ms.to_le_bytes());
     p.extend_from_slice(&h.counter.to_le_bytes());
-    // Node ids come from configuration and peers' tokens; they are far below 64 KiB.
-    let node = h.node.as_bytes();
-    let node = &node[..node.len().min(u16::MAX as usize)];
-    p.extend_from_slice(&(node.len() as u16).to_le_bytes());
-    p.extend_from_slice(node);
+    // Fencing tokens come from clients: their node part can be long (an HTTP body).
+    put_bytes32(p, h.node.as_bytes());
 }
 
 fn put_opt_hlc(p: &mut Vec<u8>, h: Option<&Hlc>) {
@@ -258,8 +255,7 @@ impl Decoder {
     fn hlc(&mut self, r: &mut Reader<'_>) -> Result<Hlc, FormatError> {
         let ms = r.u64()?;
         let counter = r.u32()?;
-        let len = r.u16()? as usize;
-        let node = r.take(len)?;
+        let node = r.bytes32()?;
         let node = match self.nodes.get(node) {
             Some(n) => n.clone(),
             None => {
@@ -302,9 +298,6 @@ impl<'a> Reader<'a> {
     }
     fn u8(&mut self) -> Result<u8, FormatError> {
         Ok(self.array::<1>()?[0])
-    }
-    fn u16(&mut self) -> Result<u16, FormatError> {
-        Ok(u16::from_le_bytes(self.array()?))
     }
     fn u32(&mut self) -> Result<u32, FormatError> {
         Ok(u32::from_le_bytes(self.array()?))

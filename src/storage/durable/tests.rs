@@ -137,7 +137,8 @@ async fn every_field_survives_a_reopen() {
     let full = Record {
         value: b(b"v\r\n\x00"),
         version: v(100, 7),
-        fencing: Some(Hlc::new(90, 3, "other")),
+        // A client's fencing token can carry a long node id (over 64 KiB, multi-byte UTF-8).
+        fencing: Some(Hlc::new(90, 3, "é".repeat(40_000))),
         expires_at_ms: Some(5_000),
     };
     {
