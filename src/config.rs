@@ -105,6 +105,10 @@ pub struct ServeArgs {
     /// not written back). A process crash loses nothing acknowledged in any mode.
     #[arg(long, env = "STATEGATE_FSYNC", default_value = "always")]
     pub fsync: FsyncMode,
+    /// Log bytes after which the durable store starts a new segment and writes a snapshot (or
+    /// half the last snapshot, if more). For tests: small values make compaction constant.
+    #[arg(long, env = "STATEGATE_SEGMENT_BYTES", default_value_t = 64 * 1024 * 1024, hide = true)]
+    pub segment_bytes: u64,
     /// Where the gRPC door (statestore.v1, Dapr runtime state RPCs, health, reflection)
     /// listens; `off` disables it. Beyond loopback it is open to the network (set --api-token).
     #[arg(long, env = "STATEGATE_GRPC_LISTEN", default_value = "127.0.0.1:50001")]
@@ -231,6 +235,7 @@ impl Config {
             kind: a.storage,
             data_dir: a.data_dir,
             fsync: a.fsync,
+            segment_bytes: a.segment_bytes.max(4096),
         };
         Ok(Config {
             node_id: a.node_id,

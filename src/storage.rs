@@ -137,6 +137,8 @@ pub struct StorageConfig {
     pub kind: StorageKind,
     pub data_dir: std::path::PathBuf,
     pub fsync: durable::FsyncMode,
+    /// See [`durable::DurableOptions::segment_bytes`].
+    pub segment_bytes: u64,
 }
 
 /// A cheap handle on a backend.
@@ -165,6 +167,7 @@ impl Store {
             StorageKind::Durable => {
                 let mut options = durable::DurableOptions::new(&config.data_dir);
                 options.fsync = config.fsync;
+                options.segment_bytes = config.segment_bytes;
                 Ok(Store::new(durable::DurableBackend::open(options)?))
             }
         }
