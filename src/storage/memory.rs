@@ -1,6 +1,14 @@
-//! The volatile backend: one ordered map behind a lock, plus an expiry index.
+//! The volatile backend: one ordered set of compact entries behind a lock, plus an expiry index.
+//! The durable backend uses it as its in-memory index.
+//!
+//! Memory per key is a target (at most 1.5x Redis for small keys), so an entry is one
+//! allocation holding the key followed by the value, plus a 56-byte header in the tree: node
+//! ids are interned, the rare fencing token is boxed and "no deadline" is 0. Reads copy the
+//! value out (one small copy; the doors copy it into their wire format anyway).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::borrow::Borrow;
+use std::cmp::Ordering;
+use std::collections::BTreeSet;
 use std::ops::Bound;
 use std::sync::{Arc, RwLock};
 
@@ -15,21 +23,28 @@ pub struct MemoryBackend {
     inner: RwLock<Inner>,
 }
 
-/// A record as the index keeps it: 64 bytes where [`Record`] takes 112 (node ids are interned,
-/// the rare fencing token is boxed, "no deadline" is 0). Memory per key is a target.
-#[derive(Debug, Clone)]
-struct Slot {
-    value: Bytes,
-    ms: u64,
+/// One key as the index keeps it, ordered by its key bytes.
+#[derive(Debug)]
+struct Entry {
+    /// The key bytes followed by the value bytes.
+    data: Box<[u8]>,
+    key_len: u32,
     counter: u32,
-    /// Index into [`Inner::nodes`].
-    node: u32,
+    ms: u64,
     /// 0 = no deadline.
     expires_at_ms: u64,
+    /// Index into [`Inner::nodes`].
+    node: u32,
     fencing: Option<Box<Hlc>>,
 }
 
-impl Slot {
+impl Entry {
+    fn key(&self) -> &[u8] {
+        &self.data[..self.key_len as usize]
+    }
+    fn value(&self) -> &[u8] {
+        &self.data[self.key_len as usize..]
+    }
     fn is_expired(&self, now_ms: u64) -> bool {
         self.expires_at_ms != 0 && self.expires_at_ms <= now_ms
     }
@@ -38,9 +53,35 @@ impl Slot {
     }
 }
 
+impl Borrow<[u8]> for Entry {
+    fn borrow(&self) -> &[u8] {
+        self.key()
+    }
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Entry) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Entry {}
+
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Entry) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Entry {
+    fn cmp(&self, other: &Entry) -> Ordering {
+        self.key().cmp(other.key())
+    }
+}
+
 #[derive(Debug, Default)]
 struct Inner {
-    map: BTreeMap<Bytes, Slot>,
+    set: BTreeSet<Entry>,
     deadlines: BTreeSet<(u64, Bytes)>,
     max_version: Option<Hlc>,
     /// Node ids seen in versions (a handful: one per service node that ever wrote).
@@ -58,42 +99,43 @@ impl Inner {
         }
     }
 
-    fn version(&self, slot: &Slot) -> Hlc {
+    fn version(&self, e: &Entry) -> Hlc {
         let node = self
             .nodes
-            .get(slot.node as usize)
+            .get(e.node as usize)
             .cloned()
             .unwrap_or_else(|| Arc::from("?"));
         Hlc {
-            ms: slot.ms,
-            counter: slot.counter,
+            ms: e.ms,
+            counter: e.counter,
             node,
         }
     }
 
-    fn version_is(&self, slot: &Slot, v: &Hlc) -> bool {
-        slot.ms == v.ms
-            && slot.counter == v.counter
-            && self.nodes.get(slot.node as usize).is_some_and(|n| **n == *v.node)
+    fn version_is(&self, e: &Entry, v: &Hlc) -> bool {
+        e.ms == v.ms && e.counter == v.counter && self.nodes.get(e.node as usize).is_some_and(|n| **n == *v.node)
     }
 
-    fn record(&self, slot: &Slot) -> Record {
+    fn record(&self, e: &Entry) -> Record {
         Record {
-            value: slot.value.clone(),
-            version: self.version(slot),
-            fencing: slot.fencing.as_deref().cloned(),
-            expires_at_ms: slot.deadline(),
+            value: Bytes::copy_from_slice(e.value()),
+            version: self.version(e),
+            fencing: e.fencing.as_deref().cloned(),
+            expires_at_ms: e.deadline(),
         }
     }
 
-    fn slot(&mut self, rec: Record) -> Slot {
-        Slot {
-            // A compact copy: the caller's bytes may be a slice of a large network buffer.
-            value: Bytes::copy_from_slice(&rec.value),
-            ms: rec.version.ms,
+    fn entry(&mut self, key: &[u8], rec: Record) -> Entry {
+        let mut data = Vec::with_capacity(key.len() + rec.value.len());
+        data.extend_from_slice(key);
+        data.extend_from_slice(&rec.value);
+        Entry {
+            data: data.into_boxed_slice(),
+            key_len: key.len() as u32,
             counter: rec.version.counter,
-            node: self.intern(&rec.version.node),
+            ms: rec.version.ms,
             expires_at_ms: rec.expires_at_ms.map(|d| d.max(1)).unwrap_or(0),
+            node: self.intern(&rec.version.node),
             fencing: rec.fencing.map(Box::new),
         }
     }
@@ -104,28 +146,30 @@ impl Inner {
                 if self.max_version.as_ref().is_none_or(|m| rec.version > *m) {
                     self.max_version = Some(rec.version.clone());
                 }
-                let slot = self.slot(rec);
-                if let Some(d) = slot.deadline() {
-                    self.deadlines.insert((d, key.clone()));
+                let entry = self.entry(&key, rec);
+                if let Some(d) = entry.deadline() {
+                    // A compact copy: the caller's key may be a slice of a network buffer.
+                    self.deadlines.insert((d, Bytes::copy_from_slice(&key)));
                 }
-                match self.map.get_mut(&key) {
-                    Some(cur) => Some(std::mem::replace(cur, slot)),
-                    None => {
-                        // A new key: store a compact copy of it too.
-                        self.map.insert(Bytes::copy_from_slice(&key), slot);
-                        None
-                    }
-                }
+                self.set.replace(entry)
             }
-            None => self.map.remove(&key),
+            None => self.set.take(&key[..]),
         };
         if let Some(d) = old.and_then(|o| o.deadline()) {
             // The same (deadline, key) may have just been inserted again for the new record.
-            let still = self.map.get(&key).and_then(Slot::deadline) == Some(d);
+            let still = self.set.get(&key[..]).and_then(Entry::deadline) == Some(d);
             if !still {
                 self.deadlines.remove(&(d, key));
             }
         }
+    }
+
+    fn range_after<'a>(&'a self, after: Option<&'a [u8]>) -> impl Iterator<Item = &'a Entry> + 'a {
+        let lower = match after {
+            Some(a) => Bound::Excluded(a),
+            None => Bound::Unbounded,
+        };
+        self.set.range::<[u8], _>((lower, Bound::Unbounded))
     }
 }
 
@@ -173,15 +217,10 @@ impl MemoryBackend {
     /// Up to `n` records strictly after `after`, in key order (for snapshots, a chunk at a time).
     pub(crate) fn records_after(&self, after: Option<&[u8]>, n: usize) -> Vec<(Bytes, Record)> {
         let inner = self.read();
-        let lower = match after {
-            Some(a) => Bound::Excluded(Bytes::copy_from_slice(a)),
-            None => Bound::Unbounded,
-        };
         inner
-            .map
-            .range((lower, Bound::Unbounded))
+            .range_after(after)
             .take(n)
-            .map(|(k, slot)| (k.clone(), inner.record(slot)))
+            .map(|e| (Bytes::copy_from_slice(e.key()), inner.record(e)))
             .collect()
     }
 
@@ -190,19 +229,18 @@ impl MemoryBackend {
     }
 
     pub(crate) fn key_count(&self) -> u64 {
-        self.read().map.len() as u64
+        self.read().set.len() as u64
     }
 }
 
 /// Checks swaps against the index: every expected version must be the stored one.
 fn check_swaps(inner: &Inner, swaps: &[Swap], max_keys: Option<u64>) -> SwapOutcome {
-    let map = &inner.map;
     let mut added: i64 = 0;
     for s in swaps {
-        let cur = map.get(&s.key);
+        let cur = inner.set.get(&s.key[..]);
         let matches = match (cur, &s.expected) {
             (None, None) => true,
-            (Some(slot), Some(v)) => inner.version_is(slot, v),
+            (Some(e), Some(v)) => inner.version_is(e, v),
             _ => false,
         };
         if !matches {
@@ -211,7 +249,7 @@ fn check_swaps(inner: &Inner, swaps: &[Swap], max_keys: Option<u64>) -> SwapOutc
         added += i64::from(s.new.is_some()) - i64::from(cur.is_some());
     }
     if let Some(max) = max_keys {
-        if added > 0 && map.len() as i64 + added > max as i64 {
+        if added > 0 && inner.set.len() as i64 + added > max as i64 {
             return SwapOutcome::TooManyKeys;
         }
     }
@@ -222,7 +260,7 @@ fn check_swaps(inner: &Inner, swaps: &[Swap], max_keys: Option<u64>) -> SwapOutc
 impl Backend for MemoryBackend {
     async fn get(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {
         let inner = self.read();
-        Ok(inner.map.get(key).map(|slot| inner.record(slot)))
+        Ok(inner.set.get(key).map(|e| inner.record(e)))
     }
 
     async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError> {
@@ -237,23 +275,19 @@ impl Backend for MemoryBackend {
         keep: &(dyn for<'k> Fn(&'k [u8]) -> bool + Sync),
     ) -> Result<KeyPage, StorageError> {
         let inner = self.read();
-        let lower = match after {
-            Some(a) => Bound::Excluded(Bytes::copy_from_slice(a)),
-            None => Bound::Unbounded,
-        };
         let mut page = KeyPage::default();
         let mut seen = 0;
-        let mut last = None;
-        for (k, rec) in inner.map.range((lower, Bound::Unbounded)) {
+        let mut last: Option<&Entry> = None;
+        for e in inner.range_after(after) {
             if seen == examine {
-                page.resume_after = last;
+                page.resume_after = last.map(|l| Bytes::copy_from_slice(l.key()));
                 return Ok(page);
             }
             seen += 1;
-            if !rec.is_expired(now_ms) && keep(k) {
-                page.keys.push(k.clone());
+            if !e.is_expired(now_ms) && keep(e.key()) {
+                page.keys.push(Bytes::copy_from_slice(e.key()));
             }
-            last = Some(k.clone());
+            last = Some(e);
         }
         Ok(page)
     }
@@ -264,7 +298,7 @@ impl Backend for MemoryBackend {
             .deadlines
             .iter()
             .take_while(|(d, _)| *d <= now_ms)
-            .filter_map(|(_, k)| inner.map.get(k).map(|slot| (k.clone(), inner.version(slot))))
+            .filter_map(|(_, k)| inner.set.get(&k[..]).map(|e| (k.clone(), inner.version(e))))
             .take(limit)
             .collect())
     }
@@ -274,7 +308,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn len(&self) -> Result<u64, StorageError> {
-        Ok(self.read().map.len() as u64)
+        Ok(self.read().set.len() as u64)
     }
 
     async fn max_version(&self) -> Result<Option<Hlc>, StorageError> {
