@@ -95,11 +95,9 @@ impl Writer {
             for ack in group.drain(..) {
                 let _ = ack.send(Ok(()));
             }
-            if !shutdown {
-                if let Err(e) = self.maybe_rotate() {
-                    self.failed(&e, &mut group);
-                    return;
-                }
+            if !shutdown && let Err(e) = self.maybe_rotate() {
+                self.failed(&e, &mut group);
+                return;
             }
             if shutdown {
                 return;
