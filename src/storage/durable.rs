@@ -35,7 +35,7 @@ use tokio::sync::{Notify, oneshot};
 
 use super::memory::MemoryBackend;
 use super::{Backend, KeyPage, Record, StorageError, Swap, SwapOutcome};
-use crate::hlc::Hlc;
+use crate::hlc::{Clock, Hlc, SystemClock};
 
 mod format;
 mod recovery;
@@ -297,6 +297,9 @@ impl DurableBackend {
         let index = Arc::new(MemoryBackend::default());
         let started = std::time::Instant::now();
         let recovered = recovery::recover(&dir, &index)?;
+        if let Some(floor) = clock_floor(index.max_version_now(), recovered.wall_ms) {
+            index.observe_version(&floor);
+        }
         tracing::info!(
             dir = %dir.display(),
             keys = index.key_count(),
@@ -390,7 +393,7 @@ impl Backend for DurableBackend {
         }
         self.shared.check()?;
         let mut frame = Vec::new();
-        format::encode_batch(&mut frame, swaps);
+        format::encode_batch(&mut frame, swaps, SystemClock.now_ms());
         if frame.len() > format::MAX_PAYLOAD {
             return Err(StorageError::Backend("a write of more than 1 GiB".into()));
         }
@@ -458,6 +461,25 @@ impl Backend for DurableBackend {
         self.shared.check()?;
         self.index.max_version().await
     }
+}
+
+/// What `max_version` reports after recovery: past every version this store ever issued.
+///
+/// A DEL's version is not stored (a delete leaves no record), but the engine issued it as
+/// `next_after(stored version)`, so its milliseconds were at most the larger of the wall clock
+/// then and the highest stored version's. Every DEL that was acknowledged is in the log (or a
+/// later snapshot) stamped with the wall clock when it was written; one millisecond past the
+/// largest of those and of the highest stored version is above every version issued before the
+/// restart, even when the wall clock has gone back since.
+fn clock_floor(max_version: Option<Hlc>, wall_ms: u64) -> Option<Hlc> {
+    if max_version.is_none() && wall_ms == 0 {
+        return None;
+    }
+    let (ms, node) = match max_version {
+        Some(v) => (v.ms.max(wall_ms), v.node),
+        None => (wall_ms, Arc::from("stategate")),
+    };
+    Some(Hlc::new(ms.saturating_add(1), 0, node))
 }
 
 fn segment_name(seq: u64) -> String {

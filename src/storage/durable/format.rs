@@ -6,9 +6,10 @@
 //! header  = magic[8] seq:u64          (16 bytes; seq is the number in the file name)
 //! frame   = len:u32 crc:u32 payload   (crc32 of payload; len = payload length)
 //! payload = kind:u8 ...
-//!   kind 1 (log: one swap_many call)    count:u32 entry{count}
+//!   kind 1 (log: one swap_many call)    wall_ms:u64 count:u32 entry{count}
 //!   kind 2 (snapshot: a chunk of keys)  count:u32 entry{count}    (puts only)
-//!   kind 3 (snapshot: the end)          keys:u64 has_max:u8 [hlc]
+//!   kind 3 (snapshot: the end)          keys:u64 has_max:u8 [hlc] wall_ms:u64
+//! wall_ms = the wall clock when the record was written (a floor for the clock after a restart)
 //! entry   = key_len:u32 key tag:u8        tag 0 = delete; tag 1 = put, followed by:
 //!           value_len:u32 value hlc(version) has_fencing:u8 [hlc] has_expiry:u8 [deadline_ms:u64]
 //! hlc     = ms:u64 counter:u32 node_len:u32 node(utf-8)
@@ -109,9 +110,10 @@ pub fn looks_like_frame(buf: &[u8]) -> bool {
 }
 
 /// One swap_many call as a log frame: every key's outcome, all or nothing.
-pub fn encode_batch(out: &mut Vec<u8>, swaps: &[Swap]) {
+pub fn encode_batch(out: &mut Vec<u8>, swaps: &[Swap], wall_ms: u64) {
     frame(out, |p| {
         p.push(KIND_BATCH);
+        p.extend_from_slice(&wall_ms.to_le_bytes());
         p.extend_from_slice(&(swaps.len() as u32).to_le_bytes());
         for s in swaps {
             put_entry(p, &s.key, s.new.as_ref());
@@ -130,12 +132,14 @@ pub fn encode_chunk(out: &mut Vec<u8>, records: &[(Bytes, Record)]) {
     });
 }
 
-/// The last frame of a snapshot: how many keys it holds and the highest version ever stored.
-pub fn encode_end(out: &mut Vec<u8>, keys: u64, max_version: Option<&Hlc>) {
+/// The last frame of a snapshot: how many keys it holds, the highest version ever stored, and
+/// the wall clock when it was written.
+pub fn encode_end(out: &mut Vec<u8>, keys: u64, max_version: Option<&Hlc>, wall_ms: u64) {
     frame(out, |p| {
         p.push(KIND_SNAP_END);
         p.extend_from_slice(&keys.to_le_bytes());
         put_opt_hlc(p, max_version);
+        p.extend_from_slice(&wall_ms.to_le_bytes());
     });
 }
 
@@ -184,13 +188,19 @@ fn put_entry(p: &mut Vec<u8>, key: &[u8], rec: Option<&Record>) {
 /// A decoded payload.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Payload {
-    /// A log batch or a snapshot chunk: (key, record or delete) in order.
+    /// A log batch or a snapshot chunk: (key, record or delete) in order; `wall_ms` is 0 in a
+    /// chunk.
     Entries {
         kind: u8,
+        wall_ms: u64,
         entries: Vec<(Bytes, Option<Record>)>,
     },
     /// The end of a snapshot.
-    End { keys: u64, max_version: Option<Hlc> },
+    End {
+        keys: u64,
+        max_version: Option<Hlc>,
+        wall_ms: u64,
+    },
 }
 
 /// Decodes payloads, sharing one `Arc<str>` per node id (a store has few of them).
@@ -205,6 +215,7 @@ impl Decoder {
         let kind = r.u8()?;
         let out = match kind {
             KIND_BATCH | KIND_SNAP_CHUNK => {
+                let wall_ms = if kind == KIND_BATCH { r.u64()? } else { 0 };
                 let count = r.u32()? as usize;
                 // Each entry takes at least 5 bytes: do not trust `count` for the allocation.
                 let mut entries = Vec::with_capacity(count.min(payload.len() / 5));
@@ -220,12 +231,17 @@ impl Decoder {
                     }
                     entries.push((key, rec));
                 }
-                Payload::Entries { kind, entries }
+                Payload::Entries { kind, wall_ms, entries }
             }
             KIND_SNAP_END => {
                 let keys = r.u64()?;
                 let max_version = self.opt_hlc(&mut r)?;
-                Payload::End { keys, max_version }
+                let wall_ms = r.u64()?;
+                Payload::End {
+                    keys,
+                    max_version,
+                    wall_ms,
+                }
             }
             _ => return Err(FormatError::Malformed("payload kind")),
         };

@@ -49,6 +49,8 @@ pub(super) struct Recovered {
     pub seq: u64,
     pub seg_bytes: u64,
     pub snapshot_bytes: u64,
+    /// The latest wall clock recorded in the snapshot or log (0: none).
+    pub wall_ms: u64,
     pub log_records: u64,
     pub segments_replayed: usize,
 }
@@ -84,8 +86,9 @@ pub(super) fn recover(dir: &Path, index: &MemoryBackend) -> Result<Recovered, St
 
     let mut decoder = Decoder::default();
     let base = snapshots.last().copied();
+    let mut wall_ms = 0;
     let snapshot_bytes = match base {
-        Some(seq) => load_snapshot(&dir.join(snapshot_name(seq)), seq, index, &mut decoder)?,
+        Some(seq) => load_snapshot(&dir.join(snapshot_name(seq)), seq, index, &mut decoder, &mut wall_ms)?,
         None => 0,
     };
 
@@ -124,7 +127,7 @@ pub(super) fn recover(dir: &Path, index: &MemoryBackend) -> Result<Recovered, St
     for (i, &s) in segments.iter().enumerate() {
         let last = i + 1 == segments.len();
         let path = dir.join(segment_name(s));
-        replay_segment(&path, s, last, index, &mut decoder, &mut log_records)?;
+        replay_segment(&path, s, last, index, &mut decoder, &mut log_records, &mut wall_ms)?;
     }
 
     let (file, seq) = match segments.last() {
@@ -144,12 +147,19 @@ pub(super) fn recover(dir: &Path, index: &MemoryBackend) -> Result<Recovered, St
         seq,
         seg_bytes,
         snapshot_bytes,
+        wall_ms,
         log_records,
         segments_replayed,
     })
 }
 
-fn load_snapshot(path: &Path, seq: u64, index: &MemoryBackend, decoder: &mut Decoder) -> Result<u64, StorageError> {
+fn load_snapshot(
+    path: &Path,
+    seq: u64,
+    index: &MemoryBackend,
+    decoder: &mut Decoder,
+    wall_ms: &mut u64,
+) -> Result<u64, StorageError> {
     let data = std::fs::read(path).map_err(io_at(path))?;
     if format::parse_header(format::SNAP_MAGIC, &data) != Some(seq) {
         return Err(corrupt(path, 0, "not a snapshot header for this file name"));
@@ -162,6 +172,7 @@ fn load_snapshot(path: &Path, seq: u64, index: &MemoryBackend, decoder: &mut Dec
             Payload::Entries {
                 kind: format::KIND_SNAP_CHUNK,
                 entries,
+                ..
             } => {
                 keys += entries.len() as u64;
                 for (k, rec) in entries {
@@ -171,7 +182,9 @@ fn load_snapshot(path: &Path, seq: u64, index: &MemoryBackend, decoder: &mut Dec
             Payload::End {
                 keys: expected,
                 max_version,
+                wall_ms: written_at,
             } => {
+                *wall_ms = (*wall_ms).max(written_at);
                 if expected != keys {
                     return Err(corrupt(
                         path,
@@ -201,6 +214,7 @@ fn replay_segment(
     index: &MemoryBackend,
     decoder: &mut Decoder,
     records: &mut u64,
+    wall_ms: &mut u64,
 ) -> Result<(), StorageError> {
     let data = std::fs::read(path).map_err(io_at(path))?;
     if data.len() < format::HEADER_LEN {
@@ -223,8 +237,10 @@ fn replay_segment(
                 match decoder.decode(payload) {
                     Ok(Payload::Entries {
                         kind: format::KIND_BATCH,
+                        wall_ms: written_at,
                         entries,
                     }) => {
+                        *wall_ms = (*wall_ms).max(written_at);
                         for (k, rec) in entries {
                             index.load(k, rec);
                         }

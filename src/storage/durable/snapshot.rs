@@ -58,7 +58,8 @@ fn write_tmp(tmp: &Path, seq: u64, index: &MemoryBackend, shared: &Shared) -> Re
     // Every write the chunks above reflect was queued before this point.
     let reflected = shared.last_queued();
     buf.clear();
-    format::encode_end(&mut buf, keys, index.max_version_now().as_ref());
+    let wall_ms = crate::hlc::Clock::now_ms(&crate::hlc::SystemClock);
+    format::encode_end(&mut buf, keys, index.max_version_now().as_ref(), wall_ms);
     out.write_all(&buf)?;
     let file = out.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()?;
