@@ -399,6 +399,9 @@ async fn mqtt(o: &Opts) {
         },
     };
     config.mqtt.client_id = "stategate-bench".into();
+    if std::env::var_os("BENCH_CLEAN_SESSION").is_some() {
+        config.mqtt.session_expiry = Duration::ZERO;
+    }
     let running = stategate::start(config, Store::memory())
         .await
         .expect("stategate starts");

@@ -48,41 +48,76 @@ fn set(key: Bytes, condition: SetCondition) -> Command {
     })
 }
 
+/// Runs `iters` operations inside one `block_on`, so the runtime's entry cost is not counted
+/// per operation; keys are prepared beforehand.
+fn timed<F, Fut>(rt: &tokio::runtime::Runtime, iters: u64, mut op: F) -> std::time::Duration
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    rt.block_on(async {
+        let start = std::time::Instant::now();
+        for i in 0..iters {
+            op(i).await;
+        }
+        start.elapsed()
+    })
+}
+
 fn bench(c: &mut Criterion) {
     let rt = rt();
     let e = engine(&rt);
+    let keys: Vec<Bytes> = (0..KEYS).map(key).collect();
+    let pick = |i: u64| keys[(i as usize * 7919) % KEYS].clone();
     let mut g = c.benchmark_group("engine");
     g.throughput(Throughput::Elements(1));
 
-    let mut i = 0usize;
     g.bench_function("GET", |b| {
-        b.iter(|| {
-            i = (i + 7919) % KEYS;
-            rt.block_on(e.execute(Command::Get(Get { key: key(i) }))).expect("get")
+        b.iter_custom(|n| {
+            timed(&rt, n, |i| {
+                let cmd = Command::Get(Get { key: pick(i) });
+                let e = &e;
+                async move {
+                    black_box(e.execute(cmd).await.expect("get"));
+                }
+            })
         })
     });
     g.bench_function("SET", |b| {
-        b.iter(|| {
-            i = (i + 7919) % KEYS;
-            rt.block_on(e.execute(set(key(i), SetCondition::Always))).expect("set")
+        b.iter_custom(|n| {
+            timed(&rt, n, |i| {
+                let cmd = set(pick(i), SetCondition::Always);
+                let e = &e;
+                async move {
+                    black_box(e.execute(cmd).await.expect("set"));
+                }
+            })
         })
     });
     g.bench_function("SET NX (exists)", |b| {
-        b.iter(|| {
-            i = (i + 7919) % KEYS;
-            rt.block_on(e.execute(set(key(i), SetCondition::IfAbsent)))
-                .expect("set nx")
+        b.iter_custom(|n| {
+            timed(&rt, n, |i| {
+                let cmd = set(pick(i), SetCondition::IfAbsent);
+                let e = &e;
+                async move {
+                    black_box(e.execute(cmd).await.expect("set nx"));
+                }
+            })
         })
     });
     g.bench_function("VDEL (value differs)", |b| {
-        b.iter(|| {
-            i = (i + 7919) % KEYS;
-            let cmd = Command::VDel(VDel {
-                key: key(i),
-                value: Bytes::from_static(b"other"),
-                fencing: None,
-            });
-            rt.block_on(e.execute(cmd)).expect("vdel")
+        b.iter_custom(|n| {
+            timed(&rt, n, |i| {
+                let cmd = Command::VDel(VDel {
+                    key: pick(i),
+                    value: Bytes::from_static(b"other"),
+                    fencing: None,
+                });
+                let e = &e;
+                async move {
+                    black_box(e.execute(cmd).await.expect("vdel"));
+                }
+            })
         })
     });
     g.finish();

@@ -109,6 +109,13 @@ pub struct ServeArgs {
     /// half the last snapshot, if more). For tests: small values make compaction constant.
     #[arg(long, env = "STATEGATE_SEGMENT_BYTES", default_value_t = 64 * 1024 * 1024, hide = true)]
     pub segment_bytes: u64,
+    /// Seconds the broker keeps the service's MQTT session (and queues requests for it) while
+    /// it is disconnected; 0 = a clean session on every connect.
+    #[arg(long, env = "STATEGATE_MQTT_SESSION_EXPIRY_SECS", default_value_t = 3600)]
+    pub mqtt_session_expiry_secs: u64,
+    /// Most MQTT requests executing at once; past that a request is answered `__stat=503`.
+    #[arg(long, env = "STATEGATE_MQTT_MAX_INFLIGHT", default_value_t = 8192)]
+    pub mqtt_max_inflight: usize,
     /// Where the gRPC door (statestore.v1, Dapr runtime state RPCs, health, reflection)
     /// listens; `off` disables it. Beyond loopback it is open to the network (set --api-token).
     #[arg(long, env = "STATEGATE_GRPC_LISTEN", default_value = "127.0.0.1:50001")]
@@ -197,6 +204,8 @@ impl Config {
             client_id: a.mqtt_client_id,
             share_group: a.mqtt_share_group,
             max_packet_bytes: a.mqtt_max_packet_bytes,
+            session_expiry: Duration::from_secs(a.mqtt_session_expiry_secs),
+            max_inflight: a.mqtt_max_inflight.max(1),
             ..MqttSettings::default()
         };
         let limits = Limits {

@@ -84,8 +84,11 @@ impl MqttSettings {
     fn options(&self) -> MqttOptions {
         let mut o = MqttOptions::new(self.client_id.clone(), self.host.clone(), self.port);
         o.set_keep_alive(self.keep_alive);
-        o.set_clean_start(false);
-        o.set_session_expiry_interval(Some(self.session_expiry.as_secs().min(u64::from(u32::MAX)) as u32));
+        // A persistent session keeps requests queued at the broker while the service reconnects;
+        // zero asks for a clean session.
+        let expiry = self.session_expiry.as_secs().min(u64::from(u32::MAX)) as u32;
+        o.set_clean_start(expiry == 0);
+        o.set_session_expiry_interval((expiry > 0).then_some(expiry));
         o.set_manual_acks(false);
         o.set_max_packet_size(Some(self.max_packet_bytes));
         o.set_receive_maximum(Some(self.receive_maximum.max(1)));

@@ -2,9 +2,11 @@
 //! The durable backend uses it as its in-memory index.
 //!
 //! Memory per key is a target (at most 1.5x Redis for small keys), so an entry is one
-//! allocation holding the key followed by the value, plus a 56-byte header in the tree: node
-//! ids are interned, the rare fencing token is boxed and "no deadline" is 0. Reads copy the
-//! value out (one small copy; the doors copy it into their wire format anyway).
+//! allocation holding the value (and the key, when it is longer than 16 bytes), plus a 72-byte
+//! header in the tree: node ids are interned, the rare fencing token is boxed, "no deadline" is
+//! 0. Keys of up to 16 bytes live inside the header, so a lookup compares keys without leaving
+//! the tree's nodes (a pointer chase per comparison made GET cost ~1.8 us at 100k keys). Reads
+//! copy the value out (one small copy; the doors copy it into their wire format anyway).
 
 use std::borrow::Borrow;
 use std::cmp::Ordering;
@@ -23,10 +25,15 @@ pub struct MemoryBackend {
     inner: RwLock<Inner>,
 }
 
+/// Keys up to this long are kept inside the entry.
+const INLINE_KEY: usize = 16;
+
 /// One key as the index keeps it, ordered by its key bytes.
 #[derive(Debug)]
 struct Entry {
-    /// The key bytes followed by the value bytes.
+    /// The key, when it is at most [`INLINE_KEY`] bytes.
+    inline: [u8; INLINE_KEY],
+    /// The value, preceded by the key when the key is longer than [`INLINE_KEY`].
     data: Box<[u8]>,
     key_len: u32,
     counter: u32,
@@ -40,10 +47,20 @@ struct Entry {
 
 impl Entry {
     fn key(&self) -> &[u8] {
-        &self.data[..self.key_len as usize]
+        let len = self.key_len as usize;
+        if len <= INLINE_KEY {
+            &self.inline[..len]
+        } else {
+            &self.data[..len]
+        }
     }
     fn value(&self) -> &[u8] {
-        &self.data[self.key_len as usize..]
+        let len = self.key_len as usize;
+        if len <= INLINE_KEY {
+            &self.data
+        } else {
+            &self.data[len..]
+        }
     }
     fn is_expired(&self, now_ms: u64) -> bool {
         self.expires_at_ms != 0 && self.expires_at_ms <= now_ms
@@ -126,11 +143,19 @@ impl Inner {
     }
 
     fn entry(&mut self, key: &[u8], rec: Record) -> Entry {
-        let mut data = Vec::with_capacity(key.len() + rec.value.len());
-        data.extend_from_slice(key);
-        data.extend_from_slice(&rec.value);
+        let mut inline = [0u8; INLINE_KEY];
+        let data = if key.len() <= INLINE_KEY {
+            inline[..key.len()].copy_from_slice(key);
+            Box::<[u8]>::from(&rec.value[..])
+        } else {
+            let mut data = Vec::with_capacity(key.len() + rec.value.len());
+            data.extend_from_slice(key);
+            data.extend_from_slice(&rec.value);
+            data.into_boxed_slice()
+        };
         Entry {
-            data: data.into_boxed_slice(),
+            inline,
+            data,
             key_len: key.len() as u32,
             counter: rec.version.counter,
             ms: rec.version.ms,
