@@ -660,7 +660,7 @@ async fn grpc(o: &Opts) {
         tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .add_service(rpb::dapr_server::DaprServer::new(Bare))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)))
             .await
     });
     let connect = |url: String| async move {

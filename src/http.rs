@@ -225,6 +225,10 @@ pub async fn serve(
         &tower_http::normalize_path::NormalizePathLayer::trim_trailing_slash(),
         router,
     );
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        // Small responses must not wait for Nagle's algorithm.
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, axum::ServiceExt::<Request>::into_make_service(app))
         .with_graceful_shutdown(shutdown)
         .await
