@@ -194,6 +194,57 @@ impl Concurrency {
     }
 }
 
+/// The `StateConcurrency` enum of Dapr's protos (runtime and component copies share the
+/// numbers) as the option string the Dapr layer takes.
+pub fn concurrency_from_proto(v: i32) -> Result<Option<String>, DaprError> {
+    match v {
+        0 => Ok(None),
+        1 => Ok(Some("first-write".into())),
+        2 => Ok(Some("last-write".into())),
+        other => Err(DaprError::Malformed(format!("unknown concurrency {other}"))),
+    }
+}
+
+/// The `StateConsistency` enum of Dapr's protos as the option string the Dapr layer takes.
+pub fn consistency_from_proto(v: i32) -> Result<Option<String>, DaprError> {
+    match v {
+        0 => Ok(None),
+        1 => Ok(Some("eventual".into())),
+        2 => Ok(Some("strong".into())),
+        other => Err(DaprError::Malformed(format!("unknown consistency {other}"))),
+    }
+}
+
+/// Response metadata of a read: `ttlExpireTime` when the key has a deadline.
+pub fn ttl_metadata(expires_at_ms: Option<u64>) -> HashMap<String, String> {
+    expires_at_ms
+        .map(|ms| HashMap::from([("ttlExpireTime".to_owned(), rfc3339(ms))]))
+        .unwrap_or_default()
+}
+
+/// Saves every item (each its own atomic write; good items land even when another fails) and
+/// returns the first failure.
+pub async fn save_each(engine: &Engine, store: &StoreSpec, items: &[SaveItem]) -> Result<(), DaprError> {
+    let mut first = None;
+    for item in items {
+        if let Err(e) = save(engine, store, item).await {
+            first.get_or_insert(e);
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+/// Deletes every item, like [`save_each`].
+pub async fn delete_each(engine: &Engine, store: &StoreSpec, items: &[DeleteItem]) -> Result<(), DaprError> {
+    let mut first = None;
+    for item in items {
+        if let Err(e) = delete(engine, store, item).await {
+            first.get_or_insert(e);
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
 /// Checks a `consistency` option (both values behave the same here: writes are linearizable).
 pub fn check_consistency(s: Option<&str>) -> Result<(), DaprError> {
     match s.unwrap_or("") {

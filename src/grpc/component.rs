@@ -23,29 +23,12 @@ fn err(e: DaprError) -> Status {
     from_dapr(Surface::Component, e)
 }
 
-fn concurrency(v: i32) -> Result<Option<String>, DaprError> {
-    use pb::state_options::StateConcurrency as C;
-    match C::try_from(v) {
-        Ok(C::ConcurrencyUnspecified) => Ok(None),
-        Ok(C::ConcurrencyFirstWrite) => Ok(Some("first-write".into())),
-        Ok(C::ConcurrencyLastWrite) => Ok(Some("last-write".into())),
-        Err(_) => Err(DaprError::Malformed(format!("unknown concurrency {v}"))),
-    }
-}
-
-fn consistency(v: i32) -> Result<Option<String>, DaprError> {
-    use pb::state_options::StateConsistency as C;
-    match C::try_from(v) {
-        Ok(C::ConsistencyUnspecified) => Ok(None),
-        Ok(C::ConsistencyEventual) => Ok(Some("eventual".into())),
-        Ok(C::ConsistencyStrong) => Ok(Some("strong".into())),
-        Err(_) => Err(DaprError::Malformed(format!("unknown consistency {v}"))),
-    }
-}
-
 fn options(o: &Option<pb::StateOptions>) -> Result<(Option<String>, Option<String>), DaprError> {
     match o {
-        Some(o) => Ok((concurrency(o.concurrency)?, consistency(o.consistency)?)),
+        Some(o) => Ok((
+            dapr::concurrency_from_proto(o.concurrency)?,
+            dapr::consistency_from_proto(o.consistency)?,
+        )),
         None => Ok((None, None)),
     }
 }
@@ -85,12 +68,6 @@ fn content_type(value: &[u8]) -> String {
     }
 }
 
-fn ttl_metadata(expires_at_ms: Option<u64>) -> HashMap<String, String> {
-    expires_at_ms
-        .map(|ms| HashMap::from([("ttlExpireTime".to_owned(), dapr::rfc3339(ms))]))
-        .unwrap_or_default()
-}
-
 impl Component {
     async fn get_one(&self, key: String) -> Result<pb::GetResponse, Status> {
         Ok(match dapr::get(&self.engine, &self.store, &key).await.map_err(err)? {
@@ -101,7 +78,7 @@ impl Component {
                 etag: Some(pb::Etag {
                     value: e.version.to_string(),
                 }),
-                metadata: ttl_metadata(e.expires_at_ms),
+                metadata: dapr::ttl_metadata(e.expires_at_ms),
             },
         })
     }
@@ -129,7 +106,7 @@ impl pb::state_store_server::StateStore for Component {
 
     async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::GetResponse>, Status> {
         let r = req.into_inner();
-        consistency(r.consistency).map_err(err)?;
+        dapr::consistency_from_proto(r.consistency).map_err(err)?;
         Ok(Response::new(self.get_one(r.key).await?))
     }
 
@@ -154,16 +131,10 @@ impl pb::state_store_server::StateStore for Component {
             .map(delete_item)
             .collect::<Result<Vec<_>, _>>()
             .map_err(err)?;
-        let mut first = None;
-        for item in &items {
-            if let Err(e) = dapr::delete(&self.engine, &self.store, item).await {
-                first.get_or_insert(err(e));
-            }
-        }
-        match first {
-            Some(s) => Err(s),
-            None => Ok(Response::new(pb::BulkDeleteResponse {})),
-        }
+        dapr::delete_each(&self.engine, &self.store, &items)
+            .await
+            .map_err(err)?;
+        Ok(Response::new(pb::BulkDeleteResponse {}))
     }
 
     async fn bulk_get(&self, req: Request<pb::BulkGetRequest>) -> Result<Response<pb::BulkGetResponse>, Status> {
@@ -197,16 +168,8 @@ impl pb::state_store_server::StateStore for Component {
             .map(save_item)
             .collect::<Result<Vec<_>, _>>()
             .map_err(err)?;
-        let mut first = None;
-        for item in &items {
-            if let Err(e) = dapr::save(&self.engine, &self.store, item).await {
-                first.get_or_insert(err(e));
-            }
-        }
-        match first {
-            Some(s) => Err(s),
-            None => Ok(Response::new(pb::BulkSetResponse {})),
-        }
+        dapr::save_each(&self.engine, &self.store, &items).await.map_err(err)?;
+        Ok(Response::new(pb::BulkSetResponse {}))
     }
 }
 

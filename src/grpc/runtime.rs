@@ -25,27 +25,6 @@ fn err(e: DaprError) -> Status {
     from_dapr(RUNTIME, e)
 }
 
-/// The concurrency enum as the Dapr layer's option string.
-pub(crate) fn concurrency(v: i32) -> Result<Option<String>, DaprError> {
-    use common::state_options::StateConcurrency as C;
-    match C::try_from(v) {
-        Ok(C::ConcurrencyUnspecified) => Ok(None),
-        Ok(C::ConcurrencyFirstWrite) => Ok(Some("first-write".into())),
-        Ok(C::ConcurrencyLastWrite) => Ok(Some("last-write".into())),
-        Err(_) => Err(DaprError::Malformed(format!("unknown concurrency {v}"))),
-    }
-}
-
-pub(crate) fn consistency(v: i32) -> Result<Option<String>, DaprError> {
-    use common::state_options::StateConsistency as C;
-    match C::try_from(v) {
-        Ok(C::ConsistencyUnspecified) => Ok(None),
-        Ok(C::ConsistencyEventual) => Ok(Some("eventual".into())),
-        Ok(C::ConsistencyStrong) => Ok(Some("strong".into())),
-        Err(_) => Err(DaprError::Malformed(format!("unknown consistency {v}"))),
-    }
-}
-
 /// gRPC values are stored verbatim, unless metadata `contentType` is JSON: then compacted.
 pub(crate) fn stored_value(value: Vec<u8>, metadata: &HashMap<String, String>) -> Result<Bytes, DaprError> {
     let json = metadata
@@ -63,7 +42,10 @@ pub(crate) fn stored_value(value: Vec<u8>, metadata: &HashMap<String, String>) -
 
 fn save_item(item: common::StateItem) -> Result<SaveItem, DaprError> {
     let (conc, cons) = match &item.options {
-        Some(o) => (concurrency(o.concurrency)?, consistency(o.consistency)?),
+        Some(o) => (
+            dapr::concurrency_from_proto(o.concurrency)?,
+            dapr::consistency_from_proto(o.consistency)?,
+        ),
         None => (None, None),
     };
     Ok(SaveItem {
@@ -78,7 +60,10 @@ fn save_item(item: common::StateItem) -> Result<SaveItem, DaprError> {
 
 fn delete_item(item: common::StateItem) -> Result<DeleteItem, DaprError> {
     let (conc, cons) = match &item.options {
-        Some(o) => (concurrency(o.concurrency)?, consistency(o.consistency)?),
+        Some(o) => (
+            dapr::concurrency_from_proto(o.concurrency)?,
+            dapr::consistency_from_proto(o.consistency)?,
+        ),
         None => (None, None),
     };
     Ok(DeleteItem {
@@ -88,12 +73,6 @@ fn delete_item(item: common::StateItem) -> Result<DeleteItem, DaprError> {
         concurrency: conc,
         consistency: cons,
     })
-}
-
-fn ttl_metadata(expires_at_ms: Option<u64>) -> HashMap<String, String> {
-    expires_at_ms
-        .map(|ms| HashMap::from([("ttlExpireTime".to_owned(), dapr::rfc3339(ms))]))
-        .unwrap_or_default()
 }
 
 impl Runtime {
@@ -107,14 +86,14 @@ impl pb::dapr_server::Dapr for Runtime {
     async fn get_state(&self, req: Request<pb::GetStateRequest>) -> Result<Response<pb::GetStateResponse>, Status> {
         let r = req.into_inner();
         let store = self.store(&r.store_name)?;
-        consistency(r.consistency).map_err(err)?;
+        dapr::consistency_from_proto(r.consistency).map_err(err)?;
         let entry = dapr::get(&self.engine, store, &r.key).await.map_err(err)?;
         Ok(Response::new(match entry {
             None => pb::GetStateResponse::default(),
             Some(e) => pb::GetStateResponse {
                 data: e.value.to_vec(),
                 etag: e.version.to_string(),
-                metadata: ttl_metadata(e.expires_at_ms),
+                metadata: dapr::ttl_metadata(e.expires_at_ms),
             },
         }))
     }
@@ -139,7 +118,7 @@ impl pb::dapr_server::Dapr for Runtime {
                     data: e.value.to_vec(),
                     etag: e.version.to_string(),
                     error: String::new(),
-                    metadata: ttl_metadata(e.expires_at_ms),
+                    metadata: dapr::ttl_metadata(e.expires_at_ms),
                 },
                 Ok(None) => pb::BulkStateItem {
                     key,
@@ -165,16 +144,8 @@ impl pb::dapr_server::Dapr for Runtime {
             .map(save_item)
             .collect::<Result<Vec<_>, _>>()
             .map_err(err)?;
-        let mut first = None;
-        for item in &items {
-            if let Err(e) = dapr::save(&self.engine, store, item).await {
-                first.get_or_insert(err(e));
-            }
-        }
-        match first {
-            Some(s) => Err(s),
-            None => Ok(Response::new(())),
-        }
+        dapr::save_each(&self.engine, store, &items).await.map_err(err)?;
+        Ok(Response::new(()))
     }
 
     async fn query_state_alpha1(
@@ -227,16 +198,8 @@ impl pb::dapr_server::Dapr for Runtime {
             .map(delete_item)
             .collect::<Result<Vec<_>, _>>()
             .map_err(err)?;
-        let mut first = None;
-        for item in &items {
-            if let Err(e) = dapr::delete(&self.engine, store, item).await {
-                first.get_or_insert(err(e));
-            }
-        }
-        match first {
-            Some(s) => Err(s),
-            None => Ok(Response::new(())),
-        }
+        dapr::delete_each(&self.engine, store, &items).await.map_err(err)?;
+        Ok(Response::new(()))
     }
 
     async fn execute_state_transaction(

@@ -79,16 +79,10 @@ pub async fn save_state(
         .into_iter()
         .map(|i| save_item(i, &query_meta))
         .collect::<Result<Vec<_>, _>>()?;
-    let mut first_error = None;
-    for item in &items {
-        if let Err(e) = dapr::save(&st.engine, store, item).await {
-            first_error.get_or_insert(ApiError::from_dapr(Op::Save, e));
-        }
-    }
-    match first_error {
-        Some(e) => Err(e),
-        None => Ok(StatusCode::NO_CONTENT),
-    }
+    dapr::save_each(&st.engine, store, &items)
+        .await
+        .map_err(|e| ApiError::from_dapr(Op::Save, e))?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Get state: the stored bytes unchanged, the version as `ETag`; 204 when missing.
