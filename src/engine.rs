@@ -5,7 +5,7 @@
 //! key come out in the order the changes were applied; storage is reached only through the
 //! conditional swap of [`crate::storage::Backend`].
 
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -246,9 +246,7 @@ impl Engine {
     }
 
     fn stripe(&self, key: &[u8]) -> usize {
-        let mut h = self.0.hasher.build_hasher();
-        key.hash(&mut h);
-        (h.finish() as usize) % STRIPES
+        (self.0.hasher.hash_one(key) as usize) % STRIPES
     }
 
     async fn lock(&self, key: &[u8]) -> MutexGuard<'_, ()> {
@@ -542,9 +540,7 @@ impl Engine {
                             responses.push(Response::new(Reply::Int(0), None));
                             continue;
                         };
-                        if let Err(e) = Self::check_fencing(r.fencing.as_ref(), d.fencing.as_ref()) {
-                            return Err(e);
-                        }
+                        Self::check_fencing(r.fencing.as_ref(), d.fencing.as_ref())?;
                         if d.if_version.as_ref().is_some_and(|v| *v != r.version) {
                             return Err(EngineError::VersionMismatch);
                         }
@@ -678,10 +674,11 @@ impl Engine {
             let batch = due.len();
             for (key, _) in due {
                 let _guard = self.lock(&key).await;
-                if let Some(r) = self.0.store.backend().get(&key).await? {
-                    if r.is_expired(now) && self.remove(&key, &r, ChangeKind::Expire).await?.is_some() {
-                        removed += 1;
-                    }
+                if let Some(r) = self.0.store.backend().get(&key).await?
+                    && r.is_expired(now)
+                    && self.remove(&key, &r, ChangeKind::Expire).await?.is_some()
+                {
+                    removed += 1;
                 }
             }
             if batch < 256 {

@@ -75,6 +75,7 @@ pub enum StorageError {
 
 /// The contract every backend implements. All methods are atomic per call.
 #[async_trait]
+#[allow(clippy::len_without_is_empty)] // `len` is the key count for quotas, not a collection API
 pub trait Backend: Send + Sync + 'static {
     /// The stored record, expired or not (the engine decides what expiry means).
     async fn get(&self, key: &[u8]) -> Result<Option<Record>, StorageError>;

@@ -228,7 +228,8 @@ fn parse_px(raw: &[u8]) -> Result<u64, EngineError> {
         return Err(EngineError::Syntax);
     }
     let ms: f64 = s.parse().map_err(|_| EngineError::Syntax)?;
-    if !(ms > 0.0) || ms > 1e15 {
+    // NaN is neither positive nor finite: refused too.
+    if ms.is_nan() || ms <= 0.0 || ms > 1e15 {
         return Err(EngineError::Syntax);
     }
     Ok(ms.ceil() as u64)

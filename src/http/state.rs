@@ -123,10 +123,10 @@ pub async fn get_state(
     if let Ok(v) = HeaderValue::from_str(&entry.version.to_string()) {
         headers.insert(header::ETAG, v);
     }
-    if let Some(ms) = entry.expires_at_ms {
-        if let Ok(v) = HeaderValue::from_str(&dapr::rfc3339(ms)) {
-            headers.insert("metadata.ttlExpireTime", v);
-        }
+    if let Some(ms) = entry.expires_at_ms
+        && let Ok(v) = HeaderValue::from_str(&dapr::rfc3339(ms))
+    {
+        headers.insert("metadata.ttlExpireTime", v);
     }
     Ok((StatusCode::OK, headers, entry.value).into_response())
 }

@@ -273,10 +273,11 @@ fn check_swaps(inner: &Inner, swaps: &[Swap], max_keys: Option<u64>) -> SwapOutc
         }
         added += i64::from(s.new.is_some()) - i64::from(cur.is_some());
     }
-    if let Some(max) = max_keys {
-        if added > 0 && inner.set.len() as i64 + added > max as i64 {
-            return SwapOutcome::TooManyKeys;
-        }
+    if let Some(max) = max_keys
+        && added > 0
+        && inner.set.len() as i64 + added > max as i64
+    {
+        return SwapOutcome::TooManyKeys;
     }
     SwapOutcome::Done
 }
@@ -301,14 +302,12 @@ impl Backend for MemoryBackend {
     ) -> Result<KeyPage, StorageError> {
         let inner = self.read();
         let mut page = KeyPage::default();
-        let mut seen = 0;
         let mut last: Option<&Entry> = None;
-        for e in inner.range_after(after) {
+        for (seen, e) in inner.range_after(after).enumerate() {
             if seen == examine {
                 page.resume_after = last.map(|l| Bytes::copy_from_slice(l.key()));
                 return Ok(page);
             }
-            seen += 1;
             if !e.is_expired(now_ms) && keep(e.key()) {
                 page.keys.push(Bytes::copy_from_slice(e.key()));
             }
