@@ -346,7 +346,8 @@ impl Engine {
         }
     }
 
-    async fn set_once(&self, c: &Set) -> Result<Response, EngineError> {
+    /// The checks of a SET that need no stored state: key, sizes, clock skew.
+    fn check_set(&self, c: &Set) -> Result<(), EngineError> {
         let l = &self.0.limits;
         if c.key.is_empty() {
             return Err(EngineError::EmptyKey);
@@ -355,49 +356,65 @@ impl Engine {
             return Err(EngineError::TooLarge);
         }
         self.check_skew(c.timestamp.as_ref(), || EngineError::TimestampSkew)?;
-        self.check_skew(c.fencing.as_ref(), || EngineError::FencingTokenSkew)?;
+        self.check_skew(c.fencing.as_ref(), || EngineError::FencingTokenSkew)
+    }
+
+    /// The SET rule over the key's live record: the fencing check, then the condition (an ETag
+    /// that does not match is an error; NX/NEX not met is `Ok(None)`), then the new record with
+    /// a version past the request's timestamp and the stored version, and the higher token.
+    fn set_record(&self, c: &Set, cur: Option<&Record>) -> Result<Option<Record>, EngineError> {
+        Self::check_fencing(cur.and_then(|r| r.fencing.as_ref()), c.fencing.as_ref())?;
+        let applies = match (&c.condition, cur) {
+            (SetCondition::IfVersion(v), Some(r)) if *v == r.version => true,
+            (SetCondition::IfVersion(_), _) => return Err(EngineError::VersionMismatch),
+            (_, None) | (SetCondition::Always, Some(_)) => true,
+            (SetCondition::IfAbsent, Some(_)) => false,
+            (SetCondition::IfAbsentOrEqual, Some(r)) => r.value == c.value,
+        };
+        if !applies {
+            return Ok(None);
+        }
+        let floors: Vec<&Hlc> = c.timestamp.iter().chain(cur.map(|r| &r.version)).collect();
+        let fencing = match (cur.and_then(|r| r.fencing.clone()), c.fencing.clone()) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        Ok(Some(Record {
+            value: c.value.clone(),
+            version: self.0.hlc.next_after(&floors),
+            fencing,
+            expires_at_ms: c.ttl_ms.map(|t| self.0.hlc.wall_ms().saturating_add(t)),
+        }))
+    }
+
+    /// The DEL rule over a live record: the fencing check, then the ETag.
+    fn check_delete(cur: &Record, fencing: Option<&Hlc>, if_version: Option<&Hlc>) -> Result<(), EngineError> {
+        Self::check_fencing(cur.fencing.as_ref(), fencing)?;
+        if if_version.is_some_and(|v| *v != cur.version) {
+            return Err(EngineError::VersionMismatch);
+        }
+        Ok(())
+    }
+
+    async fn set_once(&self, c: &Set) -> Result<Response, EngineError> {
+        self.check_set(c)?;
         let _guard = self.lock(&c.key).await;
         for _ in 0..MAX_SWAP_ATTEMPTS {
             let cur = self.load_live(&c.key).await?;
-            Self::check_fencing(cur.as_ref().and_then(|r| r.fencing.as_ref()), c.fencing.as_ref())?;
-            let applies = match (&c.condition, &cur) {
-                (SetCondition::IfVersion(v), Some(r)) if *v == r.version => true,
-                (SetCondition::IfVersion(_), _) => return Err(EngineError::VersionMismatch),
-                (_, None) | (SetCondition::Always, Some(_)) => true,
-                (SetCondition::IfAbsent, Some(_)) => false,
-                (SetCondition::IfAbsentOrEqual, Some(r)) => r.value == c.value,
-            };
-            if !applies {
+            let Some(new) = self.set_record(c, cur.as_ref())? else {
                 return Ok(Response::new(Reply::NotApplied, cur.map(|r| r.version)));
-            }
-            let mut floors: Vec<&Hlc> = Vec::with_capacity(2);
-            if let Some(ts) = &c.timestamp {
-                floors.push(ts);
-            }
-            if let Some(r) = &cur {
-                floors.push(&r.version);
-            }
-            let version = self.0.hlc.next_after(&floors);
-            let fencing = match (cur.as_ref().and_then(|r| r.fencing.clone()), c.fencing.clone()) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
             };
-            let expires_at_ms = c.ttl_ms.map(|t| self.0.hlc.wall_ms().saturating_add(t));
+            let (version, expires_at_ms) = (new.version.clone(), new.expires_at_ms);
             let swap = Swap {
                 key: c.key.clone(),
                 expected: cur.map(|r| r.version),
-                new: Some(Record {
-                    value: c.value.clone(),
-                    version: version.clone(),
-                    fencing,
-                    expires_at_ms,
-                }),
+                new: Some(new),
             };
             match self
                 .0
                 .store
                 .backend()
-                .swap_many(std::slice::from_ref(&swap), l.max_keys)
+                .swap_many(std::slice::from_ref(&swap), self.0.limits.max_keys)
                 .await?
             {
                 SwapOutcome::Done => {
@@ -460,17 +477,9 @@ impl Engine {
     pub async fn transact(&self, ops: Vec<TxOp>) -> Result<Vec<Response>, EngineError> {
         let l = &self.0.limits;
         for op in &ops {
-            if op.key().is_empty() {
-                return Err(EngineError::EmptyKey);
-            }
             match op {
-                TxOp::Set(s) => {
-                    if s.key.len() > l.max_key_bytes || s.value.len() > l.max_value_bytes {
-                        return Err(EngineError::TooLarge);
-                    }
-                    self.check_skew(s.timestamp.as_ref(), || EngineError::TimestampSkew)?;
-                    self.check_skew(s.fencing.as_ref(), || EngineError::FencingTokenSkew)?;
-                }
+                TxOp::Set(s) => self.check_set(s)?,
+                TxOp::Del(d) if d.key.is_empty() => return Err(EngineError::EmptyKey),
                 TxOp::Del(d) => self.check_skew(d.fencing.as_ref(), || EngineError::FencingTokenSkew)?,
             }
         }
@@ -491,7 +500,6 @@ impl Engine {
                     view.insert(op.key().clone(), (cur.as_ref().map(|r| r.version.clone()), cur));
                 }
             }
-            let now = self.0.hlc.wall_ms();
             let mut changes = Vec::with_capacity(ops.len());
             let mut responses = Vec::with_capacity(ops.len());
             for op in &ops {
@@ -500,35 +508,10 @@ impl Engine {
                 };
                 match op {
                     TxOp::Set(s) => {
-                        Self::check_fencing(cur.as_ref().and_then(|r| r.fencing.as_ref()), s.fencing.as_ref())?;
-                        let ok = match (&s.condition, &*cur) {
-                            (SetCondition::IfVersion(v), Some(r)) => *v == r.version,
-                            (SetCondition::IfVersion(_), None) => false,
-                            (_, None) | (SetCondition::Always, Some(_)) => true,
-                            (SetCondition::IfAbsent, Some(_)) => false,
-                            (SetCondition::IfAbsentOrEqual, Some(r)) => r.value == s.value,
-                        };
-                        if !ok {
-                            return Err(EngineError::VersionMismatch);
-                        }
-                        let mut floors: Vec<&Hlc> = Vec::with_capacity(2);
-                        if let Some(ts) = &s.timestamp {
-                            floors.push(ts);
-                        }
-                        if let Some(r) = &*cur {
-                            floors.push(&r.version);
-                        }
-                        let version = self.0.hlc.next_after(&floors);
-                        let fencing = match (cur.as_ref().and_then(|r| r.fencing.clone()), s.fencing.clone()) {
-                            (Some(a), Some(b)) => Some(a.max(b)),
-                            (a, b) => a.or(b),
-                        };
-                        *cur = Some(Record {
-                            value: s.value.clone(),
-                            version: version.clone(),
-                            fencing,
-                            expires_at_ms: s.ttl_ms.map(|t| now.saturating_add(t)),
-                        });
+                        // Inside a transaction an unmet NX/NEX fails everything, like an ETag.
+                        let new = self.set_record(s, cur.as_ref())?.ok_or(EngineError::VersionMismatch)?;
+                        let version = new.version.clone();
+                        *cur = Some(new);
                         changes.push((s.key.clone(), version.clone(), ChangeKind::Set(s.value.clone())));
                         responses.push(Response::new(Reply::Ok, Some(version)));
                     }
@@ -540,10 +523,7 @@ impl Engine {
                             responses.push(Response::new(Reply::Int(0), None));
                             continue;
                         };
-                        Self::check_fencing(r.fencing.as_ref(), d.fencing.as_ref())?;
-                        if d.if_version.as_ref().is_some_and(|v| *v != r.version) {
-                            return Err(EngineError::VersionMismatch);
-                        }
+                        Self::check_delete(&r, d.fencing.as_ref(), d.if_version.as_ref())?;
                         let version = self.0.hlc.next_after(&[&r.version]);
                         changes.push((d.key.clone(), version.clone(), ChangeKind::Delete));
                         responses.push(Response::new(Reply::Int(1), Some(version)));
@@ -607,10 +587,7 @@ impl Engine {
                 }
                 return Ok(Response::new(Reply::Int(0), None));
             };
-            Self::check_fencing(cur.fencing.as_ref(), fencing.as_ref())?;
-            if if_version.as_ref().is_some_and(|v| *v != cur.version) {
-                return Err(EngineError::VersionMismatch);
-            }
+            Self::check_delete(&cur, fencing.as_ref(), if_version.as_ref())?;
             if if_value.as_ref().is_some_and(|v| *v != cur.value) {
                 return Ok(Response::new(Reply::NotApplied, Some(cur.version)));
             }

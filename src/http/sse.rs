@@ -20,7 +20,6 @@ use crate::engine::{Change, ChangeKind};
 /// Which keys a subscriber wants.
 struct Selector {
     store: StoreSpec,
-    prefix: Vec<u8>,
     keys: Vec<Vec<u8>>,
     patterns: Vec<glob::Pattern>,
 }
@@ -28,7 +27,7 @@ struct Selector {
 impl Selector {
     /// The Dapr key of a change this subscriber wants.
     fn select(&self, change: &Change) -> Option<String> {
-        if !change.key.starts_with(&self.prefix) || !self.store.owns(&change.key) {
+        if !self.store.owns(&change.key) {
             return None;
         }
         if self.keys.is_empty() && self.patterns.is_empty() {
@@ -102,7 +101,6 @@ pub async fn subscribe(
         }
     }
     let selector = Selector {
-        prefix: spec.key_prefix(),
         store: spec,
         keys,
         patterns,

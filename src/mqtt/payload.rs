@@ -1,7 +1,5 @@
 //! Engine replies and errors as RESP payload bytes, exactly as the state store clients expect.
 
-use bytes::Bytes;
-
 use crate::engine::{EngineError, Reply};
 use crate::resp3::Frame;
 
@@ -50,11 +48,6 @@ pub fn error_reply(err: &EngineError) -> ErrorReply {
         EngineError::Storage(_) => return ErrorReply::ServiceFault,
     };
     ErrorReply::Payload(Frame::Error(format!("ERR {text}")))
-}
-
-/// Encodes a payload frame.
-pub fn encode(frame: &Frame) -> Bytes {
-    frame.encode()
 }
 
 #[cfg(test)]
