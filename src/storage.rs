@@ -71,6 +71,12 @@ pub enum StorageError {
     Corrupt(String),
     #[error("storage backend: {0}")]
     Backend(String),
+    /// The backend cannot be reached (a lost connection); the request changed nothing.
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
+    /// No space left for a write; the write changed nothing and reads still work.
+    #[error("storage full: {0}")]
+    Full(String),
 }
 
 /// The contract every backend implements. All methods are atomic per call.

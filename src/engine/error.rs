@@ -44,7 +44,30 @@ pub enum EngineError {
     /// A write conditioned on a version (an ETag) found another version or no key.
     #[error("the stored version does not match the requested version")]
     VersionMismatch,
+    /// The caller's principal may not do this to this key (access rules).
+    #[error("not authorized")]
+    NotAuthorized,
+    /// The caller's principal sent more requests than its rate allows.
+    #[error("too many requests; slow down")]
+    RateLimited,
+    /// The storage cannot be reached right now (a lost connection); retrying later may work.
+    #[error("the storage is unavailable; retry later")]
+    Unavailable,
+    /// The storage has no space left: writes are refused until space is freed, reads still work.
+    #[error("the storage is full; writes are refused until space is freed")]
+    StorageFull,
     /// The storage failed; the details are logged, never sent to clients.
     #[error("storage failure")]
-    Storage(#[from] StorageError),
+    Storage(StorageError),
+}
+
+impl From<StorageError> for EngineError {
+    /// Conditions a client can act on get their own variant; everything else is a fault.
+    fn from(e: StorageError) -> EngineError {
+        match e {
+            StorageError::Unavailable(_) => EngineError::Unavailable,
+            StorageError::Full(_) => EngineError::StorageFull,
+            other => EngineError::Storage(other),
+        }
+    }
 }

@@ -43,6 +43,9 @@ pub fn from_engine(surface: Surface, err: EngineError) -> Status {
         EngineError::TooLarge => Status::invalid_argument("the key or value is larger than the configured limit"),
         EngineError::QuotaExceeded if tx => Status::internal(msg),
         EngineError::QuotaExceeded => Status::resource_exhausted(msg),
+        EngineError::NotAuthorized => Status::permission_denied(msg),
+        EngineError::RateLimited | EngineError::StorageFull => Status::resource_exhausted(msg),
+        EngineError::Unavailable => Status::unavailable(msg),
         EngineError::Storage(e) => {
             tracing::error!(cause = %e, ?surface, "grpc: storage failure");
             Status::internal("storage failure")

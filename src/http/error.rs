@@ -115,6 +115,10 @@ impl ApiError {
             EngineError::TooLarge => ApiError::malformed("the key or value is larger than the configured limit"),
             EngineError::QuotaExceeded if tx => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, op.code(), message),
             EngineError::QuotaExceeded => ApiError::new(StatusCode::INSUFFICIENT_STORAGE, op.code(), message),
+            EngineError::NotAuthorized => ApiError::new(StatusCode::FORBIDDEN, "ERR_PERMISSION_DENIED", message),
+            EngineError::RateLimited => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "ERR_TOO_MANY_REQUESTS", message),
+            EngineError::Unavailable => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, op.code(), message),
+            EngineError::StorageFull => ApiError::new(StatusCode::INSUFFICIENT_STORAGE, op.code(), message),
             EngineError::Storage(e) => {
                 tracing::error!(cause = %e, ?op, "http: storage failure");
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, op.code(), "the state store failed")

@@ -21,11 +21,13 @@ pub fn reply_frame(reply: Reply) -> Frame {
     }
 }
 
-/// How an engine error travels over MQTT: a `-ERR` payload with `__stat=200`, or (storage
-/// failures only) an RPC-level 500 whose details stay in the log.
+/// How an engine error travels over MQTT: a `-ERR` payload with `__stat=200`, an RPC-level
+/// status with a message and an empty payload (nothing a client could mistake for data), or
+/// (storage faults) an RPC-level 500 whose details stay in the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ErrorReply {
     Payload(Frame),
+    Status(u16, &'static str),
     ServiceFault,
 }
 
@@ -45,6 +47,12 @@ pub fn error_reply(err: &EngineError) -> ErrorReply {
         | EngineError::TooLarge => err.to_string(),
         // Not reachable from an MQTT command (no ETags on this door); answered honestly anyway.
         EngineError::VersionMismatch => "the stored version does not match the requested version".into(),
+        EngineError::NotAuthorized => return ErrorReply::Status(403, "not authorized"),
+        EngineError::RateLimited => return ErrorReply::Status(429, "too many requests; slow down"),
+        EngineError::Unavailable => return ErrorReply::Status(503, "the storage is unavailable; retry later"),
+        EngineError::StorageFull => {
+            return ErrorReply::Status(507, "the storage is full; writes are refused until space is freed");
+        }
         EngineError::Storage(_) => return ErrorReply::ServiceFault,
     };
     ErrorReply::Payload(Frame::Error(format!("ERR {text}")))

@@ -172,6 +172,12 @@ pub async fn handle(engine: &Engine, service_id: &str, req: &Request) -> Result<
                 Ok(resp) => (reply_frame(resp.reply).encode(), 200, resp.version, vec![]),
                 Err(e) => match error_reply(&e) {
                     ErrorReply::Payload(f) => (f.encode(), 200, None, vec![]),
+                    ErrorReply::Status(status, msg) => (
+                        Bytes::new(),
+                        status,
+                        None,
+                        vec![(PROP_STATUS_MESSAGE.to_owned(), msg.to_owned())],
+                    ),
                     ErrorReply::ServiceFault => {
                         tracing::error!(cmd = name, cause = %e, detail = ?e, "state store request failed");
                         let msg = (PROP_STATUS_MESSAGE.to_owned(), "internal error".to_owned());
@@ -182,6 +188,12 @@ pub async fn handle(engine: &Engine, service_id: &str, req: &Request) -> Result<
         }
         Parsed::Refused(e) => match error_reply(&e) {
             ErrorReply::Payload(f) => (f.encode(), 200, None, vec![]),
+            ErrorReply::Status(status, msg) => (
+                Bytes::new(),
+                status,
+                None,
+                vec![(PROP_STATUS_MESSAGE.to_owned(), msg.to_owned())],
+            ),
             ErrorReply::ServiceFault => (Bytes::new(), 500, None, vec![]),
         },
         Parsed::Rpc(status, message, mut extra) => {
