@@ -17,7 +17,7 @@ fn check_error(err: EngineError, wire: &str) {
         ErrorReply::Payload(frame) => {
             assert_eq!(frame.encode(), Bytes::copy_from_slice(wire.as_bytes()), "{err:?}")
         }
-        ErrorReply::ServiceFault => panic!("{err:?} must be a -ERR payload"),
+        ErrorReply::Status(..) | ErrorReply::ServiceFault => panic!("{err:?} must be a -ERR payload"),
     }
 }
 
@@ -134,5 +134,26 @@ fn storage_failures_are_service_faults_without_details() {
         StorageError::Io(std::io::Error::other("disk on fire")),
     ] {
         assert_eq!(error_reply(&EngineError::Storage(err)), ErrorReply::ServiceFault);
+    }
+}
+
+#[test]
+fn refusals_a_client_can_act_on_are_rpc_statuses_with_an_empty_payload() {
+    let cases = [
+        (EngineError::NotAuthorized, 403),
+        (EngineError::RateLimited, 429),
+        (EngineError::Unavailable, 503),
+        (EngineError::StorageFull, 507),
+        (EngineError::from(StorageError::Unavailable("redis down".into())), 503),
+        (EngineError::from(StorageError::Full("ENOSPC".into())), 507),
+    ];
+    for (err, status) in cases {
+        match error_reply(&err) {
+            ErrorReply::Status(s, msg) => {
+                assert_eq!(s, status, "{err:?}");
+                assert!(!msg.contains("redis") && !msg.contains("ENOSPC"), "{msg}");
+            }
+            other => panic!("{err:?} must be an RPC status, got {other:?}"),
+        }
     }
 }
