@@ -90,7 +90,7 @@ pub async fn start(config: Config, store: Store) -> Result<Running, StartError> 
             let on_disconnect = {
                 let engine = engine.clone();
                 Arc::new(move |client: &str| {
-                    let n = engine.drop_client(client);
+                    let n = engine.drop_client(client, None);
                     if n > 0 {
                         tracing::debug!(
                             client,

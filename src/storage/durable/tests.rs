@@ -579,7 +579,7 @@ async fn engine_after_a_reopen() {
             .execute(Command::Del(crate::engine::Del {
                 key: b(b"gone"),
                 fencing: None,
-                if_version: None,
+                condition: crate::engine::DelCondition::Always,
             }))
             .await
             .unwrap();
