@@ -396,6 +396,7 @@ async fn mqtt(o: &Opts) {
         }
         None => BrokerChoice::Embedded {
             listen: "127.0.0.1:0".parse().expect("addr"),
+            client_path: false,
         },
     };
     config.mqtt.client_id = "stategate-bench".into();
@@ -488,6 +489,7 @@ async fn http(o: &Opts) {
     config.grpc_listen = None;
     config.broker = BrokerChoice::Embedded {
         listen: "127.0.0.1:0".parse().expect("addr"),
+        client_path: false,
     };
     config.mqtt.client_id = "stategate-bench-http".into();
     let running = stategate::start(config, Store::memory())
@@ -647,6 +649,7 @@ async fn grpc(o: &Opts) {
     config.grpc_listen = Some("127.0.0.1:0".parse().expect("addr"));
     config.broker = BrokerChoice::Embedded {
         listen: "127.0.0.1:0".parse().expect("addr"),
+        client_path: false,
     };
     config.mqtt.client_id = "stategate-bench-grpc".into();
     let running = stategate::start(config, Store::memory())

@@ -95,6 +95,7 @@ async fn mqtt_load(store: Store, in_flight: usize, secs: u64) -> Run {
     config.grpc_listen = None;
     config.broker = stategate::config::BrokerChoice::Embedded {
         listen: "127.0.0.1:0".parse().expect("addr"),
+        client_path: false,
     };
     let running = stategate::start(config, store).await.expect("stategate starts");
     let (host, port) = {

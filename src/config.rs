@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::dapr::{StoreSpec, Stores};
 use crate::engine::{FeedLimits, Limits, ObserverLimits};
 use crate::http::HttpSettings;
+use crate::mqtt::door::DoorLimits;
 use crate::mqtt::service::MqttSettings;
 use crate::storage::StorageConfig;
 use crate::storage::StorageKind;
@@ -116,6 +117,22 @@ pub struct ServeArgs {
     /// Most MQTT requests executing at once; past that a request is answered `__stat=503`.
     #[arg(long, env = "STATEGATE_MQTT_MAX_INFLIGHT", default_value_t = 8192)]
     pub mqtt_max_inflight: usize,
+    /// Most bytes of MQTT request payloads executing at once; past that, `__stat=503`.
+    #[arg(long, env = "STATEGATE_MQTT_MAX_INFLIGHT_BYTES", default_value_t = 256 * 1024 * 1024)]
+    pub mqtt_max_inflight_bytes: usize,
+    /// Most requests of one MQTT client executing at once. In the embedded broker a client past
+    /// it waits (its packets are not read meanwhile); through a client connection it is
+    /// answered `__stat=503`. One client's backlog never delays another's requests.
+    #[arg(long, env = "STATEGATE_MQTT_MAX_INFLIGHT_PER_CLIENT", default_value_t = 256)]
+    pub mqtt_max_inflight_per_client: usize,
+    /// Bytes of answers kept to resend on a QoS 1 redelivery (also at most 100,000 answers,
+    /// each for 60 s).
+    #[arg(long, env = "STATEGATE_MQTT_RESPONSE_CACHE_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub mqtt_response_cache_bytes: usize,
+    /// With the embedded broker, serve through an MQTT client connection of our own instead of
+    /// inside the broker (slower: two more loopback hops per request; for comparison and tests).
+    #[arg(long, env = "STATEGATE_MQTT_CLIENT_PATH")]
+    pub mqtt_client_path: bool,
     /// Where the gRPC door (statestore.v1, Dapr runtime state RPCs, health, reflection)
     /// listens; `off` disables it. Beyond loopback it is open to the network (set --api-token).
     #[arg(long, env = "STATEGATE_GRPC_LISTEN", default_value = "127.0.0.1:50001")]
@@ -136,8 +153,15 @@ impl Default for ServeArgs {
 /// Where the MQTT door gets its broker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BrokerChoice {
-    Embedded { listen: SocketAddr },
-    External { host: String, port: u16 },
+    /// The embedded broker; requests are served inside it unless `client_path`.
+    Embedded {
+        listen: SocketAddr,
+        client_path: bool,
+    },
+    External {
+        host: String,
+        port: u16,
+    },
 }
 
 /// A bad flag value.
@@ -195,7 +219,10 @@ impl Config {
             });
         }
         let broker = match &a.mqtt_url {
-            None if cfg!(feature = "embedded-broker") => BrokerChoice::Embedded { listen: a.mqtt_listen },
+            None if cfg!(feature = "embedded-broker") => BrokerChoice::Embedded {
+                listen: a.mqtt_listen,
+                client_path: a.mqtt_client_path,
+            },
             None => return Err(ConfigError::NoEmbeddedBroker),
             Some(url) => parse_mqtt_url(url)?,
         };
@@ -205,7 +232,13 @@ impl Config {
             share_group: a.mqtt_share_group,
             max_packet_bytes: a.mqtt_max_packet_bytes,
             session_expiry: Duration::from_secs(a.mqtt_session_expiry_secs),
-            max_inflight: a.mqtt_max_inflight.max(1),
+            door: DoorLimits {
+                max_inflight: a.mqtt_max_inflight.max(1),
+                max_inflight_bytes: a.mqtt_max_inflight_bytes.max(1),
+                max_inflight_per_caller: a.mqtt_max_inflight_per_client.max(1),
+                response_cache_bytes: a.mqtt_response_cache_bytes,
+                ..DoorLimits::default()
+            },
             ..MqttSettings::default()
         };
         let limits = Limits {
@@ -308,7 +341,8 @@ mod tests {
             assert_eq!(
                 c.broker,
                 BrokerChoice::Embedded {
-                    listen: "127.0.0.1:1883".parse().unwrap()
+                    listen: "127.0.0.1:1883".parse().unwrap(),
+                    client_path: false,
                 }
             );
         }

@@ -55,11 +55,21 @@ pub enum StartError {
     },
 }
 
+/// How the MQTT door reaches requests.
+#[derive(Debug)]
+enum MqttDoor {
+    /// Our own MQTT connection to a broker.
+    Client(MqttService),
+    /// Hooks inside the embedded broker.
+    #[cfg(feature = "embedded-broker")]
+    InBroker(mqtt::inbroker::InBroker),
+}
+
 /// A running service: its engine, its doors and their background tasks.
 pub struct Running {
     engine: Engine,
     mqtt_addr: (String, u16),
-    mqtt: MqttService,
+    mqtt: MqttDoor,
     #[cfg(feature = "embedded-broker")]
     broker: Option<mqtt::broker::EmbeddedBroker>,
     stop: watch::Sender<bool>,
@@ -89,14 +99,15 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
 
     #[cfg(feature = "embedded-broker")]
     let mut broker = None;
+    let mut serve_in_broker = false;
     let (host, port) = match &config.broker {
         BrokerChoice::External { host, port } => (host.clone(), *port),
         #[cfg(feature = "embedded-broker")]
-        BrokerChoice::Embedded { listen } => {
-            let on_disconnect = {
+        BrokerChoice::Embedded { listen, client_path } => {
+            let on_disconnect: mqtt::broker::OnDisconnect = {
                 let engine = engine.clone();
-                Arc::new(move |client: &str| {
-                    let n = engine.drop_client(client, None);
+                Arc::new(move |client: &str, session: u64| {
+                    let n = engine.drop_client(client, Some(session));
                     if n > 0 {
                         tracing::debug!(
                             client,
@@ -122,6 +133,7 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
             }
             tracing::info!(%addr, "embedded MQTT broker listening");
             broker = Some(b);
+            serve_in_broker = !client_path;
             (connect_host(addr), addr.port())
         }
         #[cfg(not(feature = "embedded-broker"))]
@@ -209,12 +221,30 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
         }));
     }
 
-    let settings = MqttSettings {
-        host: host.clone(),
-        port,
-        ..config.mqtt.clone()
+    let mqtt = if serve_in_broker {
+        #[cfg(feature = "embedded-broker")]
+        match &broker {
+            Some(b) => {
+                let door = Arc::new(mqtt::door::Door::new(
+                    engine.clone(),
+                    config.mqtt.client_id.clone(),
+                    config.mqtt.door.clone(),
+                ));
+                tracing::info!("serving the state store inside the embedded broker");
+                MqttDoor::InBroker(b.serve_in_broker(door).await)
+            }
+            None => unreachable!("in-broker serving is chosen only with the embedded broker"),
+        }
+        #[cfg(not(feature = "embedded-broker"))]
+        unreachable!("in-broker serving needs the embedded broker")
+    } else {
+        let settings = MqttSettings {
+            host: host.clone(),
+            port,
+            ..config.mqtt.clone()
+        };
+        MqttDoor::Client(MqttService::start(engine.clone(), settings, Duration::from_secs(10)).await)
     };
-    let mqtt = MqttService::start(engine.clone(), settings, Duration::from_secs(10)).await;
     drop(stop_rx);
     Ok(Running {
         engine,
@@ -251,6 +281,17 @@ impl Running {
         (&self.mqtt_addr.0, self.mqtt_addr.1)
     }
 
+    /// The embedded broker, when it runs.
+    #[cfg(feature = "embedded-broker")]
+    pub fn embedded_broker(&self) -> Option<&mqtt::broker::EmbeddedBroker> {
+        self.broker.as_ref()
+    }
+
+    /// Whether requests are served inside the embedded broker (not through a client).
+    pub fn serves_in_broker(&self) -> bool {
+        !matches!(self.mqtt, MqttDoor::Client(_))
+    }
+
     /// Where the HTTP door listens, if it runs.
     pub fn http_addr(&self) -> Option<SocketAddr> {
         self.http_addr
@@ -278,7 +319,11 @@ impl Running {
                 abort.abort();
             }
         }
-        self.mqtt.shutdown().await;
+        match self.mqtt {
+            MqttDoor::Client(c) => c.shutdown().await,
+            #[cfg(feature = "embedded-broker")]
+            MqttDoor::InBroker(i) => i.shutdown().await,
+        }
         #[cfg(feature = "embedded-broker")]
         if let Some(b) = self.broker {
             b.shutdown().await;

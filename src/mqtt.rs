@@ -9,6 +9,9 @@
 #[cfg(feature = "embedded-broker")]
 pub mod broker;
 mod dedup;
+pub mod door;
+#[cfg(feature = "embedded-broker")]
+pub mod inbroker;
 pub mod payload;
 pub mod request;
 pub mod service;

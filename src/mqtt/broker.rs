@@ -39,6 +39,9 @@ use rmqtt::types::{
 };
 use tokio::task::{JoinHandle, JoinSet};
 
+use super::door::Door;
+use super::inbroker::InBroker;
+
 /// Messages queued per client session (online backlog or offline queue) before the broker drops
 /// new ones for that client. rmqtt's default is 1,000.
 const MAX_QUEUED_PER_CLIENT: usize = 10_000;
@@ -99,16 +102,14 @@ impl fmt::Debug for EmbeddedBroker {
 
 impl EmbeddedBroker {
     /// Starts listening before returning (so a client may connect right away).
-    /// `on_disconnect` is called with the MQTT client id whenever a client disconnects, cleanly or not.
+    /// `on_disconnect` is called with the MQTT client id and its session ([`session_token`])
+    /// whenever a client disconnects, cleanly or not.
     ///
     /// `on_disconnect` runs on a broker task: it must return quickly and must not block. When a
     /// client connects again with the same client id while its old connection is still open, the
     /// old connection is taken over; its disconnect is reported too, possibly after the new
-    /// connection has been accepted.
-    pub async fn start(
-        opts: BrokerOptions,
-        on_disconnect: Arc<dyn Fn(&str) + Send + Sync>,
-    ) -> Result<EmbeddedBroker, BrokerError> {
+    /// connection has been accepted: the session token tells the two apart.
+    pub async fn start(opts: BrokerOptions, on_disconnect: OnDisconnect) -> Result<EmbeddedBroker, BrokerError> {
         let receive_maximum = NonZeroU16::new(opts.receive_maximum).ok_or(BrokerError::ZeroReceiveMaximum)?;
         if opts.max_packet_bytes == 0 {
             // rmqtt reads 0 as "unlimited" but would announce a Maximum Packet Size of 0.
@@ -174,6 +175,27 @@ impl EmbeddedBroker {
         self.local_addr
     }
 
+    /// Starts answering state store requests inside this broker (see [`InBroker`]).
+    pub async fn serve_in_broker(&self, door: Arc<Door>) -> InBroker {
+        InBroker::start(&self.scx, door).await
+    }
+
+    /// The client ids of the sessions the broker holds (connected or not).
+    pub async fn client_ids(&self) -> Vec<String> {
+        self.scx
+            .extends
+            .shared()
+            .await
+            .iter()
+            .map(|e| e.id().client_id.to_string())
+            .collect()
+    }
+
+    /// Sessions the broker holds (connected or not).
+    pub async fn session_count(&self) -> usize {
+        self.scx.extends.shared().await.sessions_count()
+    }
+
     /// Stops accepting and ends the broker's tasks as far as rmqtt allows.
     ///
     /// The listening socket is closed first. Then every session is kicked: connected clients get
@@ -222,9 +244,25 @@ fn into_io_error(err: rmqtt::Error) -> std::io::Error {
     }
 }
 
+/// Called with a client id and its session token when a client disconnects.
+pub type OnDisconnect = Arc<dyn Fn(&str, u64) + Send + Sync>;
+
+/// A number that tells one connection of a client id from another: a reconnect with the same
+/// client id gets a different one (the broker's connection time and addresses go into it).
+pub fn session_token(id: &Id) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    BuildHasherDefault::<DefaultHasher>::default().hash_one((
+        id.create_time,
+        id.remote_addr,
+        id.local_addr,
+        id.lid,
+        &*id.client_id,
+    ))
+}
+
 /// Calls the broker owner's callback for every disconnect.
 struct DisconnectHook {
-    on_disconnect: Arc<dyn Fn(&str) + Send + Sync>,
+    on_disconnect: OnDisconnect,
 }
 
 #[async_trait]
@@ -233,7 +271,7 @@ impl Handler for DisconnectHook {
         if let Parameter::ClientDisconnected(session, reason) = param {
             let client_id: &str = &session.id.client_id;
             tracing::debug!(client_id, %reason, "mqtt client disconnected");
-            (self.on_disconnect)(client_id);
+            (self.on_disconnect)(client_id, session_token(&session.id));
         }
         (true, acc)
     }

@@ -36,12 +36,27 @@ pub struct Request {
 }
 
 impl Request {
+    /// The caller's client id as it claims it (`__srcId`), if any.
+    pub fn claimed_source(&self) -> Option<&str> {
+        self.property(PROP_SOURCE_ID).filter(|c| !c.is_empty())
+    }
+
     fn property(&self, name: &str) -> Option<&str> {
         self.user_properties
             .iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
     }
+}
+
+/// Who sent a request, as far as the transport can tell.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Caller {
+    /// The publisher's client id as the broker knows it (in-broker serving). `None` behind a
+    /// client connection: then the claimed `__srcId` is all there is, unverified.
+    pub client_id: Option<String>,
+    /// The publisher's broker session: KEYNOTIFY registrations end with it.
+    pub session: Option<u64>,
 }
 
 /// An outgoing PUBLISH at QoS 1.
@@ -104,7 +119,7 @@ enum Parsed {
     Rpc(u16, &'static str, Vec<(String, String)>),
 }
 
-fn parse(req: &Request) -> Parsed {
+fn parse(req: &Request, caller: &Caller) -> Parsed {
     if let Some(v) = req.property(PROP_PROTOCOL_VERSION) {
         let major = v.split('.').next().and_then(|m| m.parse::<u32>().ok());
         if major != Some(1) {
@@ -135,11 +150,16 @@ fn parse(req: &Request) -> Parsed {
         Ok(t) => t,
         Err(e) => return Parsed::Refused(e),
     };
-    let client = req
-        .property(PROP_SOURCE_ID)
-        .filter(|c| !c.is_empty())
-        .map(str::to_owned);
+    let claimed = req.property(PROP_SOURCE_ID).filter(|c| !c.is_empty());
     let is_keynotify = args.first().is_some_and(|v| &v[..] == b"KEYNOTIFY");
+    let client = match (&caller.client_id, claimed) {
+        // Nobody registers notifications for another client.
+        (Some(real), Some(claimed)) if is_keynotify && real != claimed => {
+            return Parsed::Refused(EngineError::NotAuthorized);
+        }
+        (Some(real), _) => Some(real.clone()),
+        (None, claimed) => claimed.map(str::to_owned),
+    };
     if is_keynotify && client.is_none() {
         return Parsed::Rpc(
             400,
@@ -151,7 +171,7 @@ fn parse(req: &Request) -> Parsed {
         timestamp,
         fencing,
         client: client.clone(),
-        session: None,
+        session: caller.session,
     };
     match Command::parse(args, meta) {
         Ok(Command::Set(s)) if s.timestamp.is_none() => Parsed::Refused(EngineError::MissingTimestamp),
@@ -160,10 +180,16 @@ fn parse(req: &Request) -> Parsed {
     }
 }
 
-/// Handles one request: `Err` when it must go unanswered (and unexecuted).
+/// Handles one request from a caller the transport cannot identify (behind a client
+/// connection): `Err` when it must go unanswered (and unexecuted).
 pub async fn handle(engine: &Engine, service_id: &str, req: &Request) -> Result<Outgoing, Dropped> {
+    handle_as(engine, service_id, req, &Caller::default()).await
+}
+
+/// Handles one request from `caller`: `Err` when it must go unanswered (and unexecuted).
+pub async fn handle_as(engine: &Engine, service_id: &str, req: &Request, caller: &Caller) -> Result<Outgoing, Dropped> {
     let to = reply_to(req)?;
-    let (payload, status, version, extra) = match parse(req) {
+    let (payload, status, version, extra) = match parse(req, caller) {
         Parsed::Execute(cmd, client) => {
             if let Some(c) = &client {
                 engine.touch_client(c);

@@ -1,8 +1,10 @@
-//! The state store's connection to an MQTT broker.
+//! The client path: the state store's own MQTT connection to a broker (an external one, or the
+//! embedded one when in-broker serving is turned off).
 //!
 //! Tasks, so that no task that drives `EventLoop::poll` ever awaits a publish:
-//! - the poller polls, spawns one task per incoming request (never waiting for it) and
-//!   subscribes again on every ConnAck (in a spawned task);
+//! - the poller polls, admits each request ([`Door::admit`]) and spawns one task per admitted
+//!   request (at most `max_inflight` exist), answers a refused one `__stat=503` with a
+//!   non-blocking publish (no task), and subscribes again on every ConnAck;
 //! - each request task executes its request and publishes the answer;
 //! - the notifier publishes KEYNOTIFY notifications, in change order;
 //! - the janitor drops idle observers.
@@ -12,8 +14,9 @@
 //! every queued request separately, so manual acks would cost one more write per request (they
 //! measured 0.65x of the echo limit at 64 in flight; see README). A request lost in a crash
 //! before it ran is simply unanswered: the client times out; nothing it was told is lost.
-//! At most `max_inflight` requests run at once; past that a request is answered `__stat=503`
-//! at once rather than queued without bound.
+//! Behind one client connection the service cannot tell publishers apart except by what they
+//! claim (`__srcId`): the per-caller limit is keyed by that (or the response topic), and a
+//! caller past it is answered `__stat=503` rather than queued in front of everyone else.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,15 +24,13 @@ use std::time::Duration;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
 use rumqttc::v5::{AsyncClient, EventLoop, MqttOptions};
-use tokio::sync::{Semaphore, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 use tracing::{debug, info, warn};
 
 use super::INVOKE_TOPIC;
-use super::dedup::{Dedup, Seen};
-use super::request::{
-    self, CONTENT_TYPE, Outgoing, PROP_PROTOCOL_VERSION, PROP_SOURCE_ID, PROP_TIMESTAMP, PROTOCOL_VERSION, Request,
-};
-use crate::engine::{ChangeKind, Engine, KeyNotification, KeyNotifyReceiver};
+use super::door::{self, Door, DoorLimits, Sink};
+use super::request::{CONTENT_TYPE, Caller, Outgoing, Request};
+use crate::engine::Engine;
 
 /// How the service connects and behaves on MQTT.
 #[derive(Debug, Clone)]
@@ -44,12 +45,8 @@ pub struct MqttSettings {
     pub max_packet_bytes: u32,
     /// Most unacknowledged requests the broker may send at once (MQTT5 Receive Maximum).
     pub receive_maximum: u16,
-    /// Most requests executing at once; past that a request is answered `__stat=503`.
-    pub max_inflight: usize,
-    /// How long an answer is kept to resend on a QoS 1 redelivery.
-    pub response_cache_ttl: Duration,
-    /// Most answers kept for redeliveries.
-    pub response_cache_entries: usize,
+    /// Admission limits and the redelivery cache, shared with in-broker serving.
+    pub door: DoorLimits,
     /// Session expiry asked of the broker, so requests queue while the service reconnects.
     pub session_expiry: Duration,
     pub keep_alive: Duration,
@@ -64,9 +61,7 @@ impl Default for MqttSettings {
             share_group: None,
             max_packet_bytes: 8 * 1024 * 1024,
             receive_maximum: 1024,
-            max_inflight: 8192,
-            response_cache_ttl: Duration::from_secs(60),
-            response_cache_entries: 100_000,
+            door: DoorLimits::default(),
             session_expiry: Duration::from_secs(3600),
             keep_alive: Duration::from_secs(30),
         }
@@ -92,7 +87,9 @@ impl MqttSettings {
         o.set_manual_acks(false);
         o.set_max_packet_size(Some(self.max_packet_bytes));
         o.set_receive_maximum(Some(self.receive_maximum.max(1)));
-        o.set_request_channel_capacity(4096);
+        // Answers wait here for the connection: a small queue keeps their bytes bounded (the
+        // request tasks holding their admission wait instead).
+        o.set_request_channel_capacity(REQUEST_CHANNEL);
         let mut net = rumqttc::NetworkOptions::new();
         net.set_tcp_nodelay(true);
         net.set_connection_timeout(5);
@@ -100,6 +97,9 @@ impl MqttSettings {
         o
     }
 }
+
+/// Outgoing packets queued for the connection (answers, notifications, subscriptions).
+const REQUEST_CHANNEL: usize = 256;
 
 /// A running MQTT door.
 #[derive(Debug)]
@@ -113,22 +113,25 @@ impl MqttService {
     /// Connects and subscribes; returns once the first subscription is acknowledged (or after
     /// `ready_timeout`, with a warning, so a broker that is down does not block startup forever).
     pub async fn start(engine: Engine, settings: MqttSettings, ready_timeout: Duration) -> MqttService {
-        let (client, eventloop) = AsyncClient::new(settings.options(), 4096);
+        let (client, eventloop) = AsyncClient::new(settings.options(), REQUEST_CHANNEL);
         let (stop, stop_rx) = watch::channel(false);
         let (ready_tx, ready_rx) = oneshot::channel();
         let settings = Arc::new(settings);
+        let door = Arc::new(Door::new(
+            engine.clone(),
+            settings.client_id.clone(),
+            settings.door.clone(),
+        ));
         let ctx = Arc::new(Ctx {
-            dedup: Dedup::new(settings.response_cache_ttl, settings.response_cache_entries),
-            inflight: Arc::new(Semaphore::new(settings.max_inflight.max(1))),
-            engine: engine.clone(),
+            door,
             client: client.clone(),
             settings: settings.clone(),
         });
         let mut tasks = vec![tokio::spawn(poller(eventloop, ctx, ready_tx, stop_rx.clone()))];
         match engine.keynotify_feed() {
-            Some(feed) => tasks.push(tokio::spawn(notifier(
+            Some(feed) => tasks.push(tokio::spawn(door::notifier(
                 feed,
-                client.clone(),
+                Arc::new(ClientSink(client.clone())),
                 settings.client_id.clone(),
                 stop_rx.clone(),
             ))),
@@ -163,11 +166,19 @@ impl MqttService {
 
 /// What every request task shares.
 struct Ctx {
-    engine: Engine,
+    door: Arc<Door>,
     client: AsyncClient,
     settings: Arc<MqttSettings>,
-    dedup: Dedup,
-    inflight: Arc<Semaphore>,
+}
+
+/// Publishes through the service's own connection.
+struct ClientSink(AsyncClient);
+
+#[async_trait::async_trait]
+impl Sink for ClientSink {
+    async fn publish(&self, out: &Outgoing) {
+        publish(&self.0, out).await
+    }
 }
 
 fn to_request(p: Publish) -> Request {
@@ -191,6 +202,18 @@ fn properties(out: &Outgoing) -> PublishProperties {
         message_expiry_interval: out.message_expiry,
         ..Default::default()
     }
+}
+
+fn try_publish(client: &AsyncClient, out: &Outgoing) -> Result<(), Box<rumqttc::v5::ClientError>> {
+    client
+        .try_publish_with_properties(
+            out.topic.clone(),
+            QoS::AtLeastOnce,
+            false,
+            out.payload.clone(),
+            properties(out),
+        )
+        .map_err(Box::new)
 }
 
 async fn publish(client: &AsyncClient, out: &Outgoing) {
@@ -217,14 +240,31 @@ async fn poller(mut eventloop: EventLoop, ctx: Arc<Ctx>, ready: oneshot::Sender<
                 backoff = Duration::from_millis(100);
                 match packet {
                     Packet::Publish(p) => {
-                        let permit = ctx.inflight.clone().try_acquire_owned().ok();
-                        let ctx = ctx.clone();
-                        tokio::spawn(async move {
-                            match permit {
-                                Some(_permit) => serve_one(&ctx, p).await,
-                                None => refuse_busy(&ctx, p).await,
+                        let req = to_request(p);
+                        let caller = req
+                            .claimed_source()
+                            .or(req.response_topic.as_deref())
+                            .map(str::to_owned);
+                        match ctx.door.admit(&req, caller.as_deref()) {
+                            Some(admitted) => {
+                                let ctx = ctx.clone();
+                                tokio::spawn(async move {
+                                    let _admitted = admitted;
+                                    if let Some(out) = ctx.door.serve(&req, &Caller::default()).await {
+                                        publish(&ctx.client, &out).await;
+                                    }
+                                });
                             }
-                        });
+                            // Refused without a task: a non-blocking publish, dropped (and
+                            // counted by the door) if the connection's queue is full.
+                            None => {
+                                if let Some(out) = ctx.door.busy(&req)
+                                    && let Err(e) = try_publish(&ctx.client, &out)
+                                {
+                                    debug!(cause = %e, "mqtt: a busy answer was dropped");
+                                }
+                            }
+                        }
                     }
                     Packet::ConnAck(ack) => {
                         info!(session_present = ack.session_present, "mqtt: connected");
@@ -254,87 +294,6 @@ async fn poller(mut eventloop: EventLoop, ctx: Arc<Ctx>, ready: oneshot::Sender<
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
-        }
-    }
-}
-
-async fn serve_one(ctx: &Ctx, p: Publish) {
-    let req = to_request(p);
-    // GET and SCAN change nothing: a redelivered copy may simply run again.
-    let mut key = None;
-    if let (Some(t), Some(c)) = (&req.response_topic, &req.correlation)
-        && req.qos == 1
-        && !request::is_read_only(&req.payload)
-    {
-        match ctx.dedup.check(t, c) {
-            Seen::New(k) => key = Some(k),
-            Seen::InProgress => return,
-            Seen::Answered(out) => {
-                debug!(topic = %t, "mqtt: redelivered request answered from the cache");
-                publish(&ctx.client, &out).await;
-                return;
-            }
-        }
-    }
-    match request::handle(&ctx.engine, &ctx.settings.client_id, &req).await {
-        Ok(out) => {
-            let out = Arc::new(out);
-            if let Some(k) = &key {
-                ctx.dedup.answered(k, out.clone());
-            }
-            publish(&ctx.client, &out).await;
-        }
-        Err(why) => {
-            if let Some(k) = &key {
-                ctx.dedup.forget(k);
-            }
-            warn!(?why, topic = %req.topic, "mqtt: request not answered");
-        }
-    }
-}
-
-/// Too many requests running: answer `503` without executing.
-async fn refuse_busy(ctx: &Ctx, p: Publish) {
-    let req = to_request(p);
-    match request::busy(&ctx.settings.client_id, &req) {
-        Some(out) => publish(&ctx.client, &out).await,
-        None => debug!("mqtt: dropped a request that cannot be answered while busy"),
-    }
-}
-
-/// Publishes KEYNOTIFY notifications, in change order.
-async fn notifier(
-    mut feed: KeyNotifyReceiver,
-    client: AsyncClient,
-    service_id: String,
-    mut stop: watch::Receiver<bool>,
-) {
-    loop {
-        let n = tokio::select! {
-            _ = stop.changed() => return,
-            n = feed.recv() => n,
-        };
-        let Some(KeyNotification { change, observers }) = n else {
-            return;
-        };
-        let payload = request::notify_payload(match &change.kind {
-            ChangeKind::Set(v) => Some(v),
-            ChangeKind::Delete | ChangeKind::Expire => None,
-        });
-        let version = change.version.to_string();
-        for client_id in observers {
-            let out = Outgoing {
-                topic: request::notify_topic(&client_id, &change.key),
-                payload: payload.clone(),
-                correlation: None,
-                user_properties: vec![
-                    (PROP_TIMESTAMP.to_owned(), version.clone()),
-                    (PROP_PROTOCOL_VERSION.to_owned(), PROTOCOL_VERSION.to_owned()),
-                    (PROP_SOURCE_ID.to_owned(), service_id.clone()),
-                ],
-                message_expiry: None,
-            };
-            publish(&client, &out).await;
         }
     }
 }

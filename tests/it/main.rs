@@ -6,6 +6,7 @@ mod durability;
 mod grpc;
 mod http;
 mod http_fuzz;
+mod inbroker;
 mod mqtt;
 mod openapi;
 mod support;

@@ -125,6 +125,7 @@ impl TestEnv {
             Broker::Embedded => {
                 config.broker = BrokerChoice::Embedded {
                     listen: "127.0.0.1:0".parse().unwrap(),
+                    client_path: false,
                 };
                 None
             }

@@ -43,7 +43,7 @@ struct TestBroker {
 impl TestBroker {
     async fn start(opts: BrokerOptions) -> TestBroker {
         let (tx, disconnects) = mpsc::unbounded_channel();
-        let on_disconnect = Arc::new(move |client_id: &str| {
+        let on_disconnect = Arc::new(move |client_id: &str, _session: u64| {
             let _ = tx.send(client_id.to_owned());
         });
         let broker = EmbeddedBroker::start(opts, on_disconnect).await.expect("broker starts");
@@ -506,7 +506,7 @@ async fn shutdown_disconnects_clients_and_frees_the_port() {
 
 #[tokio::test]
 async fn bad_options_are_refused() {
-    let on_disconnect = Arc::new(|_: &str| {});
+    let on_disconnect: super::OnDisconnect = Arc::new(|_: &str, _: u64| {});
     let cases = [
         (
             BrokerOptions {

@@ -1,0 +1,261 @@
+//! What both MQTT transports share: admission (bounded work), the redelivery cache, the pure
+//! request handler, and KEYNOTIFY notifications. A transport (the rumqttc client in
+//! [`super::service`], the in-broker hooks in `super::inbroker`) only moves packets: it turns a
+//! PUBLISH into a [`Request`], asks [`Door::admit`], runs [`Door::serve`] and publishes what
+//! comes back through its [`Sink`].
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tracing::{debug, warn};
+
+use super::dedup::{Dedup, Seen};
+use super::request::{
+    self, Caller, Outgoing, PROP_PROTOCOL_VERSION, PROP_SOURCE_ID, PROP_TIMESTAMP, PROTOCOL_VERSION, Request,
+};
+use crate::engine::{ChangeKind, Engine, KeyNotification, KeyNotifyReceiver};
+
+/// Where a transport publishes answers and notifications.
+#[async_trait]
+pub trait Sink: Send + Sync + 'static {
+    async fn publish(&self, out: &Outgoing);
+}
+
+/// Limits on the work the MQTT door takes on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DoorLimits {
+    /// Requests executing at once; past it a request is answered `__stat=503` at once.
+    pub max_inflight: usize,
+    /// Bytes of request payloads executing at once; past it, `__stat=503`.
+    pub max_inflight_bytes: usize,
+    /// Requests of one caller executing at once. In the broker, a connection past it waits
+    /// (its packets are not read meanwhile); through a client connection, `__stat=503`.
+    pub max_inflight_per_caller: usize,
+    /// How long an answer is kept to resend on a QoS 1 redelivery.
+    pub response_cache_ttl: Duration,
+    /// Most answers kept for redeliveries, and their bytes.
+    pub response_cache_entries: usize,
+    pub response_cache_bytes: usize,
+}
+
+impl Default for DoorLimits {
+    fn default() -> DoorLimits {
+        DoorLimits {
+            max_inflight: 8192,
+            max_inflight_bytes: 256 * 1024 * 1024,
+            max_inflight_per_caller: 256,
+            response_cache_ttl: Duration::from_secs(60),
+            response_cache_entries: 100_000,
+            response_cache_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+/// Request payloads are admitted in units of this many bytes.
+const BYTE_UNIT: usize = 1024;
+
+/// The shared serving path of the MQTT door.
+pub struct Door {
+    engine: Engine,
+    service_id: String,
+    limits: DoorLimits,
+    dedup: Dedup,
+    inflight: Arc<Semaphore>,
+    inflight_units: Arc<Semaphore>,
+    per_caller: PerCaller,
+    refused_busy: AtomicU64,
+}
+
+impl std::fmt::Debug for Door {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Door")
+            .field("service_id", &self.service_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Requests in flight per caller.
+type PerCaller = Arc<Mutex<HashMap<String, usize>>>;
+
+/// A request let in: holds its share of the limits until dropped.
+#[derive(Debug)]
+pub struct Admitted {
+    _count: OwnedSemaphorePermit,
+    _bytes: OwnedSemaphorePermit,
+    caller: Option<(PerCaller, String)>,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        if let Some((map, key)) = self.caller.take() {
+            let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(n) = map.get_mut(&key) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(&key);
+                }
+            }
+        }
+    }
+}
+
+impl Door {
+    pub fn new(engine: Engine, service_id: String, limits: DoorLimits) -> Door {
+        let units = limits
+            .max_inflight_bytes
+            .div_ceil(BYTE_UNIT)
+            .clamp(1, Semaphore::MAX_PERMITS);
+        Door {
+            dedup: Dedup::new(
+                limits.response_cache_ttl,
+                limits.response_cache_entries,
+                limits.response_cache_bytes,
+            ),
+            inflight: Arc::new(Semaphore::new(limits.max_inflight.max(1))),
+            inflight_units: Arc::new(Semaphore::new(units)),
+            per_caller: Arc::new(Mutex::new(HashMap::new())),
+            refused_busy: AtomicU64::new(0),
+            engine,
+            service_id,
+            limits,
+        }
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub fn service_id(&self) -> &str {
+        &self.service_id
+    }
+
+    pub fn limits(&self) -> &DoorLimits {
+        &self.limits
+    }
+
+    /// Answers kept for redeliveries, and their bytes.
+    pub fn response_cache_held(&self) -> (usize, usize) {
+        self.dedup.held()
+    }
+
+    /// Requests refused with `__stat=503` so far.
+    pub fn refused_busy(&self) -> u64 {
+        self.refused_busy.load(Ordering::Relaxed)
+    }
+
+    /// Lets a request in, or `None` when a limit is reached (answer it with [`Door::busy`]).
+    /// `caller` is counted against the per-caller limit when given. Never waits.
+    pub fn admit(&self, req: &Request, caller: Option<&str>) -> Option<Admitted> {
+        let count = self.inflight.clone().try_acquire_owned().ok()?;
+        let units = req.payload.len().div_ceil(BYTE_UNIT).max(1);
+        let units = u32::try_from(units).ok()?;
+        let bytes = self.inflight_units.clone().try_acquire_many_owned(units).ok()?;
+        let caller = match caller {
+            None => None,
+            Some(key) => {
+                let mut map = self.per_caller.lock().unwrap_or_else(|e| e.into_inner());
+                let n = map.entry(key.to_owned()).or_insert(0);
+                if *n >= self.limits.max_inflight_per_caller {
+                    return None;
+                }
+                *n += 1;
+                Some((self.per_caller.clone(), key.to_owned()))
+            }
+        };
+        Some(Admitted {
+            _count: count,
+            _bytes: bytes,
+            caller,
+        })
+    }
+
+    /// The `__stat=503` answer for a request that was not let in (`None`: not answerable).
+    pub fn busy(&self, req: &Request) -> Option<Outgoing> {
+        let n = self.refused_busy.fetch_add(1, Ordering::Relaxed) + 1;
+        if n.is_power_of_two() {
+            warn!(refused_total = n, "mqtt: busy; requests refused with __stat=503");
+        }
+        request::busy(&self.service_id, req)
+    }
+
+    /// Runs an admitted request and returns the answer to publish, if any. A write redelivered
+    /// within the cache's lifetime gets the first answer again without running twice; a copy
+    /// that arrives while the first still runs gets nothing (the first one answers).
+    pub async fn serve(&self, req: &Request, caller: &Caller) -> Option<Arc<Outgoing>> {
+        // GET and SCAN change nothing: a redelivered copy may simply run again.
+        let mut key = None;
+        if let (Some(t), Some(c)) = (&req.response_topic, &req.correlation)
+            && req.qos == 1
+            && !request::is_read_only(&req.payload)
+        {
+            match self.dedup.check(t, c) {
+                Seen::New(k) => key = Some(k),
+                Seen::InProgress => return None,
+                Seen::Answered(out) => {
+                    debug!(topic = %t, "mqtt: redelivered request answered from the cache");
+                    return Some(out);
+                }
+            }
+        }
+        match request::handle_as(&self.engine, &self.service_id, req, caller).await {
+            Ok(out) => {
+                let out = Arc::new(out);
+                if let Some(k) = &key {
+                    self.dedup.answered(k, out.clone());
+                }
+                Some(out)
+            }
+            Err(why) => {
+                if let Some(k) = &key {
+                    self.dedup.forget(k);
+                }
+                debug!(?why, topic = %req.topic, "mqtt: request not answered");
+                None
+            }
+        }
+    }
+}
+
+/// Publishes KEYNOTIFY notifications through `sink`, in change order, until `stop`.
+pub async fn notifier(
+    mut feed: KeyNotifyReceiver,
+    sink: Arc<dyn Sink>,
+    service_id: String,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let n = tokio::select! {
+            _ = stop.changed() => return,
+            n = feed.recv() => n,
+        };
+        let Some(KeyNotification { change, observers }) = n else {
+            return;
+        };
+        let payload = request::notify_payload(match &change.kind {
+            ChangeKind::Set(v) => Some(v),
+            ChangeKind::Delete | ChangeKind::Expire => None,
+        });
+        let version = change.version.to_string();
+        for client_id in observers {
+            let out = Outgoing {
+                topic: request::notify_topic(&client_id, &change.key),
+                payload: payload.clone(),
+                correlation: None,
+                user_properties: vec![
+                    (PROP_TIMESTAMP.to_owned(), version.clone()),
+                    (PROP_PROTOCOL_VERSION.to_owned(), PROTOCOL_VERSION.to_owned()),
+                    (PROP_SOURCE_ID.to_owned(), service_id.clone()),
+                ],
+                message_expiry: None,
+            };
+            sink.publish(&out).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,135 @@
+//! Admission and serving without a broker: limits answered 503, redeliveries answered once,
+//! the verified caller used for KEYNOTIFY.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::*;
+use crate::engine::Limits;
+use crate::hlc::ManualClock;
+use crate::mqtt::INVOKE_TOPIC;
+use crate::resp3;
+use crate::storage::Store;
+
+const NOW: u64 = 1_700_000_000_000;
+
+async fn door(limits: DoorLimits) -> Door {
+    let engine = Engine::open(
+        Store::memory(),
+        "svc",
+        Arc::new(ManualClock::new(NOW)),
+        Limits::default(),
+    )
+    .await
+    .unwrap();
+    Door::new(engine, "svc-client".into(), limits)
+}
+
+fn req(args: &[&[u8]], corr: &str, props: &[(&str, &str)]) -> Request {
+    Request {
+        topic: INVOKE_TOPIC.into(),
+        qos: 1,
+        payload: resp3::encode_request(args),
+        response_topic: Some("clients/c1/resp".into()),
+        correlation: Some(Bytes::copy_from_slice(corr.as_bytes())),
+        user_properties: props.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        message_expiry: Some(10),
+    }
+}
+
+fn ts() -> String {
+    format!("{NOW:015}:00000:c")
+}
+
+fn status(out: &Outgoing) -> &str {
+    out.user_properties
+        .iter()
+        .find(|(k, _)| k == "__stat")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or("")
+}
+
+#[tokio::test]
+async fn the_inflight_limits_refuse_with_503_and_free_up_on_drop() {
+    let d = door(DoorLimits {
+        max_inflight: 2,
+        ..DoorLimits::default()
+    })
+    .await;
+    let get = req(&[b"GET", b"k"], "1", &[]);
+    let a = d.admit(&get, None).expect("first");
+    let b = d.admit(&get, None).expect("second");
+    assert!(d.admit(&get, None).is_none(), "the third is over the limit");
+    let busy = d.busy(&get).expect("answerable");
+    assert_eq!(status(&busy), "503");
+    assert!(busy.payload.is_empty());
+    assert_eq!(busy.correlation.as_deref(), Some(&b"1"[..]));
+    assert_eq!(d.refused_busy(), 1);
+    drop(a);
+    assert!(d.admit(&get, None).is_some());
+    drop(b);
+
+    // Bytes: a payload bigger than the byte budget is refused.
+    let d = door(DoorLimits {
+        max_inflight_bytes: 4096,
+        ..DoorLimits::default()
+    })
+    .await;
+    let big = vec![b'v'; 8192];
+    let set = req(&[b"SET", b"k", &big], "2", &[("__ts", &ts())]);
+    assert!(d.admit(&set, None).is_none());
+    assert!(d.admit(&get, None).is_some());
+}
+
+#[tokio::test]
+async fn one_caller_cannot_take_every_slot() {
+    let d = door(DoorLimits {
+        max_inflight_per_caller: 2,
+        ..DoorLimits::default()
+    })
+    .await;
+    let get = req(&[b"GET", b"k"], "1", &[]);
+    let _a = d.admit(&get, Some("flood")).unwrap();
+    let b = d.admit(&get, Some("flood")).unwrap();
+    assert!(d.admit(&get, Some("flood")).is_none());
+    assert!(d.admit(&get, Some("polite")).is_some(), "another caller is let in");
+    drop(b);
+    assert!(d.admit(&get, Some("flood")).is_some());
+}
+
+#[tokio::test]
+async fn a_redelivered_write_runs_once_and_gets_the_same_answer() {
+    let d = door(DoorLimits::default()).await;
+    let set = req(&[b"SET", b"k", b"v", b"NX"], "c-1", &[("__ts", &ts())]);
+    let first = d.serve(&set, &Caller::default()).await.unwrap();
+    assert_eq!(&first.payload[..], b"+OK\r\n");
+    let again = d.serve(&set, &Caller::default()).await.unwrap();
+    assert_eq!(again, first, "the cached answer, not `:-1` from running NX again");
+    // A new correlation is a new request: NX is not met now.
+    let other = req(&[b"SET", b"k", b"v", b"NX"], "c-2", &[("__ts", &ts())]);
+    assert_eq!(
+        &d.serve(&other, &Caller::default()).await.unwrap().payload[..],
+        b":-1\r\n"
+    );
+}
+
+#[tokio::test]
+async fn keynotify_for_another_client_is_refused_when_the_publisher_is_known() {
+    let d = door(DoorLimits::default()).await;
+    let real = Caller {
+        client_id: Some("device-1".into()),
+        session: Some(7),
+    };
+    let forged = req(&[b"KEYNOTIFY", b"k"], "n-1", &[("__srcId", "device-2")]);
+    let out = d.serve(&forged, &real).await.unwrap();
+    assert_eq!(status(&out), "403");
+    assert!(out.payload.is_empty());
+    assert!(d.engine().observers_of(b"k").is_empty());
+    let honest = req(&[b"KEYNOTIFY", b"k"], "n-2", &[("__srcId", "device-1")]);
+    assert_eq!(&d.serve(&honest, &real).await.unwrap().payload[..], b"+OK\r\n");
+    assert_eq!(d.engine().observers_of(b"k").len(), 1);
+    // The registration belongs to the publisher's session.
+    assert_eq!(d.engine().drop_client("device-1", Some(8)), 0);
+    assert_eq!(d.engine().drop_client("device-1", Some(7)), 1);
+}

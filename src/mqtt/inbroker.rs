@@ -1,0 +1,234 @@
+//! In-broker serving: with the embedded broker, requests are answered inside the broker
+//! process, with no MQTT client of our own and no loopback hops.
+//!
+//! - A `MessagePublishCheckAcl` hook recognises a PUBLISH to the invoke topic on the
+//!   publisher's own connection task, admits it ([`Door::admit`]), spawns its execution and
+//!   consumes the message: the publisher gets PUBACK reason 0x10 (No matching subscribers, a
+//!   success-class code) and nobody else ever sees the request.
+//! - Answers and KEYNOTIFY notifications are routed with `SessionState::forwards` from a system
+//!   sender (our client id), exactly as if the service had published them: subscribers of the
+//!   response topic get them, with every property of the client path.
+//! - Each connection has its own in-flight limit; a connection past it waits in the hook, so
+//!   its packets are not read meanwhile (TCP pushes back on that client only) while every other
+//!   connection is served. The global limits answer `__stat=503`, as on the client path.
+//! - The hook sees the publisher's session, so the caller is known: its broker client id (a
+//!   KEYNOTIFY naming another `__srcId` is refused) and its session (registrations end with it).
+//!
+//! On the wire this differs from the client path in two ways: the PUBACK reason code (0x10
+//! instead of 0x00) and the answer's message expiry, which repeats the request's interval as
+//! received instead of what a broker hop would have counted down.
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use rmqtt::codec::v5::{PublishAckReason, PublishProperties};
+use rmqtt::context::ServerContext;
+use rmqtt::hook::{Handler, HookResult, Parameter, ReturnType, Type};
+use rmqtt::session::SessionState;
+use rmqtt::types::{CodecPublish, From, Id, PublishAclResult, PublishResult};
+use tokio::sync::{Semaphore, watch};
+use tracing::{debug, warn};
+
+use super::INVOKE_TOPIC;
+use super::broker::session_token;
+use super::door::{self, Door, Sink};
+use super::request::{CONTENT_TYPE, Caller, Outgoing, Request};
+
+/// Publishes into the broker as the service.
+struct BrokerSink {
+    scx: ServerContext,
+    from: From,
+}
+
+#[async_trait]
+impl Sink for BrokerSink {
+    async fn publish(&self, out: &Outgoing) {
+        let properties = PublishProperties {
+            correlation_data: out.correlation.clone(),
+            message_expiry_interval: out.message_expiry.and_then(NonZeroU32::new),
+            content_type: Some(CONTENT_TYPE.into()),
+            user_properties: out
+                .user_properties
+                .iter()
+                .map(|(k, v)| (k.as_str().into(), v.as_str().into()))
+                .collect(),
+            ..PublishProperties::default()
+        };
+        let publish = CodecPublish {
+            dup: false,
+            retain: false,
+            qos: rmqtt::codec::types::QoS::AtLeastOnce,
+            topic: out.topic.as_str().into(),
+            packet_id: None,
+            payload: out.payload.clone(),
+            properties: Some(properties),
+        };
+        if let Err(e) = SessionState::forwards(&self.scx, self.from.clone(), publish.into(), false, None).await {
+            warn!(cause = %e, topic = %out.topic, "mqtt: routing an answer failed");
+        }
+    }
+}
+
+/// Per-connection in-flight limits, keyed by broker session.
+type Connections = Arc<Mutex<HashMap<u64, Arc<Semaphore>>>>;
+
+/// The request hook.
+struct ServeRequests {
+    door: Arc<Door>,
+    sink: Arc<BrokerSink>,
+    connections: Connections,
+}
+
+impl ServeRequests {
+    fn connection(&self, token: u64) -> Arc<Semaphore> {
+        let mut map = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry(token)
+            .or_insert_with(|| Arc::new(Semaphore::new(self.door.limits().max_inflight_per_caller.max(1))))
+            .clone()
+    }
+}
+
+fn to_request(p: &CodecPublish) -> Request {
+    let props = p.properties.as_ref();
+    Request {
+        topic: p.topic.to_string(),
+        qos: p.qos as u8,
+        payload: p.payload.clone(),
+        response_topic: props.and_then(|p| p.response_topic.as_ref()).map(|t| t.to_string()),
+        correlation: props.and_then(|p| p.correlation_data.clone()),
+        user_properties: props
+            .map(|p| {
+                p.user_properties
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        message_expiry: props.and_then(|p| p.message_expiry_interval).map(NonZeroU32::get),
+    }
+}
+
+/// The PUBACK a consumed request gets: success-class, nothing routed.
+fn consumed() -> ReturnType {
+    let result = PublishResult::reason_code(PublishAckReason::NoMatchingSubscribers, None, false);
+    (false, Some(HookResult::PublishAclResult(PublishAclResult(result))))
+}
+
+#[async_trait]
+impl Handler for ServeRequests {
+    async fn hook(&self, param: &Parameter, acc: Option<HookResult>) -> ReturnType {
+        let Parameter::MessagePublishCheckAcl(session, publish) = param else {
+            return (true, acc);
+        };
+        if publish.topic != INVOKE_TOPIC {
+            return (true, acc);
+        }
+        let req = to_request(publish);
+        let token = session_token(&session.id);
+        // Backpressure on this connection only: it waits here, unread, while others go on.
+        let Ok(slot) = self.connection(token).acquire_owned().await else {
+            return consumed();
+        };
+        let Some(admitted) = self.door.admit(&req, None) else {
+            if let Some(out) = self.door.busy(&req) {
+                self.sink.publish(&out).await;
+            }
+            return consumed();
+        };
+        let caller = Caller {
+            client_id: Some(session.id.client_id.to_string()),
+            session: Some(token),
+        };
+        let (door, sink) = (self.door.clone(), self.sink.clone());
+        tokio::spawn(async move {
+            let _held = (slot, admitted);
+            if let Some(out) = door.serve(&req, &caller).await {
+                sink.publish(&out).await;
+            }
+        });
+        consumed()
+    }
+}
+
+/// Forgets a connection's limit when it ends.
+struct ForgetConnections {
+    connections: Connections,
+}
+
+#[async_trait]
+impl Handler for ForgetConnections {
+    async fn hook(&self, param: &Parameter, acc: Option<HookResult>) -> ReturnType {
+        if let Parameter::ClientDisconnected(session, _) = param {
+            let token = session_token(&session.id);
+            self.connections
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&token);
+        }
+        (true, acc)
+    }
+}
+
+/// In-broker serving, running until dropped or shut down.
+#[derive(Debug)]
+pub struct InBroker {
+    door: Arc<Door>,
+    stop: watch::Sender<bool>,
+    notifier: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl InBroker {
+    /// Starts answering requests inside the broker of `scx`, as `service_id`.
+    pub(crate) async fn start(scx: &ServerContext, door: Arc<Door>) -> InBroker {
+        let from = From::from_system(Id::new(scx.node.id(), 0, None, None, door.service_id().into(), None));
+        let sink = Arc::new(BrokerSink { scx: scx.clone(), from });
+        let connections: Connections = Arc::default();
+        let hooks = scx.extends.hook_mgr().register();
+        hooks
+            .add(
+                Type::MessagePublishCheckAcl,
+                Box::new(ServeRequests {
+                    door: door.clone(),
+                    sink: sink.clone(),
+                    connections: connections.clone(),
+                }),
+            )
+            .await;
+        hooks
+            .add(Type::ClientDisconnected, Box::new(ForgetConnections { connections }))
+            .await;
+        hooks.start().await;
+        let (stop, stop_rx) = watch::channel(false);
+        let notifier = match door.engine().keynotify_feed() {
+            Some(feed) => Some(tokio::spawn(door::notifier(
+                feed,
+                sink,
+                door.service_id().to_owned(),
+                stop_rx,
+            ))),
+            None => {
+                warn!("mqtt: another door already takes KEYNOTIFY notifications; in-broker serving sends none");
+                None
+            }
+        };
+        debug!(
+            service_id = door.service_id(),
+            "mqtt: serving requests inside the embedded broker"
+        );
+        InBroker { door, stop, notifier }
+    }
+
+    pub fn door(&self) -> &Arc<Door> {
+        &self.door
+    }
+
+    /// Stops sending notifications (the broker's own shutdown ends the rest).
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        if let Some(n) = self.notifier.take() {
+            let _ = n.await;
+        }
+    }
+}
