@@ -126,11 +126,11 @@ async fn a_redelivered_request_is_answered_once() {
     c.subscribe(&c.response_topic()).await;
     let corr = uuid_like();
     let payload = stategate::resp3::encode_request([&b"SET"[..], b"nx-key", b"v", b"NX"]);
+    // The copy comes after the first answer, as a redelivery on reconnect does (a copy that
+    // arrives while the first still runs is left to the first, which answers both).
     for _ in 0..2 {
         c.publish(INVOKE, QoS::AtLeastOnce, payload.clone(), request_props(&c, &corr, &[]))
             .await;
-    }
-    for _ in 0..2 {
         let answer = c.next().await;
         assert_eq!(&answer.payload[..], b"+OK\r\n");
     }
