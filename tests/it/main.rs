@@ -8,4 +8,5 @@ mod http;
 mod http_fuzz;
 mod mqtt;
 mod openapi;
+mod redis;
 mod support;
