@@ -294,7 +294,7 @@ impl Backend for RedisBackend {
             other => other,
         })?;
         let mut replies = replies.into_iter();
-        let outcome = match replies.next().map(|v| i64::from_redis_value(v)) {
+        let outcome = match replies.next().map(i64::from_redis_value) {
             Some(Ok(0)) => SwapOutcome::Done,
             Some(Ok(1)) => return Ok(SwapOutcome::Conflict),
             Some(Ok(2)) => return Ok(SwapOutcome::TooManyKeys),
@@ -303,7 +303,7 @@ impl Backend for RedisBackend {
             }
         };
         if self.wait_replicas > 0 {
-            let acked = replies.next().map(|v| i64::from_redis_value(v));
+            let acked = replies.next().map(i64::from_redis_value);
             match acked {
                 Some(Ok(n)) if n >= i64::from(self.wait_replicas) => {}
                 Some(Ok(n)) => {
