@@ -73,7 +73,8 @@ pub enum StorageError {
     Corrupt(String),
     #[error("storage backend: {0}")]
     Backend(String),
-    /// The backend cannot be reached (a lost connection); the request changed nothing.
+    /// The backend cannot be reached (a lost connection). A read changed nothing; a write
+    /// whose answer was lost (sent before the connection failed) may have been applied.
     #[error("storage unavailable: {0}")]
     Unavailable(String),
     /// No space left for a write; the write changed nothing and reads still work.
@@ -140,7 +141,9 @@ impl RedisUrl {
 
     /// Whether the connection uses TLS.
     pub fn is_tls(&self) -> bool {
-        self.0.starts_with("rediss://")
+        self.0
+            .get(..9)
+            .is_some_and(|scheme| scheme.eq_ignore_ascii_case("rediss://"))
     }
 }
 

@@ -167,7 +167,7 @@ impl RedisBackend {
         loop {
             let error = match self.query::<String>(&redis::cmd("PING")).await {
                 Ok(_) => return Ok(()),
-                Err(e @ StorageError::Unavailable(_)) => e,
+                Err(StorageError::Unavailable(why)) => why,
                 Err(other) => return Err(other),
             };
             let now = Instant::now();

@@ -1,7 +1,9 @@
 //! The service on Redis storage (`--storage redis://...`): two services in this process share
 //! one real redis-server, as replicas do; a Redis outage is a 503 on every door and heals by
-//! itself.
+//! itself; the real binary reaches Redis over TLS.
 
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
@@ -9,7 +11,7 @@ use serde_json::json;
 use stategate::config::Config;
 use stategate::storage::{StorageKind, Store};
 
-use crate::support::{Broker, RawClient, TestEnv, WAIT, now_ts, prop, unique_id};
+use crate::support::{Broker, RawClient, TestEnv, WAIT, free_port, now_ts, prop, unique_id};
 
 #[path = "../../src/storage/redis/server.rs"]
 mod server;
@@ -197,4 +199,123 @@ async fn a_hung_redis_is_503_not_a_hang() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     env.stop().await;
+}
+
+/// A test CA and a certificate it signed for `localhost` and 127.0.0.1 (with `openssl`, which
+/// ./scripts/test installs): `(ca.pem, cert.pem, key.pem)` in `dir`. (A self-signed leaf will
+/// not do: webpki refuses a CA certificate as the server's.)
+fn test_certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let path = |name: &str| dir.join(name);
+    let ext = path("san.ext");
+    std::fs::write(&ext, "subjectAltName=DNS:localhost,IP:127.0.0.1\n").unwrap();
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl is not installed: run ./scripts/test, which installs it");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let days = ["-days", "1"];
+    openssl(
+        &[
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                "/CN=stategate test CA",
+            ][..],
+            &days,
+            &["-keyout", "ca.key", "-out", "ca.pem"],
+        ]
+        .concat(),
+    );
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=localhost",
+        "-keyout",
+        "key.pem",
+        "-out",
+        "req.csr",
+    ]);
+    openssl(
+        &[
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "req.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+            ][..],
+            &days,
+            &["-extfile", "san.ext", "-out", "cert.pem"],
+        ]
+        .concat(),
+    );
+    (path("ca.pem"), path("cert.pem"), path("key.pem"))
+}
+
+/// The real binary on `rediss://`: TLS verified against the trust store (`SSL_CERT_FILE`
+/// points rustls-native-certs at the test CA); the service starts once Redis answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_from_redis_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = test_certificates(dir.path());
+    let server = TestServer::start_tls(Flavor::Redis, &cert, &key);
+    let http = free_port();
+    let log = dir.path().join("stategate.log");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_stategate"))
+        .args(["--storage", &format!("rediss://localhost:{}", server.port)])
+        .args(["--http-listen", &format!("127.0.0.1:{http}"), "--grpc-listen", "off"])
+        .args(["--mqtt-listen", "127.0.0.1:0"])
+        .env("SSL_CERT_FILE", &ca)
+        .env("RUST_LOG", "stategate=info")
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn stategate");
+    let c = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{http}/v1.0");
+    let give_up = Instant::now() + WAIT;
+    loop {
+        if c.get(format!("{base}/healthz")).send().await.is_ok() {
+            break;
+        }
+        let exited = child.try_wait().unwrap();
+        if exited.is_some() || Instant::now() > give_up {
+            let _ = child.kill();
+            panic!(
+                "stategate did not serve ({exited:?}); its log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        // Polling a child process: no event to await.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = c
+        .post(format!("{base}/state/statestore"))
+        .json(&json!([{"key": "over-tls", "value": "yes"}]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let r = c.get(format!("{base}/state/statestore/over-tls")).send().await.unwrap();
+    assert_eq!(&r.bytes().await.unwrap()[..], br#""yes""#);
+    let _ = child.kill();
+    let _ = child.wait();
 }

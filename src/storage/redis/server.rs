@@ -72,11 +72,24 @@ pub struct TestServer {
     binary: PathBuf,
     child: Option<Child>,
     dir: tempfile::TempDir,
+    /// Certificate and key PEM files: the port speaks TLS only.
+    tls: Option<(PathBuf, PathBuf)>,
 }
 
 impl TestServer {
     /// Starts a server on a free loopback port and waits until it answers PING.
     pub fn start(flavor: Flavor) -> TestServer {
+        TestServer::start_with(flavor, None)
+    }
+
+    /// Starts a server whose port speaks TLS only (`rediss://`), with this certificate and key
+    /// (no client certificates asked); waits until the port accepts connections.
+    #[allow(dead_code)] // used by tests/it only
+    pub fn start_tls(flavor: Flavor, cert: &Path, key: &Path) -> TestServer {
+        TestServer::start_with(flavor, Some((cert.to_owned(), key.to_owned())))
+    }
+
+    fn start_with(flavor: Flavor, tls: Option<(PathBuf, PathBuf)>) -> TestServer {
         let binary = flavor.binary();
         let mut dir = tempfile::tempdir().expect("tempdir for the server");
         for _attempt in 0..5 {
@@ -86,6 +99,7 @@ impl TestServer {
                 binary: binary.clone(),
                 child: None,
                 dir,
+                tls: tls.clone(),
             };
             if server.spawn() {
                 return server;
@@ -142,9 +156,25 @@ impl TestServer {
 
     /// Spawns on `self.port`; true once it answers PING, false if it exited (port taken).
     fn spawn(&mut self) -> bool {
-        let mut child = Command::new(&self.binary)
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--dir"])
+        let mut command = Command::new(&self.binary);
+        match &self.tls {
+            None => command.args(["--port", &self.port.to_string()]),
+            Some((cert, key)) => command
+                .args([
+                    "--port",
+                    "0",
+                    "--tls-port",
+                    &self.port.to_string(),
+                    "--tls-auth-clients",
+                    "no",
+                ])
+                .arg("--tls-cert-file")
+                .arg(cert)
+                .arg("--tls-key-file")
+                .arg(key),
+        };
+        let mut child = command
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir"])
             .arg(self.dir.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -153,7 +183,11 @@ impl TestServer {
             .unwrap_or_else(|e| panic!("spawn {}: {e}", self.binary.display()));
         let give_up = Instant::now() + READY_WITHIN;
         while Instant::now() < give_up {
-            if answers_ping(self.port) {
+            let ready = match self.tls {
+                None => answers_ping(self.port),
+                Some(_) => accepts(self.port),
+            };
+            if ready {
                 self.child = Some(child);
                 return true;
             }
@@ -186,6 +220,10 @@ fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("no free port")
+}
+
+fn accepts(port: u16) -> bool {
+    TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(100)).is_ok()
 }
 
 /// One PING with short bounds: true on `+PONG`.
