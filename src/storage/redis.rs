@@ -39,10 +39,10 @@
 //!
 //! Every call is bounded by `--redis-timeout-ms`; a call that cannot reach Redis in time, or
 //! that Redis refuses for a passing reason (loading, busy, read-only replica), fails with
-//! [`StorageError::Unavailable`]; out of memory is [`StorageError::Full`]. A call that timed
-//! out keeps no connection stuck: the next call uses a fresh connection manager, which
-//! reconnects in the background. A write whose answer was lost (sent, then the connection
-//! dropped) may have been applied: the error says so, as any lost answer would.
+//! [`StorageError::Unavailable`]; out of memory is [`StorageError::Full`]. After an
+//! unavailable call the next one uses a fresh connection manager, so no connection stays
+//! stuck. A write whose answer was lost (sent, then the connection dropped) may have been
+//! applied: the error says so, as any lost answer would.
 
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -92,7 +92,8 @@ pub struct RedisBackend {
     url: RedisUrl,
     client: redis::Client,
     manager_config: ConnectionManagerConfig,
-    /// The connection in use, replaced after a call times out (see [`RedisBackend::connection`]).
+    /// The connection in use, replaced after a call fails as unavailable (see
+    /// [`RedisBackend::connection`]).
     connection: RwLock<Arc<Connection>>,
     names: Names,
     timeout: Duration,
@@ -129,7 +130,7 @@ impl RedisBackend {
         let info = info.set_tcp_settings(tcp_settings(options.timeout));
         let client = redis::Client::open(info).map_err(|e| StorageError::Backend(format!("{url}: {e}")))?;
         // The manager's own bounds are the same as ours; it retries a lost connection a few
-        // times in the background, and we replace it if it stays stuck (see `connection`).
+        // times in the background, and we replace it after a failure (see `connection`).
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.timeout))
             .set_response_timeout(Some(options.timeout))
@@ -182,24 +183,26 @@ impl RedisBackend {
         }
     }
 
-    /// The connection to use. A call that times out replaces it (once per generation): a
+    /// The connection to use. A call that fails as unavailable (timed out, refused, loading,
+    /// read-only...) replaces it, once per generation however many calls fail together: a
     /// manager can stay stuck on a connection that died silently, or on a reconnection that
-    /// failed in a way it does not retry, and a fresh one reconnects from scratch.
+    /// failed in a way it does not retry (a server still loading), and after a failover only a
+    /// new connection reaches the new primary. A fresh manager connects on its first call.
     fn connection(&self) -> Arc<Connection> {
         self.connection.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    fn replace_connection(&self, stuck: u64) {
+    fn replace_connection(&self, failed: u64) {
         let mut current = self.connection.write().unwrap_or_else(|e| e.into_inner());
-        if current.generation != stuck {
+        if current.generation != failed {
             return;
         }
         match ConnectionManager::new_lazy_with_config(self.client.clone(), self.manager_config.clone()) {
             Ok(manager) => {
-                tracing::warn!(url = %self.url, "redis did not answer in time: reconnecting");
+                tracing::debug!(url = %self.url, generation = failed + 1, "new redis connection manager");
                 *current = Arc::new(Connection {
                     manager,
-                    generation: stuck + 1,
+                    generation: failed + 1,
                 });
             }
             Err(e) => tracing::error!(url = %self.url, cause = %e, "cannot create a redis connection"),
@@ -213,16 +216,17 @@ impl RedisBackend {
         Fut: Future<Output = Result<T, StorageError>>,
     {
         let connection = self.connection();
-        match tokio::time::timeout(self.timeout, call(connection.manager.clone())).await {
+        let result = match tokio::time::timeout(self.timeout, call(connection.manager.clone())).await {
             Ok(result) => result,
-            Err(_) => {
-                self.replace_connection(connection.generation);
-                Err(StorageError::Unavailable(format!(
-                    "no answer from redis within {:?}",
-                    self.timeout
-                )))
-            }
+            Err(_) => Err(StorageError::Unavailable(format!(
+                "no answer from redis within {:?}",
+                self.timeout
+            ))),
+        };
+        if let Err(StorageError::Unavailable(_)) = &result {
+            self.replace_connection(connection.generation);
         }
+        result
     }
 
     async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, StorageError> {

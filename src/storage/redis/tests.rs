@@ -284,6 +284,19 @@ async fn a_hung_server_fails_calls_within_the_bound_and_heals_when_it_answers() 
     assert_eq!(be.get(b"k").await.unwrap().unwrap().value, b(b"v"), "nothing was lost");
 }
 
+/// Readiness: opening waits while nothing answers, and succeeds once the server does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_waits_until_the_server_answers() {
+    let mut server = TestServer::start(Flavor::Redis);
+    server.kill();
+    let url = url(&server);
+    let opening = tokio::spawn(async move { RedisBackend::open(&url, &options("sg:")).await });
+    // Starting a process and waiting for its PING blocks: keep it off the runtime's workers.
+    tokio::task::block_in_place(|| server.restart());
+    let be = opening.await.unwrap().expect("opened once the server answered");
+    assert_eq!(be.len().await.unwrap(), 0);
+}
+
 #[tokio::test]
 async fn open_waits_for_the_server_then_gives_up() {
     let server = TestServer::start(Flavor::Redis);
