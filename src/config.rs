@@ -11,9 +11,8 @@ use crate::engine::{FeedLimits, Limits, ObserverLimits};
 use crate::http::HttpSettings;
 use crate::mqtt::door::DoorLimits;
 use crate::mqtt::service::MqttSettings;
-use crate::storage::StorageConfig;
-use crate::storage::StorageKind;
 use crate::storage::durable::FsyncMode;
+use crate::storage::{RedisOptions, StorageConfig, StorageKind};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -93,10 +92,25 @@ pub struct ServeArgs {
     /// Most operations in one transaction.
     #[arg(long, env = "STATEGATE_MAX_TRANSACTION_OPS", default_value_t = 1000)]
     pub max_transaction_ops: usize,
-    /// Where records are stored: `durable` (on disk under --data-dir) or `memory` (lost when
-    /// the process stops; for tests and caches).
-    #[arg(long, env = "STATEGATE_STORAGE", default_value = "durable")]
+    /// Where records are stored: `durable` (on disk under --data-dir), `memory` (lost when
+    /// the process stops; for tests and caches), or a Redis/Valkey server shared by replicas:
+    /// `redis://[user:password@]host:port[/db]` (`rediss://` for TLS).
+    #[arg(long, env = "STATEGATE_STORAGE", default_value = "durable", hide_env_values = true)]
     pub storage: StorageKind,
+    /// Prefix of every Redis key the store uses.
+    #[arg(long, env = "STATEGATE_REDIS_PREFIX", default_value = "stategate:")]
+    pub redis_prefix: String,
+    /// Bound on each Redis call in milliseconds (connecting, reconnecting, answering): past it
+    /// the request fails with "unavailable" (MQTT __stat=503, HTTP 503, gRPC UNAVAILABLE).
+    #[arg(long, env = "STATEGATE_REDIS_TIMEOUT_MS", default_value_t = 1000)]
+    pub redis_timeout_ms: u64,
+    /// After each write, wait until this many Redis replicas have it (Redis WAIT) before
+    /// answering; fewer within --redis-timeout-ms fails the request. 0 = do not wait.
+    #[arg(long, env = "STATEGATE_REDIS_WAIT_REPLICAS", default_value_t = 0)]
+    pub redis_wait_replicas: u32,
+    /// Seconds to wait at startup for Redis to answer before giving up (exit status 1).
+    #[arg(long, env = "STATEGATE_REDIS_STARTUP_WAIT_SECS", default_value_t = 60)]
+    pub redis_startup_wait_secs: u64,
     /// The durable store's directory (created if missing; one process at a time).
     #[arg(long, env = "STATEGATE_DATA_DIR", default_value = "./stategate-data")]
     pub data_dir: PathBuf,
@@ -280,6 +294,13 @@ impl Config {
             data_dir: a.data_dir,
             fsync: a.fsync,
             segment_bytes: a.segment_bytes.max(4096),
+            redis: RedisOptions {
+                prefix: a.redis_prefix,
+                // A zero bound would fail every call.
+                timeout: Duration::from_millis(a.redis_timeout_ms.max(1)),
+                wait_replicas: a.redis_wait_replicas,
+                startup_wait: Duration::from_secs(a.redis_startup_wait_secs),
+            },
         };
         Ok(Config {
             node_id: a.node_id,
@@ -408,11 +429,53 @@ mod tests {
         let err = Cli::try_parse_from(["stategate", "--storage", "disk"])
             .unwrap_err()
             .to_string();
-        assert!(err.contains("expected durable or memory"), "{err}");
+        assert!(err.contains("expected durable, memory or redis://host:port"), "{err}");
         let err = Cli::try_parse_from(["stategate", "--fsync", "sometimes"])
             .unwrap_err()
             .to_string();
         assert!(err.contains("expected always, batch or never"), "{err}");
+    }
+
+    #[test]
+    fn redis_storage_flags() {
+        let c = Config::default();
+        assert_eq!(c.storage.redis, RedisOptions::default());
+        assert_eq!(c.storage.redis.prefix, "stategate:");
+        assert_eq!(c.storage.redis.timeout, Duration::from_millis(1000));
+        let cli = Cli::try_parse_from([
+            "stategate",
+            "--storage",
+            "redis://app:s3cret@10.0.0.5:6380/2",
+            "--redis-prefix",
+            "{sg}:",
+            "--redis-timeout-ms",
+            "250",
+            "--redis-wait-replicas",
+            "1",
+            "--redis-startup-wait-secs",
+            "5",
+        ]);
+        if cfg!(feature = "redis") {
+            let c = Config::from_args(cli.unwrap().serve).unwrap();
+            let StorageKind::Redis(url) = &c.storage.kind else {
+                panic!("not redis: {:?}", c.storage.kind);
+            };
+            assert_eq!(url.expose(), "redis://app:s3cret@10.0.0.5:6380/2");
+            assert_eq!(
+                url.to_string(),
+                "redis://app:***@10.0.0.5:6380/2",
+                "no password in logs"
+            );
+            assert!(!format!("{c:?}").contains("s3cret"), "no password in Debug either");
+            assert_eq!(c.storage.redis.prefix, "{sg}:");
+            assert_eq!(c.storage.redis.timeout, Duration::from_millis(250));
+            assert_eq!(c.storage.redis.wait_replicas, 1);
+            assert_eq!(c.storage.redis.startup_wait, Duration::from_secs(5));
+        } else {
+            let err = cli.unwrap_err().to_string();
+            assert!(err.contains("without the cargo feature `redis`"), "{err}");
+            assert!(!err.contains("s3cret"), "{err}");
+        }
     }
 
     #[test]

@@ -36,12 +36,13 @@ fn main() {
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
-    let storage = config.storage.clone();
-    let store = tokio::task::spawn_blocking(move || Store::open(&storage))
-        .await?
-        .map_err(|e| match config.storage.kind {
+    let store = Store::open(&config.storage)
+        .await
+        .map_err(|e| match &config.storage.kind {
             StorageKind::Durable => anyhow::anyhow!("opening storage in {}: {e}", config.storage.data_dir.display()),
             StorageKind::Memory => anyhow::anyhow!("opening storage: {e}"),
+            // The URL's Display hides its password.
+            StorageKind::Redis(url) => anyhow::anyhow!("opening storage at {url}: {e}"),
         })?;
     if config.storage.kind == StorageKind::Memory {
         tracing::warn!("storage is in memory: every record is lost when the process stops");

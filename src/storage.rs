@@ -3,7 +3,7 @@
 //!
 //! The one write primitive is a conditional swap: replace a key's record (or its absence) only
 //! if the stored version is still the one the engine read. [`Backend::swap_many`] does the same
-//! for several keys at once, all or nothing (transactions). A Redis backend implements both
+//! for several keys at once, all or nothing (transactions). The Redis backend implements both
 //! with a server-side script; the in-memory backend with a lock.
 
 use std::sync::Arc;
@@ -15,6 +15,8 @@ use crate::hlc::Hlc;
 
 pub mod durable;
 pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 /// What is stored for one key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,7 +73,8 @@ pub enum StorageError {
     Corrupt(String),
     #[error("storage backend: {0}")]
     Backend(String),
-    /// The backend cannot be reached (a lost connection); the request changed nothing.
+    /// The backend cannot be reached (a lost connection). A read changed nothing; a write
+    /// whose answer was lost (sent before the connection failed) may have been applied.
     #[error("storage unavailable: {0}")]
     Unavailable(String),
     /// No space left for a write; the write changed nothing and reads still work.
@@ -112,28 +115,114 @@ pub trait Backend: Send + Sync + 'static {
     async fn max_version(&self) -> Result<Option<Hlc>, StorageError>;
 }
 
-/// Which backend stores the records (`--storage`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Which backend stores the records (`--storage`). Every backend is listed whatever cargo
+/// features are on, so a `--storage` value can name a backend this build lacks and be told so.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum StorageKind {
     /// Volatile: everything is lost when the process stops (tests, caches).
     Memory,
     /// On disk under `--data-dir`, surviving restarts and crashes (see [`durable`]).
     #[default]
     Durable,
+    /// A Redis or Valkey server shared by every replica (`redis://`, `rediss://`).
+    Redis(RedisUrl),
 }
 
-/// An unknown `--storage` value.
+/// A `redis://` or `rediss://` URL. Its password is never displayed: `Display` and `Debug`
+/// show `***` in its place, so configurations and errors can be logged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisUrl(String);
+
+impl RedisUrl {
+    /// The URL as given, password included (only for connecting).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether the connection uses TLS.
+    pub fn is_tls(&self) -> bool {
+        self.0
+            .get(..9)
+            .is_some_and(|scheme| scheme.eq_ignore_ascii_case("rediss://"))
+    }
+}
+
+impl std::fmt::Display for RedisUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // scheme://[user[:password]@]host...: hide whatever follows the first ':' of the
+        // credentials.
+        let (scheme, rest) = self.0.split_once("://").unwrap_or(("", &self.0));
+        let authority_end = rest.find('/').unwrap_or(rest.len());
+        match rest[..authority_end].rfind('@') {
+            Some(at) => {
+                let user = rest[..at].split(':').next().unwrap_or("");
+                let secret = if rest[..at].contains(':') { ":***" } else { "" };
+                write!(f, "{scheme}://{user}{secret}{}", &rest[at..])
+            }
+            None => f.write_str(&self.0),
+        }
+    }
+}
+
+impl std::fmt::Debug for RedisUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RedisUrl({self})")
+    }
+}
+
+/// A `--storage` value that names no backend of this build.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown storage {0:?}: expected durable or memory")]
-pub struct ParseStorageKindError(String);
+pub enum ParseStorageKindError {
+    #[error("unknown storage {0:?}: expected durable, memory or redis://host:port")]
+    Unknown(String),
+    #[error(
+        "--storage {0}: this stategate was built without the cargo feature `redis` (build with `--features redis`)"
+    )]
+    RedisNotBuilt(RedisUrl),
+}
 
 impl std::str::FromStr for StorageKind {
     type Err = ParseStorageKindError;
     fn from_str(s: &str) -> Result<StorageKind, ParseStorageKindError> {
-        match s.to_ascii_lowercase().as_str() {
+        let lower = s.to_ascii_lowercase();
+        if lower.starts_with("redis://") || lower.starts_with("rediss://") {
+            let url = RedisUrl(s.to_owned());
+            return if cfg!(feature = "redis") {
+                Ok(StorageKind::Redis(url))
+            } else {
+                Err(ParseStorageKindError::RedisNotBuilt(url))
+            };
+        }
+        match lower.as_str() {
             "memory" => Ok(StorageKind::Memory),
             "durable" => Ok(StorageKind::Durable),
-            _ => Err(ParseStorageKindError(s.to_owned())),
+            _ => Err(ParseStorageKindError::Unknown(s.to_owned())),
+        }
+    }
+}
+
+/// How the Redis backend connects and behaves (`--redis-*`). Plain data, so the configuration
+/// builds without the `redis` feature.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisOptions {
+    /// Prefix of every Redis key the store uses (several stores can share one database).
+    pub prefix: String,
+    /// Bound on every call: connecting, waiting for a reconnection, an answer. Past it the
+    /// call fails with [`StorageError::Unavailable`].
+    pub timeout: std::time::Duration,
+    /// After each write, wait (Redis `WAIT`) until this many replicas have it; 0 = do not wait.
+    pub wait_replicas: u32,
+    /// How long opening the store waits for Redis to answer before giving up.
+    pub startup_wait: std::time::Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> RedisOptions {
+        RedisOptions {
+            prefix: "stategate:".into(),
+            timeout: std::time::Duration::from_millis(1000),
+            wait_replicas: 0,
+            startup_wait: std::time::Duration::from_secs(60),
         }
     }
 }
@@ -146,6 +235,7 @@ pub struct StorageConfig {
     pub fsync: durable::FsyncMode,
     /// See [`durable::DurableOptions::segment_bytes`].
     pub segment_bytes: u64,
+    pub redis: RedisOptions,
 }
 
 /// A cheap handle on a backend.
@@ -167,22 +257,36 @@ impl Store {
         Store::new(memory::MemoryBackend::default())
     }
 
-    /// Opens the configured backend (recovering a durable one from disk; blocks while it reads).
-    pub fn open(config: &StorageConfig) -> Result<Store, StorageError> {
-        Store::open_with_clock(config, Arc::new(crate::hlc::SystemClock))
+    /// Opens the configured backend: recovers a durable one from disk (on a blocking thread),
+    /// or connects to Redis and waits until it answers (bounded by
+    /// [`RedisOptions::startup_wait`]), so the doors open only once the storage works.
+    pub async fn open(config: &StorageConfig) -> Result<Store, StorageError> {
+        Store::open_with_clock(config, Arc::new(crate::hlc::SystemClock)).await
     }
 
     /// [`Store::open`] with the service's clock (tests inject a manual one end to end).
-    pub fn open_with_clock(config: &StorageConfig, clock: Arc<dyn crate::hlc::Clock>) -> Result<Store, StorageError> {
-        match config.kind {
+    pub async fn open_with_clock(
+        config: &StorageConfig,
+        clock: Arc<dyn crate::hlc::Clock>,
+    ) -> Result<Store, StorageError> {
+        match &config.kind {
             StorageKind::Memory => Ok(Store::memory()),
             StorageKind::Durable => {
                 let mut options = durable::DurableOptions::new(&config.data_dir);
                 options.fsync = config.fsync;
                 options.segment_bytes = config.segment_bytes;
                 options.clock = clock;
-                Ok(Store::new(durable::DurableBackend::open(options)?))
+                let backend = tokio::task::spawn_blocking(move || durable::DurableBackend::open(options))
+                    .await
+                    .map_err(|e| StorageError::Backend(format!("the opening thread failed: {e}")))??;
+                Ok(Store::new(backend))
             }
+            #[cfg(feature = "redis")]
+            StorageKind::Redis(url) => Ok(Store::new(redis::RedisBackend::open(url, &config.redis).await?)),
+            #[cfg(not(feature = "redis"))]
+            StorageKind::Redis(url) => Err(StorageError::Backend(
+                ParseStorageKindError::RedisNotBuilt(url.clone()).to_string(),
+            )),
         }
     }
 

@@ -1,5 +1,6 @@
-//! Engine rules on the in-memory store with a manual clock: no I/O, no sleeps. Time moves only
-//! when a test moves the clock.
+//! Engine rules with a manual clock: no sleeps; time moves only when a test moves the clock.
+//! Every rule test runs on each backend (`on_every_backend!` at the end): on the in-memory
+//! store, and, with the `redis` feature, on a real redis-server and valkey-server.
 
 use std::sync::Arc;
 
@@ -7,8 +8,7 @@ use bytes::Bytes;
 
 use super::*;
 use crate::hlc::{Hlc, ManualClock};
-use crate::storage::memory::MemoryBackend;
-use crate::storage::{Record, Store};
+use crate::storage::{Record, Store, Swap, SwapOutcome};
 
 /// The service clock at the start of every test.
 const T0: u64 = 1_700_000_000_000;
@@ -26,7 +26,7 @@ async fn fx() -> Fx {
 }
 
 async fn fx_with(limits: Limits) -> Fx {
-    fx_on(Store::memory(), limits).await
+    fx_on(test_store().await, limits).await
 }
 
 async fn fx_on(store: Store, limits: Limits) -> Fx {
@@ -366,7 +366,6 @@ fn parse_syntax_errors() {
 }
 
 /// Whether a TTL is in range is one engine rule, whichever door parsed it.
-#[tokio::test]
 async fn ttl_range_is_decided_by_the_engine() {
     let f = fx().await;
     for px in ["0", "0.0", &(MAX_TTL_MS + 1).to_string(), "99999999999999999999999"] {
@@ -423,7 +422,6 @@ fn parse_empty_key() {
     assert!(parse(&["SCAN", ""], Meta::default()).is_ok());
 }
 
-#[tokio::test]
 async fn empty_keys_are_refused_by_execute_too() {
     let f = fx().await;
     let set = Set {
@@ -460,7 +458,6 @@ async fn empty_keys_are_refused_by_execute_too() {
 
 // ======================= SET / GET / DEL / VDEL =======================
 
-#[tokio::test]
 async fn set_get_del_replies_and_versions() {
     let mut f = fx().await;
     // A request timestamp behind the service clock is fine.
@@ -521,7 +518,6 @@ async fn set_get_del_replies_and_versions() {
     );
 }
 
-#[tokio::test]
 async fn set_version_is_after_the_request_timestamp() {
     let f = fx().await;
     // A request timestamp ahead of the service clock (but within the skew) is merged.
@@ -539,7 +535,6 @@ async fn set_version_is_after_the_request_timestamp() {
     assert!(w > v);
 }
 
-#[tokio::test]
 async fn set_version_is_after_the_stored_version() {
     // Another node sharing the storage wrote a version ahead of this node's clock; the request
     // timestamp is old. The new version still beats both.
@@ -570,26 +565,30 @@ async fn set_version_is_after_the_stored_version() {
     );
 }
 
-#[tokio::test]
 async fn versions_never_go_backwards_after_a_restart() {
-    let backend = MemoryBackend::default();
+    let store = test_store().await;
     let stored = Hlc::new(T0 + 5_000, 9, NODE);
-    backend.load(
-        b("old"),
-        Some(Record {
+    let old = Swap {
+        key: b("old"),
+        expected: None,
+        new: Some(Record {
             value: b("v"),
             version: stored.clone(),
             fencing: None,
             expires_at_ms: None,
         }),
+    };
+    assert_eq!(
+        store.backend().swap_many(&[old], None).await.unwrap(),
+        SwapOutcome::Done
     );
-    let f = fx_on(Store::new(backend), Limits::default()).await;
+    // The engine opens on a store written before it started, as after a restart.
+    let f = fx_on(store, Limits::default()).await;
     // A different key: only the clock floor from `max_version` can put it after `stored`.
     let v = f.ok(&["SET", "new", "v"]).await.version.unwrap();
     assert!(v > stored, "{v} > {stored}");
 }
 
-#[tokio::test]
 async fn set_without_a_timestamp_still_gets_a_version() {
     // The MQTT door insists on `__ts`; other doors may not carry one.
     let f = fx().await;
@@ -598,7 +597,6 @@ async fn set_without_a_timestamp_still_gets_a_version() {
     assert_eq!(r.version.unwrap().ms, T0);
 }
 
-#[tokio::test]
 async fn versions_within_one_millisecond_use_the_counter() {
     let f = fx().await;
     let mut last: Option<Hlc> = None;
@@ -627,7 +625,6 @@ async fn versions_within_one_millisecond_use_the_counter() {
     assert_eq!((v.ms, v.counter), (T0 + 1, 1));
 }
 
-#[tokio::test]
 async fn values_are_binary() {
     let f = fx().await;
     let set = Set {
@@ -652,7 +649,6 @@ async fn values_are_binary() {
     assert_eq!(f.get("empty").await.reply, Reply::Value(Bytes::new()));
 }
 
-#[tokio::test]
 async fn vdel_replies() {
     let mut f = fx().await;
     let v1 = f.ok(&["SET", "k", "v1"]).await.version.unwrap();
@@ -686,7 +682,6 @@ async fn vdel_replies() {
     );
 }
 
-#[tokio::test]
 async fn nx_and_nex() {
     let mut f = fx().await;
     // NX on an absent key applies.
@@ -737,7 +732,6 @@ async fn nx_and_nex() {
     );
 }
 
-#[tokio::test]
 async fn etag_conditions() {
     // Not reachable from MQTT, but part of the engine: SET/DEL only at one version.
     let f = fx().await;
@@ -770,7 +764,6 @@ async fn etag_conditions() {
 
 // ======================= expiry (PX) =======================
 
-#[tokio::test]
 async fn px_expires_at_the_deadline() {
     let mut f = fx().await;
     let v1 = f.ok(&["SET", "k", "v", "PX", "1000"]).await.version.unwrap();
@@ -796,7 +789,6 @@ async fn px_expires_at_the_deadline() {
     f.no_changes();
 }
 
-#[tokio::test]
 async fn expired_keys_read_as_absent_everywhere() {
     let mut f = fx().await;
     for k in ["a", "b", "c", "d"] {
@@ -825,7 +817,6 @@ async fn expired_keys_read_as_absent_everywhere() {
     assert_eq!(kinds, vec![(b("a"), ChangeKind::Expire), (b("b"), ChangeKind::Expire)]);
 }
 
-#[tokio::test]
 async fn nx_and_nex_treat_an_expired_key_as_absent() {
     let mut f = fx().await;
     f.ok(&["SET", "k", "old", "PX", "100"]).await;
@@ -858,7 +849,6 @@ async fn nx_and_nex_treat_an_expired_key_as_absent() {
     assert_eq!(f.get("k").await.reply, value("new"));
 }
 
-#[tokio::test]
 async fn set_without_px_clears_px() {
     let mut f = fx().await;
     f.ok(&["SET", "k", "v", "PX", "100"]).await;
@@ -877,7 +867,6 @@ async fn set_without_px_clears_px() {
     assert!(!kinds.contains(&ChangeKind::Expire), "{kinds:?}");
 }
 
-#[tokio::test]
 async fn px_renewal_moves_the_deadline() {
     let f = fx().await;
     f.ok(&["SET", "lock", "me", "NEX", "PX", "100"]).await;
@@ -900,14 +889,12 @@ async fn px_renewal_moves_the_deadline() {
     assert_eq!(f.get("lock").await.reply, Reply::Nil);
 }
 
-#[tokio::test]
 async fn px_fraction_rounds_up() {
     let f = fx().await;
     f.ok(&["SET", "k", "v", "PX", "1500.5"]).await;
     assert_eq!(f.record("k").await.unwrap().expires_at_ms, Some(T0 + 1501));
 }
 
-#[tokio::test]
 async fn expire_due_removes_many_keys() {
     let mut f = fx().await;
     // More than one batch of the expiry sweep.
@@ -948,7 +935,6 @@ async fn expire_due_removes_many_keys() {
     assert_eq!(f.store.backend().next_deadline().await.unwrap(), None);
 }
 
-#[tokio::test]
 async fn expiry_drops_the_fencing_token() {
     let f = fx().await;
     f.run(&["SET", "k", "v", "PX", "10"], ft(hlc(T0, 5))).await.unwrap();
@@ -960,7 +946,6 @@ async fn expiry_drops_the_fencing_token() {
 
 // ======================= clock skew =======================
 
-#[tokio::test]
 async fn request_timestamp_skew() {
     let mut f = fx().await;
     // Exactly 60 s ahead: fine (whatever the counter).
@@ -991,7 +976,6 @@ async fn request_timestamp_skew() {
     }
 }
 
-#[tokio::test]
 async fn fencing_token_skew() {
     let mut f = fx().await;
     let ok = hlc(T0 + MAX_CLOCK_SKEW_MS, 7);
@@ -1024,7 +1008,6 @@ async fn fencing_token_skew() {
 
 // ======================= fencing tokens (spec section 6) =======================
 
-#[tokio::test]
 async fn fencing_rule_1_a_token_is_stored() {
     let f = fx().await;
     f.run(&["SET", "k", "v"], ft(hlc(T0, 3))).await.unwrap();
@@ -1036,7 +1019,6 @@ async fn fencing_rule_1_a_token_is_stored() {
     f.run(&["DEL", "free"], ft(hlc(1, 0))).await.unwrap();
 }
 
-#[tokio::test]
 async fn fencing_rule_2_a_token_is_required() {
     let mut f = fx().await;
     let v1 = f
@@ -1069,7 +1051,6 @@ async fn fencing_rule_2_a_token_is_required() {
     );
 }
 
-#[tokio::test]
 async fn fencing_rule_2_lower_is_refused_equal_or_higher_accepted() {
     let mut f = fx().await;
     f.run(&["SET", "k", "v1"], ft(hlc(T0, 3))).await.unwrap();
@@ -1118,7 +1099,6 @@ async fn fencing_rule_2_lower_is_refused_equal_or_higher_accepted() {
     );
 }
 
-#[tokio::test]
 async fn fencing_a_set_never_lowers_the_token() {
     let f = fx().await;
     f.run(&["SET", "k", "v"], ft(hlc(T0, 10))).await.unwrap();
@@ -1131,7 +1111,6 @@ async fn fencing_a_set_never_lowers_the_token() {
     assert_eq!(f.record("k").await.unwrap().fencing, Some(hlc(T0, 10)));
 }
 
-#[tokio::test]
 async fn fencing_rule_3_token_before_value() {
     let mut f = fx().await;
     let v1 = f
@@ -1167,7 +1146,6 @@ async fn fencing_rule_3_token_before_value() {
     );
 }
 
-#[tokio::test]
 async fn fencing_rule_5_get_needs_no_token_and_delete_drops_it() {
     let f = fx().await;
     f.run(&["SET", "k", "v"], ft(hlc(T0, 3))).await.unwrap();
@@ -1192,7 +1170,6 @@ async fn fencing_rule_5_get_needs_no_token_and_delete_drops_it() {
 
 // ======================= quotas =======================
 
-#[tokio::test]
 async fn quota_max_keys() {
     let mut f = fx_with(Limits {
         max_keys: Some(2),
@@ -1221,7 +1198,6 @@ async fn quota_max_keys() {
     assert_eq!(f.ok(&["SET", "d", "1"]).await.reply, Reply::Ok);
 }
 
-#[tokio::test]
 async fn quota_does_not_count_expired_keys_the_sweeper_has_not_reached() {
     let mut f = fx_with(Limits {
         max_keys: Some(1),
@@ -1239,7 +1215,6 @@ async fn quota_does_not_count_expired_keys_the_sweeper_has_not_reached() {
     assert_err!(f.run(&["SET", "third", "1"], ts(T0)).await, EngineError::QuotaExceeded);
 }
 
-#[tokio::test]
 async fn quota_key_and_value_sizes() {
     let mut f = fx_with(Limits {
         max_key_bytes: 8,
@@ -1274,7 +1249,6 @@ fn sorted(mut ids: Vec<Arc<str>>) -> Vec<String> {
     ids.iter().map(|s| s.to_string()).collect()
 }
 
-#[tokio::test]
 async fn keynotify_register_and_stop() {
     let mut f = fx().await;
     // Registering answers OK whether or not the key exists, and twice is fine.
@@ -1323,7 +1297,6 @@ async fn keynotify_register_and_stop() {
     assert_eq!(f.store.backend().len().await.unwrap(), 0);
 }
 
-#[tokio::test]
 async fn keynotify_registrations_outlive_the_key() {
     let f = fx().await;
     f.run(&["KEYNOTIFY", "k"], client("c1")).await.unwrap();
@@ -1335,7 +1308,6 @@ async fn keynotify_registrations_outlive_the_key() {
     assert_eq!(sorted(f.engine.observers_of(b"k")), ["c1"]);
 }
 
-#[tokio::test]
 async fn keynotify_drop_client() {
     let f = fx().await;
     for k in ["a", "b", "c"] {
@@ -1362,7 +1334,6 @@ async fn keynotify_drop_client() {
     assert_eq!(f.engine.observing_clients(), 2);
 }
 
-#[tokio::test]
 async fn keynotify_per_client_cap() {
     let mut limits = Limits::default();
     limits.observers.per_client = 2;
@@ -1386,7 +1357,6 @@ async fn keynotify_per_client_cap() {
 
 // ======================= change feed =======================
 
-#[tokio::test]
 async fn change_feed_order_and_contents() {
     let mut f = fx().await;
     let v1 = f.ok(&["SET", "k", "1"]).await.version.unwrap();
@@ -1422,7 +1392,6 @@ async fn change_feed_order_and_contents() {
     }
 }
 
-#[tokio::test]
 async fn change_feed_nothing_for_operations_not_applied() {
     let mut f = fx_with(Limits {
         max_keys: Some(2),
@@ -1451,7 +1420,6 @@ async fn change_feed_nothing_for_operations_not_applied() {
     f.no_changes();
 }
 
-#[tokio::test]
 async fn change_feed_subscribers_see_changes_from_subscription_on() {
     let f = fx().await;
     f.ok(&["SET", "before", "v"]).await;
@@ -1473,7 +1441,6 @@ async fn glob_fixture() -> Fx {
     f
 }
 
-#[tokio::test]
 async fn scan_glob_patterns() {
     let f = glob_fixture().await;
     let s = |v: &[&str]| {
@@ -1520,7 +1487,6 @@ async fn scan_glob_patterns() {
     assert_eq!(f.scan_sorted("").await, Vec::<String>::new());
 }
 
-#[tokio::test]
 async fn scan_bad_patterns_and_tokens_are_syntax_errors() {
     let f = glob_fixture().await;
     for pattern in ["[", "a[", "a[!", "a[!]", "***", "a**"] {
@@ -1536,7 +1502,6 @@ async fn scan_bad_patterns_and_tokens_are_syntax_errors() {
     }
 }
 
-#[tokio::test]
 async fn scan_binary_keys() {
     let f = fx().await;
     for key in [&b"\xff\xfe"[..], b"k\r\n", b"k\x00"] {
@@ -1571,7 +1536,6 @@ fn small_pages(n: usize) -> Limits {
     }
 }
 
-#[tokio::test]
 async fn scan_paging_lists_every_key_once() {
     let f = fx_with(small_pages(3)).await;
     let all: Vec<String> = (0..20).map(|i| format!("key{i:02}")).collect();
@@ -1593,7 +1557,6 @@ async fn scan_paging_lists_every_key_once() {
     assert!(token.is_some(), "k may be 0 with more pages to come");
 }
 
-#[tokio::test]
 async fn scan_deleted_keys_never_come_back() {
     let f = fx_with(small_pages(4)).await;
     let all: Vec<String> = (0..12).map(|i| format!("k{i:02}")).collect();
@@ -1627,7 +1590,6 @@ async fn scan_deleted_keys_never_come_back() {
     assert_eq!(rest, ["k04", "k06", "k07", "k10"]);
 }
 
-#[tokio::test]
 async fn scan_of_100_keys_takes_at_most_64_pages() {
     let f = fx().await;
     for i in 0..100 {
@@ -1646,7 +1608,6 @@ async fn scan_of_100_keys_takes_at_most_64_pages() {
     assert!(pages <= 64, "{pages} pages");
 }
 
-#[tokio::test]
 async fn scan_tokens_are_upper_case_hex_of_the_last_key() {
     let f = fx_with(small_pages(1)).await;
     f.ok(&["SET", "key", "v"]).await;
@@ -1675,7 +1636,6 @@ fn del_cmd(key: &str, condition: DelCondition) -> Command {
 
 /// First-write without an ETag: a no-op on an absent key, refused on an existing one, decided
 /// under the key's lock (in a transaction too), so a concurrent SET cannot slip in between.
-#[tokio::test]
 async fn first_write_delete_is_an_engine_condition() {
     let mut f = fx().await;
     let r = f.engine.execute(del_cmd("k", DelCondition::IfAbsent)).await.unwrap();
@@ -1734,7 +1694,6 @@ async fn first_write_delete_is_an_engine_condition() {
 }
 
 /// Transactions sweep expired-but-unswept keys at `max_keys`, as SET does.
-#[tokio::test]
 async fn transactions_make_room_from_expired_keys_too() {
     let mut limits = Limits::default();
     limits.max_keys = Some(2);
@@ -1757,7 +1716,6 @@ async fn transactions_make_room_from_expired_keys_too() {
 }
 
 /// A write at `max_keys` removes a bounded number of due keys itself; the driver does the rest.
-#[tokio::test]
 async fn quota_refusals_do_bounded_expiry_work() {
     let mut limits = Limits::default();
     limits.max_keys = Some(1000);
@@ -1779,7 +1737,6 @@ async fn quota_refusals_do_bounded_expiry_work() {
 }
 
 /// The registry is bounded as a whole, per client and by key size.
-#[tokio::test]
 async fn keynotify_registry_bounds() {
     let mut limits = Limits::default();
     limits.observers.total = 3;
@@ -1820,7 +1777,6 @@ fn session(id: &str, s: u64) -> Meta {
 
 /// Registrations belong to a broker session: a newer session of the same client id replaces
 /// the old one's, and a late report of the old session's end leaves the new ones alone.
-#[tokio::test]
 async fn keynotify_registrations_follow_the_broker_session() {
     let f = fx().await;
     f.run(&["KEYNOTIFY", "old"], session("c1", 1)).await.unwrap();
@@ -1833,7 +1789,6 @@ async fn keynotify_registrations_follow_the_broker_session() {
 }
 
 /// Keys kept by the registry are copies, not slices of the request's buffer.
-#[tokio::test]
 async fn keynotify_keys_do_not_pin_request_buffers() {
     let f = fx().await;
     let packet = Bytes::from(vec![b'k'; 4096]);
@@ -1848,7 +1803,6 @@ async fn keynotify_keys_do_not_pin_request_buffers() {
 }
 
 /// Notifications that do not fit the door's queue are dropped and counted, never silently.
-#[tokio::test]
 async fn keynotify_queue_overflow_is_counted() {
     let mut limits = Limits::default();
     limits.observers.queue_len = 4;
@@ -1878,3 +1832,134 @@ async fn keynotify_queue_overflow_is_counted() {
         "two notifications of 4 KB fit in 10 KB"
     );
 }
+// ======================= every backend =======================
+
+/// Which backend the running test uses (a task-local, set by `on_every_backend!`).
+#[derive(Debug, Clone)]
+enum Backing {
+    Memory,
+    /// A Redis or Valkey server: each store opened on it gets a prefix of its own.
+    #[cfg(feature = "redis")]
+    Redis(String),
+}
+
+tokio::task_local! {
+    static BACKING: Backing;
+}
+
+/// A fresh, empty store of the running test's backend.
+async fn test_store() -> Store {
+    let backing = BACKING
+        .try_with(Backing::clone)
+        .unwrap_or_else(|_| panic!("engine tests run through on_every_backend!: list the test there"));
+    match backing {
+        Backing::Memory => Store::memory(),
+        #[cfg(feature = "redis")]
+        Backing::Redis(url) => {
+            use std::sync::atomic::AtomicU64;
+            static STORES: AtomicU64 = AtomicU64::new(0);
+            let Ok(crate::storage::StorageKind::Redis(url)) = url.parse() else {
+                panic!("not a redis url: {url}");
+            };
+            let options = crate::storage::RedisOptions {
+                prefix: format!("engine-test-{}:", STORES.fetch_add(1, Ordering::Relaxed)),
+                timeout: std::time::Duration::from_secs(5),
+                ..Default::default()
+            };
+            let backend = crate::storage::redis::RedisBackend::open(&url, &options).await.unwrap();
+            Store::new(backend)
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+async fn on_server(flavor: crate::storage::redis::server::Flavor, test: impl std::future::Future<Output = ()>) {
+    let server = crate::storage::redis::server::TestServer::start(flavor);
+    BACKING.scope(Backing::Redis(server.url()), test).await;
+}
+
+macro_rules! on_every_backend {
+    ($($test:ident),* $(,)?) => {
+        mod on_memory {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::BACKING.scope(super::Backing::Memory, super::$test()).await;
+                }
+            )*
+        }
+        #[cfg(feature = "redis")]
+        mod on_redis {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::on_server(crate::storage::redis::server::Flavor::Redis, super::$test()).await;
+                }
+            )*
+        }
+        #[cfg(feature = "redis")]
+        mod on_valkey {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::on_server(crate::storage::redis::server::Flavor::Valkey, super::$test()).await;
+                }
+            )*
+        }
+    };
+}
+
+on_every_backend!(
+    empty_keys_are_refused_by_execute_too,
+    set_get_del_replies_and_versions,
+    set_version_is_after_the_request_timestamp,
+    set_version_is_after_the_stored_version,
+    versions_never_go_backwards_after_a_restart,
+    set_without_a_timestamp_still_gets_a_version,
+    versions_within_one_millisecond_use_the_counter,
+    values_are_binary,
+    vdel_replies,
+    nx_and_nex,
+    etag_conditions,
+    px_expires_at_the_deadline,
+    expired_keys_read_as_absent_everywhere,
+    nx_and_nex_treat_an_expired_key_as_absent,
+    set_without_px_clears_px,
+    px_renewal_moves_the_deadline,
+    px_fraction_rounds_up,
+    expire_due_removes_many_keys,
+    expiry_drops_the_fencing_token,
+    request_timestamp_skew,
+    fencing_token_skew,
+    fencing_rule_1_a_token_is_stored,
+    fencing_rule_2_a_token_is_required,
+    fencing_rule_2_lower_is_refused_equal_or_higher_accepted,
+    fencing_a_set_never_lowers_the_token,
+    fencing_rule_3_token_before_value,
+    fencing_rule_5_get_needs_no_token_and_delete_drops_it,
+    quota_max_keys,
+    quota_does_not_count_expired_keys_the_sweeper_has_not_reached,
+    quota_key_and_value_sizes,
+    keynotify_register_and_stop,
+    keynotify_registrations_outlive_the_key,
+    keynotify_drop_client,
+    keynotify_per_client_cap,
+    change_feed_order_and_contents,
+    change_feed_nothing_for_operations_not_applied,
+    change_feed_subscribers_see_changes_from_subscription_on,
+    scan_glob_patterns,
+    scan_bad_patterns_and_tokens_are_syntax_errors,
+    scan_binary_keys,
+    scan_paging_lists_every_key_once,
+    scan_deleted_keys_never_come_back,
+    scan_of_100_keys_takes_at_most_64_pages,
+    scan_tokens_are_upper_case_hex_of_the_last_key,
+    ttl_range_is_decided_by_the_engine,
+    first_write_delete_is_an_engine_condition,
+    transactions_make_room_from_expired_keys_too,
+    quota_refusals_do_bounded_expiry_work,
+    keynotify_registry_bounds,
+    keynotify_registrations_follow_the_broker_session,
+    keynotify_keys_do_not_pin_request_buffers,
+    keynotify_queue_overflow_is_counted,
+);

@@ -9,4 +9,5 @@ mod http_fuzz;
 mod inbroker;
 mod mqtt;
 mod openapi;
+mod redis;
 mod support;

@@ -110,6 +110,11 @@ impl TestEnv {
 
     /// Starts with a configuration tweak (limits, page sizes, ids).
     pub async fn start_with(broker: Broker, tweak: impl FnOnce(&mut Config)) -> TestEnv {
+        TestEnv::start_on(broker, Store::memory(), tweak).await
+    }
+
+    /// Starts on a given store (e.g. one shared with another service, as replicas do).
+    pub async fn start_on(broker: Broker, store: Store, tweak: impl FnOnce(&mut Config)) -> TestEnv {
         let mut config = Config::default();
         config.http_listen = Some("127.0.0.1:0".parse().unwrap());
         config.grpc_listen = Some("127.0.0.1:0".parse().unwrap());
@@ -131,7 +136,7 @@ impl TestEnv {
             }
         };
         tweak(&mut config);
-        let running = stategate::start(config, Store::memory()).await.expect("service starts");
+        let running = stategate::start(config, store).await.expect("service starts");
         let broker_port = running.mqtt_broker().1;
         TestEnv {
             broker_port,
