@@ -174,6 +174,12 @@ impl EmbeddedBroker {
         self.local_addr
     }
 
+    /// A counter of the MQTT connections open now (the service's own client included).
+    pub fn connection_counter(&self) -> impl Fn() -> usize + Send + Sync + 'static {
+        let scx = self.scx.clone();
+        move || scx.connections.count().max(0) as usize
+    }
+
     /// Stops accepting and ends the broker's tasks as far as rmqtt allows.
     ///
     /// The listening socket is closed first. Then every session is kicked: connected clients get
