@@ -68,6 +68,16 @@ static ASSETS: &[Asset] = &[
         body: include_bytes!("../ui/editor.js"),
     },
     Asset {
+        name: "changes.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("../ui/changes.js"),
+    },
+    Asset {
+        name: "status.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("../ui/status.js"),
+    },
+    Asset {
         name: "favicon.svg",
         content_type: "image/svg+xml",
         body: include_bytes!("../ui/favicon.svg"),

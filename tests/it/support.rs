@@ -111,6 +111,8 @@ impl TestEnv {
     /// Starts with a configuration tweak (limits, page sizes, ids).
     pub async fn start_with(broker: Broker, tweak: impl FnOnce(&mut Config)) -> TestEnv {
         let mut config = Config::default();
+        // The service runs on `Store::memory()`: say so, as the status route reports it.
+        config.storage.kind = stategate::storage::StorageKind::Memory;
         config.http_listen = Some("127.0.0.1:0".parse().unwrap());
         config.grpc_listen = Some("127.0.0.1:0".parse().unwrap());
         let mosquitto = match broker {
