@@ -161,10 +161,18 @@ pub async fn start(config: Config, store: Store) -> Result<Running, StartError> 
     };
     let info = {
         #[cfg(feature = "embedded-broker")]
-        let counter = broker.as_ref().map(|b| Arc::new(b.connection_counter()) as http::status::ClientCounter);
+        let counter = broker
+            .as_ref()
+            .map(|b| Arc::new(b.connection_counter()) as http::status::ClientCounter);
         #[cfg(not(feature = "embedded-broker"))]
         let counter: Option<http::status::ClientCounter> = None;
-        service_info(&config, (&host, port), http_listener.as_ref().map(|l| l.1), grpc_listener.as_ref().map(|l| l.1), counter)
+        service_info(
+            &config,
+            (&host, port),
+            http_listener.as_ref().map(|l| l.1),
+            grpc_listener.as_ref().map(|l| l.1),
+            counter,
+        )
     };
 
     let (http_addr, http) = match http_listener {
@@ -295,7 +303,11 @@ fn service_info(
         info.door("grpc", a, "statestore.v1, Dapr runtime state API, health, reflection");
     }
     if let Some(p) = &config.dapr_component_socket {
-        info.door("dapr-component", p.display(), "Dapr pluggable state component (Unix socket)");
+        info.door(
+            "dapr-component",
+            p.display(),
+            "Dapr pluggable state component (Unix socket)",
+        );
     }
     info.mqtt_clients = mqtt_clients;
     info

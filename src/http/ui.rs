@@ -85,8 +85,12 @@ static ASSETS: &[Asset] = &[
 ];
 
 /// A strong validator per asset: a hash of its bytes (they change only with the binary).
-static ETAGS: LazyLock<Vec<String>> =
-    LazyLock::new(|| ASSETS.iter().map(|a| format!("\"{:08x}\"", crc32fast::hash(a.body))).collect());
+static ETAGS: LazyLock<Vec<String>> = LazyLock::new(|| {
+    ASSETS
+        .iter()
+        .map(|a| format!("\"{:08x}\"", crc32fast::hash(a.body)))
+        .collect()
+});
 
 /// Total bytes of every console file, uncompressed (the page weight).
 pub fn page_bytes() -> usize {
@@ -122,8 +126,12 @@ async fn file(Path(name): Path<String>, headers: HeaderMap) -> Response {
 
 fn serve(name: &str, request: &HeaderMap) -> Response {
     let Some(i) = ASSETS.iter().position(|a| a.name == name) else {
-        return ApiError::new(StatusCode::NOT_FOUND, "ERR_NOT_FOUND", format!("no console file {name:?}"))
-            .into_response();
+        return ApiError::new(
+            StatusCode::NOT_FOUND,
+            "ERR_NOT_FOUND",
+            format!("no console file {name:?}"),
+        )
+        .into_response();
     };
     let asset = &ASSETS[i];
     let etag = &ETAGS[i];
@@ -156,7 +164,14 @@ mod tests {
 
     #[test]
     fn only_console_files_are_public() {
-        for p in ["/ui", "/ui/", "/ui/app.js", "/ui/style.css", "/ui/index.html", "/ui/favicon.svg"] {
+        for p in [
+            "/ui",
+            "/ui/",
+            "/ui/app.js",
+            "/ui/style.css",
+            "/ui/index.html",
+            "/ui/favicon.svg",
+        ] {
             assert!(is_public(p), "{p}");
         }
         for p in [
@@ -174,13 +189,29 @@ mod tests {
     }
 
     #[test]
+    fn the_console_stays_small() {
+        // README, section Web console, quotes this number: update both together.
+        assert!(page_bytes() < 100 * 1024, "the console weighs {} bytes", page_bytes());
+    }
+
+    #[test]
     fn html_loads_no_inline_script_or_style() {
         let html = std::str::from_utf8(ASSETS[0].body).unwrap();
-        assert!(!html.contains("<script>") && !html.contains("style="), "inline code in index.html");
-        assert!(!html.contains("http://") && !html.contains("https://"), "a remote URL in index.html");
+        assert!(
+            !html.contains("<script>") && !html.contains("style="),
+            "inline code in index.html"
+        );
+        assert!(
+            !html.contains("http://") && !html.contains("https://"),
+            "a remote URL in index.html"
+        );
         for a in ASSETS {
             let text = String::from_utf8_lossy(a.body);
-            assert!(!text.contains("https://cdn") && !text.contains("//unpkg"), "{} loads from a CDN", a.name);
+            assert!(
+                !text.contains("https://cdn") && !text.contains("//unpkg"),
+                "{} loads from a CDN",
+                a.name
+            );
         }
     }
 }

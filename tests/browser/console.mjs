@@ -177,6 +177,16 @@ async function openRun() {
     await waitForKeys({ includes: ['user:1', 'order:1'], min: 6 }, 'initial keys');
     await page.locator('#conn[data-state="live"]').waitFor();
     check((await page.locator('#store').inputValue()) === 'statestore', 'the store picker shows statestore');
+    const weight = await page.evaluate(() => {
+      const own = performance.getEntriesByType('resource').filter((e) => new URL(e.name).pathname.startsWith('/ui/'));
+      const nav = performance.getEntriesByType('navigation')[0];
+      return {
+        files: own.length + 1,
+        bytes: own.reduce((n, e) => n + e.decodedBodySize, nav.decodedBodySize),
+        ready: Math.round(nav.domContentLoadedEventEnd),
+      };
+    });
+    console.log(`page weight: ${weight.bytes} bytes in ${weight.files} files; DOMContentLoaded after ${weight.ready} ms`);
   });
 
   await step('filter', async () => {
@@ -339,13 +349,13 @@ async function openRun() {
   });
 
   if (process.env.SCREENSHOT) {
-    await page.setViewportSize({ width: 1100, height: 620 });
+    await page.setViewportSize({ width: 1280, height: 680 });
     await page.fill('#filter', '');
-    await page.keyboard.press('Escape');
-    await waitForKeys({ min: 6 }, 'all keys for the screenshot');
-    await openViaFilter('user:1');
-    await page.fill('#filter', '');
-    await waitForKeys({ min: 6 }, 'all keys again');
+    await waitForKeys({ min: 6, includes: ['user:1'] }, 'all keys for the screenshot');
+    await page.click('#key-list li[data-key="user:1"]');
+    await page.locator('#detail-h', { hasText: 'user:1' }).waitFor();
+    await page.locator('#key-list li.open').waitFor();
+    await page.evaluate(() => document.activeElement.blur());
     await page.screenshot({ path: process.env.SCREENSHOT });
     console.log('README screenshot: ' + process.env.SCREENSHOT);
   }

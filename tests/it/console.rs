@@ -168,7 +168,11 @@ async fn no_ui_turns_the_console_off() {
     })
     .await;
     let r = c.get(format!("{base}/ui")).send().await.unwrap();
-    assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "no exemption once the console is off");
+    assert_eq!(
+        r.status(),
+        StatusCode::UNAUTHORIZED,
+        "no exemption once the console is off"
+    );
     let r = c
         .get(format!("{base}/ui"))
         .header("dapr-api-token", TOKEN)
@@ -183,7 +187,12 @@ async fn no_ui_turns_the_console_off() {
         .await
         .unwrap();
     let status: Value = r.json().await.unwrap();
-    let http = status["doors"].as_array().unwrap().iter().find(|d| d["name"] == "http").unwrap();
+    let http = status["doors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "http")
+        .unwrap();
     assert!(!http["detail"].as_str().unwrap().contains("/ui"), "{http}");
     env.stop().await;
 }
@@ -248,6 +257,13 @@ async fn status_reports_version_storage_keys_doors_and_clients() {
 
 // ---- the browser tests ----
 
+/// Runs `f` off the async workers; its panic (a clear message) is the test's panic.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+}
+
 /// What the browser tests run with.
 struct Browser {
     node: PathBuf,
@@ -279,7 +295,10 @@ fn browser() -> Option<Browser> {
     if !missing.is_empty() {
         let what = missing.join(" and ");
         if std::env::var("STATEGATE_SKIP_BROWSER").as_deref() == Ok("1") {
-            eprintln!(
+            // Straight to the process's stderr: the test harness captures `eprintln!`, and
+            // this notice must show in a normal run.
+            let _ = writeln!(
+                std::io::stderr(),
                 "\n***************************************************************\n\
                  *** SKIPPED: the web console browser test did NOT run.\n\
                  *** Missing: {what}.\n\
@@ -531,7 +550,10 @@ async fn run_driver(b: &Browser, env: &TestEnv, mode: &str, token: Option<&str>,
             break;
         }
     }
-    let status = tokio::task::spawn_blocking(move || child.wait()).await.unwrap().unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
     let stderr = errors.join().unwrap_or_default();
     println!("console screenshots ({mode}): {}", artifacts.join(mode).display());
     assert!(
@@ -545,7 +567,7 @@ async fn run_driver(b: &Browser, env: &TestEnv, mode: &str, token: Option<&str>,
 /// reconnect after a cut connection), create, delete, status, phone layout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_in_chromium() {
-    let Some(b) = tokio::task::spawn_blocking(browser).await.unwrap() else {
+    let Some(b) = blocking(browser).await else {
         return;
     };
     let env = TestEnv::start(Broker::Embedded).await;
@@ -562,7 +584,7 @@ async fn console_in_chromium() {
 /// works and reconnects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_in_chromium_with_api_token() {
-    let Some(b) = tokio::task::spawn_blocking(browser).await.unwrap() else {
+    let Some(b) = blocking(browser).await else {
         return;
     };
     let env = TestEnv::start_with(Broker::Embedded, |cfg| cfg.http.api_token = Some(TOKEN.into())).await;
