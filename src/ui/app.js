@@ -12,6 +12,8 @@ const $ = (id) => document.getElementById(id);
 const PAGE = 100;
 /** Empty pages followed before giving up on a rare filter (each examines a bounded number of keys). */
 const MAX_EMPTY_PAGES = 20;
+/** Keys the list takes from live changes before it waits for a reload (r). */
+const MAX_LIVE_KEYS = 2000;
 
 const state = {
   store: '',
@@ -31,7 +33,7 @@ const editor = createEditor({
   store: () => state.store,
   writing: (key, started) => (started ? state.ownWrites.add(key) : state.ownWrites.delete(key)),
   saved: (key) => {
-    reloadKeys();
+    addKey(key);
     openKey(key);
   },
   openKey: (key) => openKey(key),
@@ -42,6 +44,7 @@ const editor = createEditor({
   },
 });
 
+let filterTimer = null;
 const changes = createChanges();
 const status = createStatus({ auth: (retry) => needToken(retry) });
 
@@ -154,6 +157,7 @@ function useStore(name) {
 // ---- the key list ----
 
 async function reloadKeys() {
+  clearTimeout(filterTimer); // This reload already reads the filter.
   state.keys = [];
   state.pageToken = null;
   state.active = -1;
@@ -208,6 +212,24 @@ function renderKeys() {
   $('key-count').textContent = `${state.keys.length} key${state.keys.length === 1 ? '' : 's'}${more ? ' shown' : ''}`;
   if (state.active >= 0) list.setAttribute('aria-activedescendant', 'key-' + state.active);
   else list.removeAttribute('aria-activedescendant');
+}
+
+/** Renders the list at most once a frame, however many changes arrive. */
+let renderQueued = false;
+function renderKeysSoon() {
+  if (renderQueued) return;
+  renderQueued = true;
+  requestAnimationFrame(() => {
+    renderQueued = false;
+    renderKeys();
+  });
+}
+
+/** Puts a key that now exists into the loaded part of the list, in key order. */
+function addKey(key) {
+  if (state.keys.includes(key) || !listWouldShow(key) || state.keys.length >= MAX_LIVE_KEYS) return;
+  state.keys = state.keys.concat(key).sort(byBytes);
+  renderKeysSoon();
 }
 
 function setActive(i) {
@@ -355,6 +377,8 @@ async function deleteOpen() {
     state.ownWrites.delete(key);
     if (api.isConflict(e)) {
       await openKey(key, 'Not deleted: another client changed this key after you opened it. This is its new version.');
+    } else if (e instanceof api.ApiError && e.status >= 400 && e.status < 500) {
+      showNote('Not deleted: ' + e.message);
     } else failed(e, deleteOpen);
     return;
   }
@@ -414,11 +438,8 @@ function followChange(ev) {
   if (deleted && state.keys.includes(ev.key)) {
     state.keys = state.keys.filter((k) => k !== ev.key);
     if (state.active >= state.keys.length) state.active = state.keys.length - 1;
-    renderKeys();
-  } else if (!deleted && !state.keys.includes(ev.key) && listWouldShow(ev.key)) {
-    state.keys = state.keys.concat(ev.key).sort(byBytes);
-    renderKeys();
-  }
+    renderKeysSoon();
+  } else if (!deleted) addKey(ev.key);
   if (state.ownWrites.delete(ev.key)) return; // Our own save: the editor reopens the key.
   if (!state.open || state.open.key !== ev.key || state.open.entry.etag === ev.etag) return;
   if (editor.isOpen()) editor.noteRemoteChange(ev.key, ev.etag, deleted);
@@ -444,7 +465,6 @@ function listWouldShow(key) {
   return last !== undefined && byBytes(key, last) < 0;
 }
 
-
 // ---- keyboard and wiring ----
 
 function typing(el) {
@@ -460,6 +480,8 @@ function globalKeydown(ev) {
     return;
   }
   if (ev.ctrlKey || ev.metaKey || ev.altKey || typing(document.activeElement)) return;
+  // While the form is open, n and e would throw the edit away.
+  if (editor.isOpen() && (ev.key === 'n' || ev.key === 'e')) return;
   const actions = {
     '/': () => $('filter').focus(),
     n: newKey,
@@ -475,8 +497,6 @@ function globalKeydown(ev) {
     action();
   }
 }
-
-let filterTimer = null;
 
 function wire() {
   $('store').addEventListener('change', (ev) => useStore(ev.target.value));

@@ -200,6 +200,30 @@ async function openRun() {
     await waitForKeys({ count: 3, every: '^user:' }, 'back to user:');
   });
 
+  await step('stores-and-paging', async () => {
+    // Another client fills a second store (keys prefixed `orders||` in the engine).
+    const items = Array.from({ length: 120 }, (_, i) => ({ key: `o${String(i).padStart(3, '0')}`, value: { i } }));
+    const res = await fetch(`${SERVICE_URL}/v1.0/state/orders`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(items),
+    });
+    check(res.status === 204, `seeding the orders store: ${res.status}`);
+    await page.fill('#filter', '');
+    await page.selectOption('#store', 'orders');
+    await waitForKeys({ count: 100, every: '^o\\d{3}$' }, 'the first page of orders');
+    await page.locator('#key-count', { hasText: '100 keys shown' }).waitFor();
+    await page.click('#more-btn');
+    await waitForKeys({ count: 120 }, 'both pages of orders');
+    check(await page.locator('#more-btn').isHidden(), 'no third page');
+    await page.selectOption('#store', 'statestore');
+    await waitForKeys({ includes: ['user:1'], excludes: ['o000'] }, 'back to statestore');
+    await page.locator('#conn[data-state="live"]').waitFor();
+    await page.keyboard.press('/');
+    await page.fill('#filter', 'user:');
+    await waitForKeys({ count: 3, every: '^user:' }, 'user: again');
+  });
+
   await step('open-key', async () => {
     await page.keyboard.press('ArrowDown'); // into the list, on user:1
     await page.keyboard.press('ArrowDown'); // user:2

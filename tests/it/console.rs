@@ -570,7 +570,12 @@ async fn console_in_chromium() {
     let Some(b) = blocking(browser).await else {
         return;
     };
-    let env = TestEnv::start(Broker::Embedded).await;
+    let env = TestEnv::start_with(Broker::Embedded, |cfg| {
+        // A second store, with its own key prefix, for the store picker and paging.
+        cfg.http.stores =
+            stategate::dapr::Stores::new(vec!["statestore".parse().unwrap(), "orders=name".parse().unwrap()]);
+    })
+    .await;
     seed(&env, None).await;
     // `STATEGATE_UPDATE_SCREENSHOT=1` also rewrites the README's screenshot.
     let readme_shot = std::env::var_os("STATEGATE_UPDATE_SCREENSHOT")
