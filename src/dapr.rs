@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use base64::Engine as _;
 use bytes::Bytes;
 
-use crate::engine::{Del, Engine, EngineError, Entry, Reply, Set, SetCondition, TxOp};
+use crate::engine::{Del, DelCondition, Engine, EngineError, Entry, Reply, Set, SetCondition, TxOp};
 use crate::hlc::Hlc;
 
 pub mod query;
@@ -17,8 +17,6 @@ pub mod query;
 pub const PREFIX_SEPARATOR: &str = "||";
 /// Store features advertised in metadata and by the component API.
 pub const FEATURES: [&str; 4] = ["ETAG", "TRANSACTIONAL", "TTL", "QUERY_API"];
-/// Longest TTL accepted (100 years).
-pub const MAX_TTL_SECONDS: i64 = 100 * 365 * 24 * 3600;
 /// Item metadata naming how a non-JSON value is encoded inside a JSON document.
 pub const ENCODING_METADATA: &str = "contentEncoding";
 
@@ -277,14 +275,15 @@ pub struct WriteMeta {
 
 impl WriteMeta {
     pub fn parse(meta: &HashMap<String, String>) -> Result<WriteMeta, DaprError> {
+        // Only the syntax is decided here; whether the TTL is in range is the engine's rule.
         let ttl_ms = match meta.get("ttlInSeconds").map(|s| s.trim()) {
             None | Some("") => None,
             Some(s) => match s.parse::<i64>() {
                 Ok(-1) => None,
-                Ok(n) if n > 0 && n <= MAX_TTL_SECONDS => Some((n as u64).saturating_mul(1000)),
+                Ok(n) if n >= 0 => Some((n as u64).saturating_mul(1000)),
                 _ => {
                     return Err(DaprError::Malformed(format!(
-                        "incorrect value for metadata 'ttlInSeconds': {s:?} (an integer from 1 to {MAX_TTL_SECONDS}, or -1)"
+                        "incorrect value for metadata 'ttlInSeconds': {s:?} (whole seconds, or -1 for none)"
                     )));
                 }
             },
@@ -351,22 +350,22 @@ impl SaveItem {
 }
 
 impl DeleteItem {
-    /// The engine command, plus whether first-write forbids deleting an existing key blind.
-    fn command(&self, store: &StoreSpec) -> Result<(Del, bool), DaprError> {
+    fn command(&self, store: &StoreSpec) -> Result<Del, DaprError> {
         let key = store.engine_key(&self.key)?;
         let meta = WriteMeta::parse(&self.metadata)?;
         check_consistency(self.consistency.as_deref())?;
         let concurrency = Concurrency::parse(self.concurrency.as_deref())?;
-        let if_version = parse_etag(self.etag.as_deref())?;
-        let blind_first_write = if_version.is_none() && concurrency == Concurrency::FirstWrite;
-        Ok((
-            Del {
-                key,
-                fencing: meta.fencing,
-                if_version,
-            },
-            blind_first_write,
-        ))
+        let condition = match (parse_etag(self.etag.as_deref())?, concurrency) {
+            (Some(v), _) => DelCondition::IfVersion(v),
+            // First-write without an ETag may only "delete" an absent key (a no-op).
+            (None, Concurrency::FirstWrite) => DelCondition::IfAbsent,
+            (None, Concurrency::LastWrite) => DelCondition::Always,
+        };
+        Ok(Del {
+            key,
+            fencing: meta.fencing,
+            condition,
+        })
     }
 }
 
@@ -396,20 +395,17 @@ pub async fn save(engine: &Engine, store: &StoreSpec, item: &SaveItem) -> Result
 
 /// Deletes one item; deleting a missing key without an ETag succeeds.
 pub async fn delete(engine: &Engine, store: &StoreSpec, item: &DeleteItem) -> Result<(), DaprError> {
-    let (cmd, blind_first_write) = item.command(store)?;
-    if blind_first_write {
-        // Deleting an absent key is a no-op, so "fail if it exists" needs no write.
-        if engine.read(&cmd.key).await?.is_some() {
-            return Err(DaprError::EtagMismatch(
-                "first-write: the key exists and no etag was given".into(),
-            ));
-        }
-        return Ok(());
-    }
+    let cmd = item.command(store)?;
+    let first_write = cmd.condition == DelCondition::IfAbsent;
     engine
         .execute(crate::engine::Command::Del(cmd))
         .await
-        .map_err(mismatch)?;
+        .map_err(|e| match e {
+            EngineError::VersionMismatch if first_write => {
+                DaprError::EtagMismatch("first-write: the key exists and no etag was given".into())
+            }
+            other => mismatch(other),
+        })?;
     Ok(())
 }
 
@@ -511,19 +507,7 @@ pub async fn transact(engine: &Engine, store: &StoreSpec, items: &[TxItem], max_
     for item in items {
         ops.push(match item {
             TxItem::Upsert(s) => TxOp::Set(s.command(store)?),
-            TxItem::Delete(d) => {
-                let (del, blind_first_write) = d.command(store)?;
-                if blind_first_write {
-                    // First-write without an ETag may only "delete" an absent key: a no-op.
-                    if engine.read(&del.key).await?.is_some() {
-                        return Err(DaprError::EtagMismatch(
-                            "first-write: the key exists and no etag was given".into(),
-                        ));
-                    }
-                    continue;
-                }
-                TxOp::Del(del)
-            }
+            TxItem::Delete(d) => TxOp::Del(d.command(store)?),
         });
     }
     engine.transact(ops).await.map_err(mismatch)?;

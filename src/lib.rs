@@ -77,7 +77,12 @@ impl std::fmt::Debug for Running {
 
 /// Starts the service on `store`; returns once every door is ready.
 pub async fn start(config: Config, store: Store) -> Result<Running, StartError> {
-    let clock: Arc<dyn hlc::Clock> = Arc::new(hlc::SystemClock);
+    start_with_clock(config, store, Arc::new(hlc::SystemClock)).await
+}
+
+/// [`start`] with the clock every version, deadline and log record uses (open `store` with the
+/// same one: [`Store::open_with_clock`]). Tests move a manual clock instead of waiting.
+pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::Clock>) -> Result<Running, StartError> {
     let engine = Engine::open(store, &config.node_id, clock, config.limits.clone()).await?;
     let (stop, stop_rx) = watch::channel(false);
 
@@ -90,7 +95,7 @@ pub async fn start(config: Config, store: Store) -> Result<Running, StartError> 
             let on_disconnect = {
                 let engine = engine.clone();
                 Arc::new(move |client: &str| {
-                    let n = engine.drop_client(client);
+                    let n = engine.drop_client(client, None);
                     if n > 0 {
                         tracing::debug!(
                             client,
