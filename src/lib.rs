@@ -283,7 +283,8 @@ fn service_info(
         },
     };
     let embedded = matches!(config.broker, BrokerChoice::Embedded { .. });
-    let mut info = http::ServiceInfo::new(storage, if embedded { "embedded" } else { "external" });
+    let broker = if embedded { "embedded" } else { "external" };
+    let mut info = http::ServiceInfo::new(&config.node_id, storage, broker);
     let (host, port) = mqtt;
     let mqtt_addr = if host.contains(':') {
         format!("[{host}]:{port}")

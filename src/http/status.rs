@@ -18,6 +18,8 @@ pub type ClientCounter = Arc<dyn Fn() -> usize + Send + Sync>;
 pub struct ServiceInfo {
     started: Instant,
     started_at: SystemTime,
+    /// The node id in every version issued.
+    pub node_id: String,
     pub storage: dto::StorageStatus,
     pub doors: Vec<dto::DoorStatus>,
     /// `embedded` or `external`.
@@ -39,6 +41,7 @@ impl Default for ServiceInfo {
         ServiceInfo {
             started: Instant::now(),
             started_at: SystemTime::now(),
+            node_id: "stategate".into(),
             storage: dto::StorageStatus {
                 kind: "memory".into(),
                 data_dir: None,
@@ -53,8 +56,9 @@ impl Default for ServiceInfo {
 
 impl ServiceInfo {
     /// Starts the uptime clock now.
-    pub fn new(storage: dto::StorageStatus, mqtt_broker: &str) -> ServiceInfo {
+    pub fn new(node_id: &str, storage: dto::StorageStatus, mqtt_broker: &str) -> ServiceInfo {
         ServiceInfo {
+            node_id: node_id.to_owned(),
             storage,
             mqtt_broker: mqtt_broker.to_owned(),
             ..ServiceInfo::default()
@@ -95,7 +99,7 @@ pub async fn status(State(st): State<AppState>) -> Result<axum::Json<dto::Status
         .unwrap_or(0);
     Ok(axum::Json(dto::Status {
         version: env!("CARGO_PKG_VERSION").into(),
-        node_id: st.engine.node_id().to_owned(),
+        node_id: info.node_id.clone(),
         uptime_seconds: info.started.elapsed().as_secs(),
         started_at: crate::dapr::rfc3339(started_ms),
         storage: info.storage.clone(),

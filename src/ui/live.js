@@ -3,8 +3,9 @@
 // Without an api token the browser's own EventSource is used, with its built-in reconnect.
 // EventSource cannot send headers, so with a token a fetch()-based reader sends the token as
 // the `dapr-api-token` header (never in the URL) and reconnects by itself.
-// Events missed while disconnected are not replayed (the service has no resume yet): every
-// reconnect is reported, so the console can say there may be a gap and reload what it shows.
+// Both send the last event id back as Last-Event-ID on reconnect. The service does not resume
+// from it yet, so events missed while disconnected are not replayed: every reconnect is
+// reported, so the console can say there may be a gap and reload what it shows.
 
 import { authHeaders, token } from './api.js';
 
@@ -27,6 +28,7 @@ export class LiveFeed {
     this.timer = null;
     this.source = null;
     this.abort = null;
+    this.lastId = ''; // Sent back as Last-Event-ID on reconnect, as EventSource does.
   }
 
   start() {
@@ -120,8 +122,10 @@ export class LiveFeed {
     this.abort = abort;
     let res;
     try {
+      const headers = authHeaders({ accept: 'text/event-stream' });
+      if (this.lastId) headers.set('last-event-id', this.lastId);
       res = await fetch(this.url, {
-        headers: authHeaders({ accept: 'text/event-stream' }),
+        headers,
         cache: 'no-store',
         credentials: 'omit',
         signal: abort.signal,
@@ -176,6 +180,7 @@ export class LiveFeed {
         if (val.startsWith(' ')) val = val.slice(1);
         if (field === 'event') type = val;
         else if (field === 'data') data.push(val);
+        else if (field === 'id' && !val.includes('\0')) this.lastId = val;
       }
     }
   }
