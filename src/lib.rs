@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+pub mod access;
 pub mod config;
 pub mod dapr;
 pub mod engine;
@@ -229,12 +230,12 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
         let listener = grpc::bind_component_socket(path)?;
         tracing::info!(path = %path.display(), "Dapr pluggable state component listening");
         let (engine, mut stop_rx) = (engine.clone(), stop_rx.clone());
-        let max_ops = config.http.max_transaction_ops;
+        let (max_ops, max_bulk) = (config.http.max_transaction_ops, config.http.max_bulk_keys);
         grpc_tasks.push(tokio::spawn(async move {
             let shutdown = async move {
                 let _ = stop_rx.changed().await;
             };
-            if let Err(e) = grpc::serve_component(engine, max_ops, listener, shutdown).await {
+            if let Err(e) = grpc::serve_component(engine, max_ops, max_bulk, listener, shutdown).await {
                 tracing::error!(cause = %e, "Dapr component socket stopped");
             }
         }));
