@@ -151,6 +151,9 @@ pub struct ServeArgs {
     /// listens; `off` disables it. Beyond loopback it is open to the network (set --api-token).
     #[arg(long, env = "STATEGATE_GRPC_LISTEN", default_value = "127.0.0.1:50001")]
     pub grpc_listen: String,
+    /// Do not serve the web console at `/ui` on the HTTP door.
+    #[arg(long, env = "STATEGATE_NO_UI")]
+    pub no_ui: bool,
     /// Serve the Dapr pluggable state component API on this Unix socket, e.g.
     /// `/tmp/dapr-components-sockets/stategate.sock` (daprd's component type `state.stategate`).
     #[arg(long, env = "STATEGATE_DAPR_COMPONENT_SOCKET")]
@@ -287,6 +290,7 @@ impl Config {
             body_limit: a.http_body_limit,
             max_transaction_ops: a.max_transaction_ops.max(1),
             app_id: a.node_id.clone(),
+            ui: !a.no_ui,
             ..HttpSettings::default()
         };
         let storage = StorageConfig {
@@ -482,6 +486,9 @@ mod tests {
     fn flags_parse_with_and_without_the_subcommand() {
         let cli = Cli::try_parse_from(["stategate", "--max-keys", "5"]).unwrap();
         assert_eq!(cli.serve.max_keys, Some(5));
+        assert!(Config::default().http.ui, "the web console is on by default");
+        let cli = Cli::try_parse_from(["stategate", "--no-ui"]).unwrap();
+        assert!(!Config::from_args(cli.serve).unwrap().http.ui);
         let cli = Cli::try_parse_from(["stategate", "serve", "--node-id", "n2"]).unwrap();
         match cli.command {
             Some(CliCommand::Serve(a)) => assert_eq!(a.node_id, "n2"),

@@ -496,6 +496,11 @@ impl Engine {
         }
     }
 
+    /// Number of keys stored, across every store (keys expired but not yet swept included).
+    pub async fn key_count(&self) -> Result<u64, EngineError> {
+        Ok(self.0.store.backend().len().await?)
+    }
+
     /// Keys strictly after `after` that start with `prefix`, in byte order, examining at most
     /// `examine` keys (the Dapr query API pages over these).
     pub async fn keys_with_prefix(

@@ -1,8 +1,9 @@
 //! The HTTP door: the Dapr state API (`/v1.0/state/...`), server-sent change events, health,
-//! metadata and the OpenAPI document.
+//! metadata, the service status, the OpenAPI document and the web console.
 //!
-//! - `state.rs`: the routes; `sse.rs`: change events; `dto.rs`: JSON shapes (the only place
-//!   that derives serde/utoipa traits); `error.rs`: Dapr's error body and the error mapping.
+//! - `state.rs`: the routes; `sse.rs`: change events; `status.rs`: the service status;
+//!   `ui.rs`: the web console's embedded files (`src/ui/`); `dto.rs`: JSON shapes (the only
+//!   place that derives serde/utoipa traits); `error.rs`: Dapr's error body and the error mapping.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,8 +27,11 @@ pub mod dto;
 pub mod error;
 mod sse;
 mod state;
+pub mod status;
+pub mod ui;
 
 use error::{ApiError, Op};
+pub use status::ServiceInfo;
 
 /// HTTP door settings.
 #[derive(Debug, Clone)]
@@ -45,6 +49,8 @@ pub struct HttpSettings {
     pub max_bulk_keys: usize,
     /// The id reported by `/v1.0/metadata`.
     pub app_id: String,
+    /// Serve the web console at `/ui`.
+    pub ui: bool,
 }
 
 impl Default for HttpSettings {
@@ -57,6 +63,7 @@ impl Default for HttpSettings {
             max_transaction_ops: 1000,
             max_bulk_keys: 10_000,
             app_id: "stategate".into(),
+            ui: true,
         }
     }
 }
@@ -66,6 +73,7 @@ impl Default for HttpSettings {
 pub struct AppState {
     engine: Engine,
     settings: Arc<HttpSettings>,
+    info: Arc<ServiceInfo>,
 }
 
 impl AppState {
@@ -133,6 +141,7 @@ impl<S: Send + Sync> FromRequest<S> for Body {
         (name = "state", description = "Dapr state API"),
         (name = "health", description = "Health probes"),
         (name = "metadata", description = "Stores and features"),
+        (name = "stategate", description = "stategate extensions"),
     )
 )]
 struct ApiDoc;
@@ -149,6 +158,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(state::healthz))
         .routes(routes!(state::healthz_outbound))
         .routes(routes!(state::metadata))
+        .routes(routes!(status::status))
 }
 
 /// The OpenAPI document of the HTTP door.
@@ -165,14 +175,18 @@ pub fn openapi_json() -> String {
     s
 }
 
-/// The HTTP door's router.
-pub fn router(engine: Engine, settings: HttpSettings) -> Router {
+/// The HTTP door's router. `info` is what the status route reports about the service.
+pub fn router(engine: Engine, settings: HttpSettings, info: ServiceInfo) -> Router {
     let settings = Arc::new(settings);
     let state = AppState {
         engine,
         settings: settings.clone(),
+        info: Arc::new(info),
     };
-    let (router, _) = routes().split_for_parts();
+    let (mut router, _) = routes().split_for_parts();
+    if settings.ui {
+        router = router.merge(ui::routes());
+    }
     let doc = openapi_json();
     router
         .route(
@@ -202,11 +216,13 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
-/// `dapr-api-token` check, as Dapr does it: 401 with a plain-text body; health is exempt.
+/// `dapr-api-token` check, as Dapr does it: 401 with a plain-text body. Health is exempt, and
+/// so are the web console's own files (they hold no data; the console sends the token on every
+/// data call it makes).
 async fn check_token(State(settings): State<Arc<HttpSettings>>, req: Request, next: Next) -> Response {
     if let Some(token) = &settings.api_token {
         let path = req.uri().path();
-        let exempt = path.starts_with("/v1.0/healthz");
+        let exempt = path.starts_with("/v1.0/healthz") || (settings.ui && ui::is_public(path));
         let given = req.headers().get("dapr-api-token").and_then(|v| v.to_str().ok());
         if !exempt && !crate::access::token_matches(token, given) {
             return (StatusCode::UNAUTHORIZED, "invalid api token").into_response();

@@ -152,8 +152,9 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
         })
     };
 
-    let (http_addr, http) = match config.http_listen {
-        None => (None, None),
+    // Bind every listener first, so the status route can name every door's real address.
+    let http_listener = match config.http_listen {
+        None => None,
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
@@ -161,11 +162,48 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
             let bound = listener
                 .local_addr()
                 .map_err(|source| StartError::HttpBind { addr, source })?;
+            Some((listener, bound))
+        }
+    };
+    let grpc_listener = match config.grpc_listen {
+        None => None,
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::GrpcBind { addr, source })?;
+            let bound = listener
+                .local_addr()
+                .map_err(|source| StartError::GrpcBind { addr, source })?;
+            Some((listener, bound))
+        }
+    };
+    let info = {
+        #[cfg(feature = "embedded-broker")]
+        let counter = broker
+            .as_ref()
+            .map(|b| Arc::new(b.connection_counter()) as http::status::ClientCounter);
+        #[cfg(not(feature = "embedded-broker"))]
+        let counter: Option<http::status::ClientCounter> = None;
+        service_info(
+            &config,
+            (&host, port),
+            http_listener.as_ref().map(|l| l.1),
+            grpc_listener.as_ref().map(|l| l.1),
+            counter,
+        )
+    };
+
+    let (http_addr, http) = match http_listener {
+        None => (None, None),
+        Some((listener, bound)) => {
             if !bound.ip().is_loopback() {
                 tracing::warn!(%bound, token = config.http.api_token.is_some(), "the HTTP door listens beyond loopback");
             }
             tracing::info!(%bound, "HTTP door (Dapr state API) listening");
-            let router = http::router(engine.clone(), config.http.clone());
+            if config.http.ui {
+                tracing::info!(url = %format!("http://{bound}{}", http::ui::BASE), "web console");
+            }
+            let router = http::router(engine.clone(), config.http.clone(), info);
             let mut stop_rx = stop_rx.clone();
             let task = tokio::spawn(async move {
                 let shutdown = async move {
@@ -181,15 +219,9 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
 
     let dapr_settings = Arc::new(config.http.clone());
     let mut grpc_tasks = Vec::new();
-    let grpc_addr = match config.grpc_listen {
+    let grpc_addr = match grpc_listener {
         None => None,
-        Some(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|source| StartError::GrpcBind { addr, source })?;
-            let bound = listener
-                .local_addr()
-                .map_err(|source| StartError::GrpcBind { addr, source })?;
+        Some((listener, bound)) => {
             if !bound.ip().is_loopback() {
                 tracing::warn!(%bound, token = config.http.api_token.is_some(), "the gRPC door listens beyond loopback");
             }
@@ -259,6 +291,72 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
         grpc_addr,
         grpc: grpc_tasks,
     })
+}
+
+/// What the status route reports about the service: storage, doors, MQTT connections.
+fn service_info(
+    config: &Config,
+    mqtt: (&str, u16),
+    http: Option<SocketAddr>,
+    grpc: Option<SocketAddr>,
+    mqtt_clients: Option<http::status::ClientCounter>,
+) -> http::ServiceInfo {
+    let storage = match &config.storage.kind {
+        storage::StorageKind::Memory => http::dto::StorageStatus {
+            kind: "memory".into(),
+            data_dir: None,
+            fsync: None,
+            redis: None,
+        },
+        storage::StorageKind::Durable => http::dto::StorageStatus {
+            kind: "durable".into(),
+            data_dir: Some(config.storage.data_dir.display().to_string()),
+            fsync: Some(config.storage.fsync.to_string()),
+            redis: None,
+        },
+        // The URL as displayed: any password is masked.
+        storage::StorageKind::Redis(url) => http::dto::StorageStatus {
+            kind: "redis".into(),
+            data_dir: None,
+            fsync: None,
+            redis: Some(url.to_string()),
+        },
+    };
+    let embedded = matches!(config.broker, BrokerChoice::Embedded { .. });
+    let broker = if embedded { "embedded" } else { "external" };
+    let mut info = http::ServiceInfo::new(&config.node_id, storage, broker);
+    let (host, port) = mqtt;
+    let mqtt_addr = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    let mqtt_detail = if embedded {
+        "Azure IoT Operations state store protocol (embedded broker)"
+    } else {
+        "Azure IoT Operations state store protocol (external broker)"
+    };
+    info.door("mqtt", mqtt_addr, mqtt_detail);
+    if let Some(a) = http {
+        let detail = if config.http.ui {
+            "Dapr state API, server-sent events, web console at /ui"
+        } else {
+            "Dapr state API, server-sent events"
+        };
+        info.door("http", a, detail);
+    }
+    if let Some(a) = grpc {
+        info.door("grpc", a, "statestore.v1, Dapr runtime state API, health, reflection");
+    }
+    if let Some(p) = &config.dapr_component_socket {
+        info.door(
+            "dapr-component",
+            p.display(),
+            "Dapr pluggable state component (Unix socket)",
+        );
+    }
+    info.mqtt_clients = mqtt_clients;
+    info
 }
 
 /// The address a client uses to reach a listener (a wildcard address is reached on loopback).

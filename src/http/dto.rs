@@ -137,3 +137,58 @@ pub struct KeysPage {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
 }
+
+/// Where the service stores its records (status).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct StorageStatus {
+    /// `memory`, `durable` or `redis`.
+    pub kind: String,
+    /// The durable store's directory.
+    #[serde(rename = "dataDir", skip_serializing_if = "Option::is_none")]
+    pub data_dir: Option<String>,
+    /// The durable store's `--fsync` mode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fsync: Option<String>,
+    /// The Redis server (any password masked).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis: Option<String>,
+}
+
+/// One door of the service (status).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct DoorStatus {
+    /// `mqtt`, `http`, `grpc` or `dapr-component`.
+    pub name: String,
+    /// Where it listens (`host:port`, or a Unix socket path); for MQTT with an external
+    /// broker, the broker it connects to.
+    pub address: String,
+    /// What is served there.
+    pub detail: String,
+}
+
+/// `/v1.0-alpha1/stategate/status` answer.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Status {
+    /// The stategate version.
+    pub version: String,
+    /// The node id in every version this service issues.
+    #[serde(rename = "nodeId")]
+    pub node_id: String,
+    /// Seconds since the service started.
+    #[serde(rename = "uptimeSeconds")]
+    pub uptime_seconds: u64,
+    /// When the service started (RFC 3339, UTC).
+    #[serde(rename = "startedAt")]
+    pub started_at: String,
+    pub storage: StorageStatus,
+    /// Keys stored, across every store (keys expired but not yet swept included).
+    pub keys: u64,
+    pub doors: Vec<DoorStatus>,
+    /// `embedded` or `external`.
+    #[serde(rename = "mqttBroker")]
+    pub mqtt_broker: String,
+    /// MQTT connections to the embedded broker (the service's own included); `null` when the
+    /// broker is external and cannot tell.
+    #[serde(rename = "mqttConnectedClients")]
+    pub mqtt_connected_clients: Option<u64>,
+}

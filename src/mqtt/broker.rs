@@ -196,6 +196,13 @@ impl EmbeddedBroker {
         self.scx.extends.shared().await.sessions_count()
     }
 
+    /// A counter of the MQTT connections open now (with `--mqtt-client-path`, the service's own
+    /// connection is one of them).
+    pub fn connection_counter(&self) -> impl Fn() -> usize + Send + Sync + 'static {
+        let scx = self.scx.clone();
+        move || scx.connections.count().max(0) as usize
+    }
+
     /// Stops accepting and ends the broker's tasks as far as rmqtt allows.
     ///
     /// The listening socket is closed first. Then every session is kicked: connected clients get

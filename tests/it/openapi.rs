@@ -30,6 +30,7 @@ fn openapi_is_3_1_and_lists_every_route() {
         "/v1.0-alpha1/state/{store}/query",
         "/v1.0-alpha1/state/{store}/subscribe",
         "/v1.0-alpha1/state/{store}/keys",
+        "/v1.0-alpha1/stategate/status",
         "/v1.0/healthz",
         "/v1.0/healthz/outbound",
         "/v1.0/metadata",

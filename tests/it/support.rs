@@ -116,6 +116,8 @@ impl TestEnv {
     /// Starts on a given store (e.g. one shared with another service, as replicas do).
     pub async fn start_on(broker: Broker, store: Store, tweak: impl FnOnce(&mut Config)) -> TestEnv {
         let mut config = Config::default();
+        // The service runs on `Store::memory()`: say so, as the status route reports it.
+        config.storage.kind = stategate::storage::StorageKind::Memory;
         config.http_listen = Some("127.0.0.1:0".parse().unwrap());
         config.grpc_listen = Some("127.0.0.1:0".parse().unwrap());
         let mosquitto = match broker {
