@@ -419,6 +419,86 @@ pub async fn get(engine: &Engine, store: &StoreSpec, key: &str) -> Result<Option
     Ok(engine.read(&key).await?)
 }
 
+/// Most keys one page of [`list_keys`] returns.
+pub const MAX_LIST_LIMIT: usize = 1000;
+/// Keys returned when the caller gives no limit.
+pub const DEFAULT_LIST_LIMIT: usize = 100;
+
+/// One page of a store's key names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeysPage {
+    pub keys: Vec<String>,
+    /// Where the next page starts; `None` on the last page.
+    pub token: Option<String>,
+}
+
+/// Lists the keys of a store in key order, those whose Dapr key matches `pattern` (the glob
+/// rules of SCAN; all keys when `None`), at most `limit` of them. Like SCAN, one call examines a
+/// bounded number of keys (`examine`), so a rare match may give a short (even empty) page with a
+/// token: callers follow tokens until there is none.
+pub async fn list_keys(
+    engine: &Engine,
+    store: &StoreSpec,
+    pattern: Option<&str>,
+    limit: Option<usize>,
+    token: Option<&str>,
+    examine: usize,
+) -> Result<KeysPage, DaprError> {
+    let limit = limit.unwrap_or(DEFAULT_LIST_LIMIT);
+    if limit == 0 || limit > MAX_LIST_LIMIT {
+        return Err(DaprError::Malformed(format!(
+            "limit must be from 1 to {MAX_LIST_LIMIT}"
+        )));
+    }
+    let pattern = pattern
+        .map(|p| glob::Pattern::new(p).map_err(|e| DaprError::Malformed(format!("pattern {p:?}: {e}"))))
+        .transpose()?;
+    let prefix = store.key_prefix();
+    let mut after = match token {
+        Some(t) => {
+            let key = hex::decode(t)
+                .ok()
+                .filter(|k| k.starts_with(&prefix) && k.len() > prefix.len())
+                .ok_or_else(|| DaprError::Malformed(format!("invalid token {t:?}")))?;
+            Some(Bytes::from(key))
+        }
+        // A prefixed store's keys all sort after the bare prefix, which is never one of its keys.
+        None => (!prefix.is_empty()).then(|| Bytes::from(prefix.clone())),
+    };
+    let mut keys = Vec::new();
+    let mut budget = examine.max(limit);
+    while keys.len() < limit && budget > 0 {
+        let step = budget.min(limit - keys.len()).max(64).min(budget);
+        let page = engine.keys_with_prefix(&prefix, after.as_deref(), step).await?;
+        budget -= step;
+        for key in page.keys {
+            if !store.owns(&key) {
+                continue;
+            }
+            let name = store.dapr_key(&key);
+            if pattern.as_ref().is_none_or(|p| p.matches(&name)) {
+                keys.push(name);
+            }
+            after = Some(key);
+            if keys.len() == limit {
+                break;
+            }
+        }
+        match page.resume_after {
+            // Past the store's range: nothing more to find.
+            Some(r) if !r.starts_with(&prefix) => return Ok(KeysPage { keys, token: None }),
+            Some(r) if keys.len() < limit => after = Some(r),
+            Some(_) => {}
+            None if keys.len() < limit => return Ok(KeysPage { keys, token: None }),
+            None => {}
+        }
+    }
+    Ok(KeysPage {
+        keys,
+        token: after.map(|k| hex::encode_upper(&k)),
+    })
+}
+
 /// Runs a transaction: all operations in order, or none.
 pub async fn transact(engine: &Engine, store: &StoreSpec, items: &[TxItem], max_ops: usize) -> Result<(), DaprError> {
     if items.len() > max_ops {

@@ -65,6 +65,8 @@ pub struct Entry {
     pub version: Hlc,
     /// Absolute expiry deadline, wall-clock milliseconds since the epoch.
     pub expires_at_ms: Option<u64>,
+    /// The fencing token protecting the key, if any.
+    pub fencing: Option<Hlc>,
 }
 
 /// One operation of an atomic transaction.
@@ -454,6 +456,7 @@ impl Engine {
                 value: r.value,
                 version: r.version,
                 expires_at_ms: r.expires_at_ms,
+                fencing: r.fencing,
             })),
         }
     }

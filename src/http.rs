@@ -144,6 +144,7 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(state::bulk_get))
         .routes(routes!(state::transaction))
         .routes(routes!(state::query_state))
+        .routes(routes!(state::list_keys))
         .routes(routes!(sse::subscribe))
         .routes(routes!(state::healthz))
         .routes(routes!(state::healthz_outbound))

@@ -127,3 +127,13 @@ pub struct ChangeEvent {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metadata: Option<HashMap<String, String>>,
 }
+
+/// A page of key names (`GET /v1.0-alpha1/state/{store}/keys`, a stategate extension).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct KeysPage {
+    /// Dapr keys (without the store's prefix), in key order.
+    pub keys: Vec<String>,
+    /// Pass as `token` for the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}

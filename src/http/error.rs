@@ -27,12 +27,13 @@ pub enum Op {
     Transaction,
     Query,
     Subscribe,
+    List,
 }
 
 impl Op {
     fn code(self) -> &'static str {
         match self {
-            Op::Get | Op::Subscribe => "ERR_STATE_GET",
+            Op::Get | Op::Subscribe | Op::List => "ERR_STATE_GET",
             Op::BulkGet => "ERR_STATE_BULK_GET",
             Op::Save => "ERR_STATE_SAVE",
             Op::Delete => "ERR_STATE_DELETE",

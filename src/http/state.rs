@@ -108,7 +108,8 @@ pub async fn save_state(
         ("key" = String, Path, description = "key (percent-encoded)"),
     ),
     responses(
-        (status = 200, description = "the stored value; headers ETag and, with a TTL, metadata.ttlExpireTime"),
+        (status = 200, description = "the stored value; headers ETag and, when set, metadata.ttlExpireTime \
+                                      and metadata.fencingToken"),
         (status = 204, description = "no such key"),
         (status = 400, body = ErrorBody),
     )
@@ -141,7 +142,67 @@ pub async fn get_state(
     {
         headers.insert("metadata.ttlExpireTime", v);
     }
+    if let Some(token) = &entry.fencing
+        && let Ok(v) = HeaderValue::from_str(&token.to_string())
+    {
+        headers.insert("metadata.fencingToken", v);
+    }
     Ok((StatusCode::OK, headers, entry.value).into_response())
+}
+
+/// List keys (a stategate extension): key names of a store in key order, filtered by a glob
+/// (`*`, `?`, `[a-z]`, `[!x]`, as SCAN), paged with an opaque token.
+#[utoipa::path(
+    get,
+    path = "/v1.0-alpha1/state/{store}/keys",
+    tag = "state",
+    params(
+        ("store" = String, Path, description = "state store name"),
+        ("pattern" = Option<String>, Query, description = "glob over the key names (default: every key)"),
+        ("limit" = Option<usize>, Query, description = "most keys returned, 1 to 1000 (default 100)"),
+        ("token" = Option<String>, Query, description = "the `token` of the previous page"),
+    ),
+    responses(
+        (status = 200, body = dto::KeysPage,
+         description = "a page of keys; a page may be short (even empty) while a token is returned: \
+                        each call examines a bounded number of keys, so follow tokens until none"),
+        (status = 400, body = ErrorBody),
+    )
+)]
+pub async fn list_keys(
+    State(st): State<AppState>,
+    DaprPath(store): DaprPath<String>,
+    DaprQuery(params): Params,
+) -> Result<axum::Json<dto::KeysPage>, ApiError> {
+    let store = st.store(&store, Op::List)?;
+    let mut limit = None;
+    for (name, value) in &params {
+        match name.as_str() {
+            "pattern" | "token" => {}
+            "limit" => {
+                limit = Some(
+                    value
+                        .parse::<usize>()
+                        .map_err(|_| ApiError::malformed(format!("limit {value:?} is not a number")))?,
+                )
+            }
+            other => return Err(ApiError::malformed(format!("unknown parameter {other:?}"))),
+        }
+    }
+    let page = dapr::list_keys(
+        &st.engine,
+        store,
+        param(&params, "pattern"),
+        limit,
+        param(&params, "token").filter(|t| !t.is_empty()),
+        st.engine.limits().scan_page.saturating_mul(10),
+    )
+    .await
+    .map_err(|e| ApiError::from_dapr(Op::List, e))?;
+    Ok(axum::Json(dto::KeysPage {
+        keys: page.keys,
+        token: page.token,
+    }))
 }
 
 /// Bulk get: one item per key, in request order.

@@ -527,3 +527,136 @@ async fn cross_door_versions_and_notifications() {
     assert!(text.contains(r#""data":{"n":1}"#), "{text}");
     env.stop().await;
 }
+
+/// `GET .../keys`: key order, glob filter, paging until no token, stores kept apart, bad input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_keys_pages_in_key_order_within_a_store() {
+    let env = TestEnv::start_with(Broker::Embedded, |c| {
+        c.http.stores =
+            stategate::dapr::Stores::new(vec!["statestore".parse().unwrap(), "orders=name".parse().unwrap()]);
+        c.limits.scan_page = 7;
+    })
+    .await;
+    let (c, base) = (reqwest::Client::new(), env.http());
+    let mut items: Vec<Value> = (0..50)
+        .map(|i| json!({"key": format!("k{i:02}"), "value": i}))
+        .collect();
+    items.push(json!({"key": "other", "value": 0}));
+    let resp = c
+        .post(format!("{base}/v1.0/state/statestore"))
+        .json(&items)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NO_CONTENT);
+    let resp = c
+        .post(format!("{base}/v1.0/state/orders"))
+        .json(&json!([{"key": "k99", "value": 1}, {"key": "a", "value": 1}]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NO_CONTENT);
+
+    let list = |store: &'static str, query: String| {
+        let (c, base) = (c.clone(), base.clone());
+        async move {
+            let resp = c
+                .get(format!("{base}/v1.0-alpha1/state/{store}/keys?{query}"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), StatusCode::OK);
+            resp.json::<Value>().await.unwrap()
+        }
+    };
+    let all = |store: &'static str, query: &'static str, limit: usize| {
+        let list = &list;
+        async move {
+            let mut keys = Vec::new();
+            let mut token: Option<String> = None;
+            for _ in 0..200 {
+                let mut q = format!("limit={limit}&{query}");
+                if let Some(t) = &token {
+                    q.push_str(&format!("&token={t}"));
+                }
+                let page = list(store, q).await;
+                assert!(page["keys"].as_array().unwrap().len() <= limit, "{page}");
+                keys.extend(
+                    page["keys"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|k| k.as_str().unwrap().to_owned()),
+                );
+                match page["token"].as_str() {
+                    Some(t) => token = Some(t.to_owned()),
+                    None => return keys,
+                }
+            }
+            panic!("paging did not end");
+        }
+    };
+    let mut want: Vec<String> = (0..50).map(|i| format!("k{i:02}")).collect();
+    want.push("other".into());
+    assert_eq!(all("statestore", "", 8).await, want);
+    assert_eq!(
+        all("statestore", "pattern=k1*", 3).await,
+        (10..20).map(|i| format!("k{i:02}")).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        all("statestore", "pattern=o%3Fher", 1000).await,
+        vec!["other".to_owned()]
+    );
+    // A prefixed store lists its own keys, without the prefix; the default store never sees them.
+    assert_eq!(all("orders", "", 1).await, vec!["a".to_owned(), "k99".to_owned()]);
+    assert!(
+        !all("statestore", "pattern=*99", 100)
+            .await
+            .iter()
+            .any(|k| k.contains("99"))
+    );
+
+    for bad in ["limit=0", "limit=1001", "limit=x", "pattern=%5B", "token=zz", "bogus=1"] {
+        let resp = c
+            .get(format!("{base}/v1.0-alpha1/state/statestore/keys?{bad}"))
+            .send()
+            .await
+            .unwrap();
+        let (status, code, _) = error_of(resp).await;
+        assert_eq!(
+            (status, code.as_str()),
+            (StatusCode::BAD_REQUEST, "ERR_MALFORMED_REQUEST"),
+            "{bad}"
+        );
+    }
+    // A token from another store's range is refused rather than leaking its keys.
+    let foreign = hex::encode_upper("k00");
+    let resp = c
+        .get(format!("{base}/v1.0-alpha1/state/orders/keys?token={foreign}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    env.stop().await;
+}
+
+/// GET shows the fencing token protecting a key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_reports_the_fencing_token() {
+    let (env, c, base) = env().await;
+    let token = "001700000000000:00001:lock";
+    let resp = c
+        .post(format!("{base}/v1.0/state/statestore"))
+        .json(&json!([{"key": "fenced", "value": 1, "metadata": {"fencingToken": token}}]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NO_CONTENT);
+    let resp = c
+        .get(format!("{base}/v1.0/state/statestore/fenced"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["metadata.fencingToken"], token);
+    env.stop().await;
+}
