@@ -452,21 +452,21 @@ async fn watch(
 
 /// `http://` is assumed when a URL has no scheme; only plain HTTP is supported so far.
 fn base_url(url: &str, flag: &str) -> Result<String, CliError> {
-    let url = url.trim().trim_end_matches('/');
-    if url.starts_with("https://") {
+    let url = url.trim();
+    let rest = if let Some(rest) = url.strip_prefix("http://") {
+        rest
+    } else if url.starts_with("https://") {
         return Err(CliError::usage(format!("{flag}: TLS (https://) is not supported yet")));
-    }
-    let url = if url.starts_with("http://") {
-        url.to_owned()
     } else if url.contains("://") {
         return Err(CliError::usage(format!("{flag} must be an http:// URL (got {url:?})")));
     } else {
-        format!("http://{url}")
+        url
     };
-    if url.len() <= "http://".len() {
-        return Err(CliError::usage(format!("{flag} has no host")));
+    let rest = rest.trim_end_matches('/');
+    if rest.is_empty() || rest.starts_with('/') {
+        return Err(CliError::usage(format!("{flag} has no host (got {url:?})")));
     }
-    Ok(url)
+    Ok(format!("http://{rest}"))
 }
 
 /// Whole milliseconds of a TTL, rounded up (a TTL is never shortened).

@@ -325,6 +325,7 @@ async fn native_set_conditions_ttl_timestamp_and_fencing() {
         c.del(npb::DelRequest {
             key: b"fenced".to_vec(),
             fencing_token: higher,
+            ..Default::default()
         }),
     )
     .await
