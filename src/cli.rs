@@ -472,7 +472,7 @@ fn base_url(url: &str, flag: &str) -> Result<String, CliError> {
 /// Whole milliseconds of a TTL, rounded up (a TTL is never shortened).
 fn ttl_ms(ttl: Duration) -> u64 {
     let ms = ttl.as_millis();
-    let ms = if ttl.subsec_nanos() % 1_000_000 != 0 {
+    let ms = if !ttl.subsec_nanos().is_multiple_of(1_000_000) {
         ms + 1
     } else {
         ms
