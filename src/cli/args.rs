@@ -56,6 +56,7 @@ terminal, are passed on to COMMAND. If the lease is lost (another holder took it
 failed), COMMAND gets SIGTERM and lock exits 3.
 Without a COMMAND: takes the lease, prints the fencing token and exits 0; the lease lasts until
 its ttl runs out or `stategate unlock`.
+Keep --timeout well below the ttl: a renewal that takes longer than the ttl loses the lease.
 
 Exit codes:
   0  done (without COMMAND), else COMMAND's status
@@ -109,6 +110,7 @@ pub struct OutputArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct GetArgs {
+    /// The key (any bytes; over HTTP it must be UTF-8 text).
     pub key: OsString,
     #[command(flatten)]
     pub connect: ConnectArgs,
@@ -118,6 +120,7 @@ pub struct GetArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct SetArgs {
+    /// The key (any bytes; over HTTP it must be UTF-8 text).
     pub key: OsString,
     /// The value; `-` reads it from stdin, byte for byte.
     #[arg(required_unless_present = "file")]
@@ -151,6 +154,7 @@ pub struct SetArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct DelArgs {
+    /// The key (any bytes; over HTTP it must be UTF-8 text).
     pub key: OsString,
     /// Only if the key exists with exactly this version (HTTP and gRPC only).
     #[arg(long, env = "STATEGATE_IF_VERSION", value_name = "VERSION", value_parser = parse_version)]
@@ -166,6 +170,7 @@ pub struct DelArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct VdelArgs {
+    /// The key (any bytes; over HTTP it must be UTF-8 text).
     pub key: OsString,
     /// The value the key must hold; `-` reads it from stdin.
     pub value: OsString,
@@ -204,6 +209,7 @@ pub struct WatchArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct LockArgs {
+    /// The lease's name: the key that holds it.
     pub name: OsString,
     /// How long the lease lasts without renewal, e.g. 10s (HTTP: rounded up to whole seconds).
     #[arg(long, env = "STATEGATE_TTL", value_parser = parse_ttl)]
@@ -225,6 +231,7 @@ pub struct LockArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct UnlockArgs {
+    /// The lease's name.
     pub name: OsString,
     /// The holder that took the lease.
     #[arg(long, env = "STATEGATE_HOLDER")]

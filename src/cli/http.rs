@@ -88,22 +88,37 @@ fn is_fencing(message: &str) -> bool {
     message.contains("fencing token")
 }
 
-/// Reads a body up to a limit.
-async fn body(mut resp: Response, limit: usize) -> Result<Vec<u8>, reqwest::Error> {
+/// Reads a body of at most `limit` bytes; a longer one is an error, never cut short silently.
+async fn body(mut resp: Response, limit: usize, base: &str, timeout: Duration) -> Result<Vec<u8>, CliError> {
     let mut out = Vec::new();
-    while let Some(chunk) = resp.chunk().await? {
+    while let Some(chunk) = resp.chunk().await.map_err(|e| transport(e, base, timeout))? {
         if out.len() + chunk.len() > limit {
-            break;
+            return Err(CliError::unavailable(format!(
+                "the answer from {base} is larger than {limit} bytes"
+            )));
         }
         out.extend_from_slice(&chunk);
     }
     Ok(out)
 }
 
+/// The start of an error answer's body (enough for any message).
+async fn error_body(mut resp: Response) -> Vec<u8> {
+    const LIMIT: usize = 64 * 1024;
+    let mut out = Vec::new();
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        out.extend_from_slice(&chunk[..chunk.len().min(LIMIT - out.len())]);
+        if out.len() >= LIMIT {
+            break;
+        }
+    }
+    out
+}
+
 /// Status and message of an error answer (Dapr's `{"errorCode","message"}`, or plain text).
 async fn error_of(resp: Response) -> (StatusCode, String) {
     let status = resp.status();
-    let raw = body(resp, 64 * 1024).await.unwrap_or_default();
+    let raw = error_body(resp).await;
     let message = match serde_json::from_slice::<Value>(&raw) {
         Ok(v) => match (v["errorCode"].as_str(), v["message"].as_str()) {
             (Some(code), Some(m)) => format!("{code}: {m}"),
@@ -182,9 +197,7 @@ impl HttpDoor {
         match resp.status() {
             StatusCode::OK => {
                 let version = etag_of(&resp);
-                let value = body(resp, MAX_MESSAGE_BYTES)
-                    .await
-                    .map_err(|e| transport(e, &self.base, self.timeout))?;
+                let value = body(resp, MAX_MESSAGE_BYTES, &self.base, self.timeout).await?;
                 Ok(Some(Found {
                     value: Bytes::from(value),
                     version,
@@ -350,9 +363,7 @@ impl Door for HttpDoor {
             let (status, message) = error_of(resp).await;
             return Err(status_error(status, &message));
         }
-        let raw = body(resp, MAX_MESSAGE_BYTES)
-            .await
-            .map_err(|e| transport(e, &self.base, self.timeout))?;
+        let raw = body(resp, MAX_MESSAGE_BYTES, &self.base, self.timeout).await?;
         parse_keys_page(&raw)
     }
 

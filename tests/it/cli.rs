@@ -670,6 +670,70 @@ async fn lock_hands_over_when_a_killed_holders_lease_expires() {
     env.stop().await;
 }
 
+/// Signals sent to `lock` reach its command (stdin is not a terminal here), which then exits
+/// with its own status and the lease is released; a lease taken away while the command runs
+/// stops the command and exits 3; a command that cannot start exits 2 and releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_passes_signals_on_and_reports_a_lost_lease() {
+    let env = TestEnv::start(Broker::Embedded).await;
+    let [mqtt, http, grpc] = doors(&env).map(|(_, d)| d);
+    // The background sleep keeps `wait` interruptible; its output goes nowhere.
+    let trapping = "trap 'echo interrupted; exit 9' INT; echo \"a $STATEGATE_FENCING_TOKEN\"; \
+                    sleep 30 >/dev/null 2>&1 & wait";
+    let mut a = Live::spawn(
+        &[
+            "lock", "sig", "--ttl", "5s", "--holder", "a", "--", "sh", "-c", trapping,
+        ],
+        &grpc,
+    );
+    token_of(&a.line().await, "a");
+    a.signal("INT");
+    assert_eq!(a.line().await, "interrupted");
+    assert_eq!(a.exit_code().await, 9);
+    expect(
+        run(&["get", "sig"], &grpc, None).await,
+        1,
+        "released after the command ended",
+    );
+
+    let a_cmd = holder_command("a", 0);
+    let mut a = Live::spawn(
+        &["lock", "lost", "--ttl", "1s", "--holder", "a", "--", "sh", "-c", &a_cmd],
+        &mqtt,
+    );
+    token_of(&a.line().await, "a");
+    // Someone deletes the lease and another holder takes it: A's next renewal finds it gone.
+    expect(run(&["del", "lost"], &http, None).await, 0, "del");
+    expect(
+        run(&["lock", "lost", "--ttl", "1h", "--holder", "x"], &http, None).await,
+        0,
+        "x takes it",
+    );
+    assert_eq!(a.exit_code().await, 3, "a lost lease exits 3");
+    let holder = expect(run(&["get", "lost"], &mqtt, None).await, 0, "still x's");
+    assert_eq!(holder.text(), "x\n");
+
+    let ran = run(
+        &[
+            "lock",
+            "nocmd",
+            "--ttl",
+            "5s",
+            "--holder",
+            "a",
+            "--",
+            "/nonexistent/command",
+        ],
+        &http,
+        None,
+    )
+    .await;
+    assert_eq!(ran.code, 2, "{ran:?}");
+    assert!(ran.stderr.contains("/nonexistent/command"), "{}", ran.stderr);
+    expect(run(&["get", "nocmd"], &http, None).await, 1, "released");
+    env.stop().await;
+}
+
 /// `stategate --help` lists the client commands and the exit codes; serve flags still parse.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn help_lists_the_client_commands() {
