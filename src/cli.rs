@@ -226,7 +226,8 @@ fn output_of(o: &OutputArgs) -> Output {
     }
 }
 
-fn fencing(token: &Option<crate::hlc::Hlc>) -> Option<String> {
+/// A version or fencing token from the command line, as the doors send it.
+fn hlc_text(token: &Option<crate::hlc::Hlc>) -> Option<String> {
     token.as_ref().map(ToString::to_string)
 }
 
@@ -329,7 +330,7 @@ async fn dispatch(cmd: ClientCommand, out: Output) -> Result<i32, CliError> {
                 value: read_value(source)?,
                 condition,
                 ttl: a.ttl.or(a.px.map(Duration::from_millis)),
-                fencing: fencing(&a.fencing_token),
+                fencing: hlc_text(&a.fencing_token),
             };
             let outcome = with_door(&a.connect, async |d| d.set(&write).await).await?;
             out.print(output::set(out.format, out.verbose, &key, &outcome))?;
@@ -340,7 +341,7 @@ async fn dispatch(cmd: ClientCommand, out: Output) -> Result<i32, CliError> {
             if a.if_version.is_some() && door_kind(&a.connect) == DoorKind::Mqtt {
                 return Err(no_version_condition_over_mqtt());
             }
-            let (if_version, ft) = (fencing(&a.if_version), fencing(&a.fencing_token));
+            let (if_version, ft) = (hlc_text(&a.if_version), hlc_text(&a.fencing_token));
             let outcome = with_door(&a.connect, async |d| {
                 d.del(&key, if_version.as_deref(), ft.as_deref()).await
             })
@@ -351,7 +352,7 @@ async fn dispatch(cmd: ClientCommand, out: Output) -> Result<i32, CliError> {
         ClientCommand::Vdel(a) => {
             let key = key_of(&a.key, "key")?;
             let value = read_value(ValueSource::of(Some(&a.value), None).unwrap_or(ValueSource::Stdin))?;
-            let ft = fencing(&a.fencing_token);
+            let ft = hlc_text(&a.fencing_token);
             let outcome = with_door(&a.connect, async |d| d.vdel(&key, &value, ft.as_deref()).await).await?;
             out.print(output::del(out.format, &key, outcome))?;
             Ok(status(outcome == DelOutcome::Deleted))

@@ -94,8 +94,11 @@ impl MqttDoor {
             .client_id
             .clone()
             .unwrap_or_else(|| format!("stategate-cli-{:016x}", seed));
-        if client_id.is_empty() {
-            return Err(CliError::usage("--client-id must not be empty"));
+        // The id is a topic level of the response and notification topics.
+        if client_id.is_empty() || client_id.contains(['/', '+', '#']) {
+            return Err(CliError::usage(format!(
+                "--client-id must be non-empty, without '/', '+' or '#' (got {client_id:?})"
+            )));
         }
         let mut o = MqttOptions::new(client_id.clone(), host.clone(), port);
         o.set_keep_alive(Duration::from_secs(30));

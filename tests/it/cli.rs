@@ -412,6 +412,11 @@ async fn exit_codes_scripts_can_rely_on() {
             &mqtt,
             "serve flags with a client command",
         ),
+        (
+            &["get", "k", "--client-id", "a/b"],
+            &mqtt,
+            "a client id that is not a topic level",
+        ),
     ] {
         expect(run(args, door, None).await, 2, why);
     }
@@ -488,6 +493,12 @@ async fn exit_codes_scripts_can_rely_on() {
         let ran = expect(run(&["get", "k"], &door, None).await, 5, "unreachable");
         assert!(ran.stderr.contains("127.0.0.1"), "{}", ran.stderr);
     }
+    // A broker without the state store behind it: the request times out.
+    let broker = crate::support::Mosquitto::start();
+    let door = vec!["--mqtt-url".to_owned(), format!("mqtt://127.0.0.1:{}", broker.port)];
+    let ran = run(&["get", "k", "--timeout", "300ms"], &door, None).await;
+    assert_eq!(ran.code, 5, "{ran:?}");
+    assert!(ran.stderr.contains("timed out"), "{}", ran.stderr);
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = silent.local_addr().unwrap().port();
     for door in [
