@@ -129,6 +129,7 @@ fn bench(c: &mut Criterion) {
         let cmd = Command::KeyNotify(KeyNotify {
             key: hot.clone(),
             client: format!("client-{n}"),
+            session: None,
             stop: false,
         });
         rt.block_on(e.execute(cmd)).expect("keynotify");
@@ -140,8 +141,8 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             rt.block_on(e.execute(set(hot.clone(), SetCondition::Always)))
                 .expect("set");
-            let change = feed.try_recv().expect("change published");
-            black_box(e.observers_of(&change.key).len())
+            let event = feed.try_recv().expect("change published").expect("not lagged");
+            black_box(e.observers_of(&event.change.key).len())
         })
     });
     g.finish();

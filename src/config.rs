@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::dapr::{StoreSpec, Stores};
-use crate::engine::{Limits, ObserverLimits};
+use crate::engine::{FeedLimits, Limits, ObserverLimits};
 use crate::http::HttpSettings;
 use crate::mqtt::service::MqttSettings;
 use crate::storage::StorageConfig;
@@ -227,7 +227,9 @@ impl Config {
                 per_client: a.max_observed_keys.max(1),
                 // The embedded broker reports disconnects; only an external one needs idle expiry.
                 idle: (external && a.observer_idle_secs > 0).then(|| Duration::from_secs(a.observer_idle_secs)),
+                ..ObserverLimits::default()
             },
+            feed: FeedLimits::default(),
         };
         let http_listen = parse_listen("--http-listen", &a.http_listen)?;
         let grpc_listen = parse_listen("--grpc-listen", &a.grpc_listen)?;

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use base64::Engine as _;
 use bytes::Bytes;
 
-use crate::engine::{Del, Engine, EngineError, Entry, Reply, Set, SetCondition, TxOp};
+use crate::engine::{Del, DelCondition, Engine, EngineError, Entry, Reply, Set, SetCondition, TxOp};
 use crate::hlc::Hlc;
 
 pub mod query;
@@ -17,8 +17,6 @@ pub mod query;
 pub const PREFIX_SEPARATOR: &str = "||";
 /// Store features advertised in metadata and by the component API.
 pub const FEATURES: [&str; 4] = ["ETAG", "TRANSACTIONAL", "TTL", "QUERY_API"];
-/// Longest TTL accepted (100 years).
-pub const MAX_TTL_SECONDS: i64 = 100 * 365 * 24 * 3600;
 /// Item metadata naming how a non-JSON value is encoded inside a JSON document.
 pub const ENCODING_METADATA: &str = "contentEncoding";
 
@@ -215,11 +213,114 @@ pub fn consistency_from_proto(v: i32) -> Result<Option<String>, DaprError> {
     }
 }
 
+/// Both option enums of Dapr's protos as the option strings the Dapr layer takes.
+pub fn options_from_proto(concurrency: i32, consistency: i32) -> Result<(Option<String>, Option<String>), DaprError> {
+    Ok((
+        concurrency_from_proto(concurrency)?,
+        consistency_from_proto(consistency)?,
+    ))
+}
+
 /// Response metadata of a read: `ttlExpireTime` when the key has a deadline.
 pub fn ttl_metadata(expires_at_ms: Option<u64>) -> HashMap<String, String> {
     expires_at_ms
         .map(|ms| HashMap::from([("ttlExpireTime".to_owned(), rfc3339(ms))]))
         .unwrap_or_default()
+}
+
+/// Adds request-level metadata (the `metadata.<name>` query string, a transaction's metadata)
+/// to an item's own. The request's entries win, as daprd merges URL metadata into a request;
+/// every door merges this way.
+pub fn merge_request_metadata(item: &mut HashMap<String, String>, request: &HashMap<String, String>) {
+    for (k, v) in request {
+        item.insert(k.clone(), v.clone());
+    }
+}
+
+/// Whether stored bytes are a JSON document.
+pub fn is_json(value: &[u8]) -> bool {
+    serde_json::from_slice::<serde::de::IgnoredAny>(value).is_ok()
+}
+
+/// The content type of stored bytes, as reads report it.
+pub fn content_type_of(value: &[u8]) -> &'static str {
+    if is_json(value) {
+        "application/json"
+    } else {
+        "application/octet-stream"
+    }
+}
+
+/// The bytes to store for a value that arrived as bytes (gRPC): verbatim, unless metadata
+/// `contentType` says JSON, in which case it must be JSON and is stored compacted (as HTTP
+/// stores JSON values).
+pub fn stored_value(value: Vec<u8>, metadata: &HashMap<String, String>) -> Result<Bytes, DaprError> {
+    let json = metadata
+        .get("contentType")
+        .is_some_and(|c| c.split(';').next().is_some_and(|m| m.trim() == "application/json"));
+    if !json {
+        return Ok(Bytes::from(value));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&value)
+        .map_err(|e| DaprError::Malformed(format!("contentType is application/json but the value is not: {e}")))?;
+    serde_json::to_vec(&v)
+        .map(Bytes::from)
+        .map_err(|e| DaprError::Malformed(e.to_string()))
+}
+
+/// One key of a bulk get, in request order.
+#[derive(Debug, Clone)]
+pub struct BulkEntry {
+    pub key: String,
+    pub entry: Option<Entry>,
+}
+
+/// Bulk get, one policy for every door (as daprd answers): more than `max_keys` keys, or any
+/// key that is not valid, fails the whole request before anything is read; a storage failure
+/// fails it too; a missing key is an entry without a value.
+pub async fn bulk_get(
+    engine: &Engine,
+    store: &StoreSpec,
+    keys: Vec<String>,
+    max_keys: usize,
+) -> Result<Vec<BulkEntry>, DaprError> {
+    if keys.len() > max_keys {
+        return Err(DaprError::Malformed(format!(
+            "a bulk get may name at most {max_keys} keys"
+        )));
+    }
+    let engine_keys = keys
+        .iter()
+        .map(|k| store.engine_key(k))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut out = Vec::with_capacity(keys.len());
+    for (key, engine_key) in keys.into_iter().zip(engine_keys) {
+        let entry = engine.read(&engine_key).await?;
+        out.push(BulkEntry { key, entry });
+    }
+    Ok(out)
+}
+
+/// What a store reports about itself (HTTP `/v1.0/metadata`, gRPC `GetMetadata`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ComponentInfo {
+    pub name: String,
+    pub kind: &'static str,
+    pub version: &'static str,
+    pub capabilities: Vec<String>,
+}
+
+/// The configured stores as the metadata answers list them.
+pub fn components(stores: &Stores) -> Vec<ComponentInfo> {
+    stores
+        .names()
+        .map(|name| ComponentInfo {
+            name: name.to_owned(),
+            kind: "state.stategate",
+            version: "v1",
+            capabilities: FEATURES.iter().map(|f| f.to_string()).collect(),
+        })
+        .collect()
 }
 
 /// Saves every item (each its own atomic write; good items land even when another fails) and
@@ -277,14 +378,15 @@ pub struct WriteMeta {
 
 impl WriteMeta {
     pub fn parse(meta: &HashMap<String, String>) -> Result<WriteMeta, DaprError> {
+        // Only the syntax is decided here; whether the TTL is in range is the engine's rule.
         let ttl_ms = match meta.get("ttlInSeconds").map(|s| s.trim()) {
             None | Some("") => None,
             Some(s) => match s.parse::<i64>() {
                 Ok(-1) => None,
-                Ok(n) if n > 0 && n <= MAX_TTL_SECONDS => Some((n as u64).saturating_mul(1000)),
+                Ok(n) if n >= 0 => Some((n as u64).saturating_mul(1000)),
                 _ => {
                     return Err(DaprError::Malformed(format!(
-                        "incorrect value for metadata 'ttlInSeconds': {s:?} (an integer from 1 to {MAX_TTL_SECONDS}, or -1)"
+                        "incorrect value for metadata 'ttlInSeconds': {s:?} (whole seconds, or -1 for none)"
                     )));
                 }
             },
@@ -351,22 +453,22 @@ impl SaveItem {
 }
 
 impl DeleteItem {
-    /// The engine command, plus whether first-write forbids deleting an existing key blind.
-    fn command(&self, store: &StoreSpec) -> Result<(Del, bool), DaprError> {
+    fn command(&self, store: &StoreSpec) -> Result<Del, DaprError> {
         let key = store.engine_key(&self.key)?;
         let meta = WriteMeta::parse(&self.metadata)?;
         check_consistency(self.consistency.as_deref())?;
         let concurrency = Concurrency::parse(self.concurrency.as_deref())?;
-        let if_version = parse_etag(self.etag.as_deref())?;
-        let blind_first_write = if_version.is_none() && concurrency == Concurrency::FirstWrite;
-        Ok((
-            Del {
-                key,
-                fencing: meta.fencing,
-                if_version,
-            },
-            blind_first_write,
-        ))
+        let condition = match (parse_etag(self.etag.as_deref())?, concurrency) {
+            (Some(v), _) => DelCondition::IfVersion(v),
+            // First-write without an ETag may only "delete" an absent key (a no-op).
+            (None, Concurrency::FirstWrite) => DelCondition::IfAbsent,
+            (None, Concurrency::LastWrite) => DelCondition::Always,
+        };
+        Ok(Del {
+            key,
+            fencing: meta.fencing,
+            condition,
+        })
     }
 }
 
@@ -396,20 +498,17 @@ pub async fn save(engine: &Engine, store: &StoreSpec, item: &SaveItem) -> Result
 
 /// Deletes one item; deleting a missing key without an ETag succeeds.
 pub async fn delete(engine: &Engine, store: &StoreSpec, item: &DeleteItem) -> Result<(), DaprError> {
-    let (cmd, blind_first_write) = item.command(store)?;
-    if blind_first_write {
-        // Deleting an absent key is a no-op, so "fail if it exists" needs no write.
-        if engine.read(&cmd.key).await?.is_some() {
-            return Err(DaprError::EtagMismatch(
-                "first-write: the key exists and no etag was given".into(),
-            ));
-        }
-        return Ok(());
-    }
+    let cmd = item.command(store)?;
+    let first_write = cmd.condition == DelCondition::IfAbsent;
     engine
         .execute(crate::engine::Command::Del(cmd))
         .await
-        .map_err(mismatch)?;
+        .map_err(|e| match e {
+            EngineError::VersionMismatch if first_write => {
+                DaprError::EtagMismatch("first-write: the key exists and no etag was given".into())
+            }
+            other => mismatch(other),
+        })?;
     Ok(())
 }
 
@@ -511,19 +610,7 @@ pub async fn transact(engine: &Engine, store: &StoreSpec, items: &[TxItem], max_
     for item in items {
         ops.push(match item {
             TxItem::Upsert(s) => TxOp::Set(s.command(store)?),
-            TxItem::Delete(d) => {
-                let (del, blind_first_write) = d.command(store)?;
-                if blind_first_write {
-                    // First-write without an ETag may only "delete" an absent key: a no-op.
-                    if engine.read(&del.key).await?.is_some() {
-                        return Err(DaprError::EtagMismatch(
-                            "first-write: the key exists and no etag was given".into(),
-                        ));
-                    }
-                    continue;
-                }
-                TxOp::Del(del)
-            }
+            TxItem::Delete(d) => TxOp::Del(d.command(store)?),
         });
     }
     engine.transact(ops).await.map_err(mismatch)?;
@@ -561,6 +648,7 @@ pub fn decode_value(value: &Bytes, metadata: &HashMap<String, String>) -> Result
 /// A value placed inside a JSON document (bulk get, query, events): JSON values as they are;
 /// anything else as a base64 string, flagged by item metadata `contentEncoding: base64`.
 pub fn value_to_json(value: &[u8]) -> (serde_json::Value, Option<(&'static str, &'static str)>) {
+    // One parse: the parsed document is what goes in the answer.
     match serde_json::from_slice::<serde_json::Value>(value) {
         Ok(v) => (v, None),
         Err(_) => (

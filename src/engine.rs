@@ -10,23 +10,30 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
-use tokio::sync::{Mutex as AsyncMutex, MutexGuard, Notify, broadcast, mpsc};
+use tokio::sync::{Mutex as AsyncMutex, MutexGuard, Notify};
 
 use crate::hlc::{Clock, Hlc, HlcClock};
 use crate::storage::{Record, Store, Swap, SwapOutcome};
 
 pub mod command;
 mod error;
+mod expiry;
+pub mod feed;
 pub mod notify;
+pub mod watch;
 
-pub use command::{Command, Del, Get, KeyNotify, Meta, Scan, Set, SetCondition, VDel};
+pub use command::{Command, Del, DelCondition, Get, KeyNotify, Meta, Scan, Set, SetCondition, VDel};
 pub use error::EngineError;
-pub use notify::{Change, ChangeKind, KeyNotification, ObserverLimits};
+pub use feed::{FeedEvent, FeedLimits, FeedReader, Lagged};
+pub use notify::{Change, ChangeKind, KeyNotification, KeyNotifyReceiver, ObserverLimits};
 
-use notify::Observers;
+use feed::Feed;
+use notify::{KeyNotifySender, Observers, RegisterError};
 
 /// How far ahead of the service clock a request timestamp or fencing token may be.
 pub const MAX_CLOCK_SKEW_MS: u64 = 60_000;
+/// The longest time to live a key may be given (100 years), on every door.
+pub const MAX_TTL_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
 
 /// What a command returns, independent of any wire format.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,6 +104,8 @@ pub struct Limits {
     /// Keys examined per SCAN page.
     pub scan_page: usize,
     pub observers: ObserverLimits,
+    /// The change history watchers read (and resume from).
+    pub feed: FeedLimits,
 }
 
 impl Default for Limits {
@@ -106,18 +115,13 @@ impl Default for Limits {
             max_key_bytes: 64 * 1024,
             max_value_bytes: 4 * 1024 * 1024,
             scan_page: 1000,
-            observers: ObserverLimits {
-                per_client: 10_000,
-                idle: None,
-            },
+            observers: ObserverLimits::default(),
+            feed: FeedLimits::default(),
         }
     }
 }
 
 const STRIPES: usize = 1024;
-const FEED_CAPACITY: usize = 65_536;
-/// KEYNOTIFY notifications waiting for the MQTT door; past this they are dropped and logged.
-const KEYNOTIFY_CAPACITY: usize = 65_536;
 /// Conflicts are only possible when another process shares the storage; give up eventually.
 const MAX_SWAP_ATTEMPTS: usize = 64;
 
@@ -129,12 +133,12 @@ struct Inner {
     store: Store,
     hlc: HlcClock,
     limits: Limits,
-    feed: broadcast::Sender<Change>,
+    feed: Arc<Feed>,
     observers: Mutex<Observers>,
     /// Keys with at least one KEYNOTIFY observer (read without the lock on every write).
     observed_keys: AtomicUsize,
     /// Where KEYNOTIFY notifications go (the MQTT door takes the receiving end).
-    keynotify: OnceLock<mpsc::Sender<KeyNotification>>,
+    keynotify: OnceLock<KeyNotifySender>,
     stripes: Vec<AsyncMutex<()>>,
     hasher: std::collections::hash_map::RandomState,
     /// Woken when a write sets a deadline, so the expiry driver can look again.
@@ -160,7 +164,7 @@ impl Engine {
         if let Some(max) = store.backend().max_version().await? {
             hlc.observe(&max);
         }
-        let (feed, _) = broadcast::channel(FEED_CAPACITY);
+        let feed = Arc::new(Feed::new(limits.feed.clone()));
         Ok(Engine(Arc::new(Inner {
             store,
             hlc,
@@ -175,24 +179,40 @@ impl Engine {
         })))
     }
 
-    pub fn node_id(&self) -> &str {
-        self.0.hlc.node()
-    }
-
     pub fn limits(&self) -> &Limits {
         &self.0.limits
     }
 
-    /// A receiver of every change applied from now on.
-    pub fn subscribe(&self) -> broadcast::Receiver<Change> {
-        self.0.feed.subscribe()
+    /// The service clock's wall time, ms since the epoch (what deadlines are compared with).
+    pub fn now_ms(&self) -> u64 {
+        self.0.hlc.wall_ms()
+    }
+
+    /// A reader of every change applied from now on.
+    pub fn subscribe(&self) -> FeedReader {
+        self.0.feed.reader()
+    }
+
+    /// A reader of every change after the one with `version`, if the history still holds it.
+    pub fn subscribe_after(&self, version: &Hlc) -> Option<FeedReader> {
+        self.0.feed.reader_after(version)
+    }
+
+    /// Changes and bytes the history holds now.
+    pub fn feed_held(&self) -> (usize, usize) {
+        self.0.feed.held()
     }
 
     /// The notifications for KEYNOTIFY observers, in change order per key: the MQTT door takes
     /// this once (`None` afterwards). Changes to keys nobody observes are never queued.
-    pub fn keynotify_feed(&self) -> Option<mpsc::Receiver<KeyNotification>> {
-        let (tx, rx) = mpsc::channel(KEYNOTIFY_CAPACITY);
+    pub fn keynotify_feed(&self) -> Option<KeyNotifyReceiver> {
+        let (tx, rx) = notify::keynotify_queue(&self.0.limits.observers);
         self.0.keynotify.set(tx).ok().map(|()| rx)
+    }
+
+    /// KEYNOTIFY notifications dropped so far because the door's queue was full.
+    pub fn keynotify_dropped(&self) -> u64 {
+        self.0.keynotify.get().map_or(0, KeyNotifySender::dropped)
     }
 
     /// The client ids observing `key` (KEYNOTIFY).
@@ -200,9 +220,16 @@ impl Engine {
         self.observers().of_key(key)
     }
 
-    /// Drops every KEYNOTIFY registration of a client (it disconnected).
-    pub fn drop_client(&self, client: &str) -> usize {
-        self.with_observers(|o| o.drop_client(client))
+    /// Drops every KEYNOTIFY registration of a client (it disconnected). With `session`, only
+    /// registrations made in that broker session (a late report of an old connection's end
+    /// leaves a newer session's registrations alone).
+    pub fn drop_client(&self, client: &str, session: Option<u64>) -> usize {
+        self.with_observers(|o| o.drop_client(client, session))
+    }
+
+    /// KEYNOTIFY registrations of all clients.
+    pub fn registrations(&self) -> usize {
+        self.observers().total()
     }
 
     /// Runs a change of the registry and keeps the count of observed keys current.
@@ -313,37 +340,30 @@ impl Engine {
     /// the key's stripe lock, so each key's changes go out in order. Costs nothing when nobody
     /// listens.
     fn publish(&self, key: Bytes, version: Hlc, kind: ChangeKind) {
-        let observed = self.0.observed_keys.load(Ordering::Relaxed) > 0;
-        let watched = self.0.feed.receiver_count() > 0;
-        if !observed && !watched {
-            return;
-        }
         let change = Change { key, version, kind };
-        if observed && let Some(tx) = self.0.keynotify.get() {
+        if self.0.observed_keys.load(Ordering::Relaxed) > 0
+            && let Some(tx) = self.0.keynotify.get()
+        {
             let observers = self.observers().of_key(&change.key);
             if !observers.is_empty() {
-                let n = KeyNotification {
-                    change: change.clone(),
-                    observers,
+                // Copies: the notification may wait, and must not pin the request's buffer.
+                let change = Change {
+                    key: Bytes::copy_from_slice(&change.key),
+                    version: change.version.clone(),
+                    kind: match &change.kind {
+                        ChangeKind::Set(v) => ChangeKind::Set(Bytes::copy_from_slice(v)),
+                        other => other.clone(),
+                    },
                 };
-                if tx.try_send(n).is_err() {
-                    tracing::warn!("KEYNOTIFY notification dropped: the MQTT door is not keeping up");
-                }
+                tx.send(KeyNotification { change, observers });
             }
         }
-        if watched {
-            // A receiver that went away in between is not an error.
-            let _ = self.0.feed.send(change);
-        }
+        self.0.feed.push(change);
     }
 
     async fn set(&self, c: Set) -> Result<Response, EngineError> {
         match self.set_once(&c).await {
-            // Expired keys that the driver has not swept yet still count against max_keys, yet
-            // read as absent everywhere: sweep them and try once more.
-            Err(EngineError::QuotaExceeded) if self.0.limits.max_keys.is_some() && self.expire_due().await? > 0 => {
-                self.set_once(&c).await
-            }
+            Err(EngineError::QuotaExceeded) if self.make_room().await? => self.set_once(&c).await,
             other => other,
         }
     }
@@ -356,6 +376,9 @@ impl Engine {
         }
         if c.key.len() > l.max_key_bytes || c.value.len() > l.max_value_bytes {
             return Err(EngineError::TooLarge);
+        }
+        if c.ttl_ms.is_some_and(|t| t == 0 || t > MAX_TTL_MS) {
+            return Err(EngineError::TtlOutOfRange);
         }
         self.check_skew(c.timestamp.as_ref(), || EngineError::TimestampSkew)?;
         self.check_skew(c.fencing.as_ref(), || EngineError::FencingTokenSkew)
@@ -389,13 +412,25 @@ impl Engine {
         }))
     }
 
-    /// The DEL rule over a live record: the fencing check, then the ETag.
-    fn check_delete(cur: &Record, fencing: Option<&Hlc>, if_version: Option<&Hlc>) -> Result<(), EngineError> {
+    /// The DEL rule over the key's live record: `Ok(false)` when there is nothing to delete,
+    /// an error when the condition or the fencing token refuses it.
+    fn check_delete(
+        cur: Option<&Record>,
+        fencing: Option<&Hlc>,
+        condition: &DelCondition,
+    ) -> Result<bool, EngineError> {
+        let Some(cur) = cur else {
+            return match condition {
+                DelCondition::IfVersion(_) => Err(EngineError::VersionMismatch),
+                DelCondition::Always | DelCondition::IfAbsent => Ok(false),
+            };
+        };
         Self::check_fencing(cur.fencing.as_ref(), fencing)?;
-        if if_version.is_some_and(|v| *v != cur.version) {
-            return Err(EngineError::VersionMismatch);
+        match condition {
+            DelCondition::IfVersion(v) if *v != cur.version => Err(EngineError::VersionMismatch),
+            DelCondition::IfAbsent => Err(EngineError::VersionMismatch),
+            DelCondition::Always | DelCondition::IfVersion(_) => Ok(true),
         }
-        Ok(())
     }
 
     async fn set_once(&self, c: &Set) -> Result<Response, EngineError> {
@@ -478,8 +513,15 @@ impl Engine {
     /// fails the whole transaction with [`EngineError::VersionMismatch`]; deleting a missing
     /// key succeeds. Returns one response per operation; observers are told of every change.
     pub async fn transact(&self, ops: Vec<TxOp>) -> Result<Vec<Response>, EngineError> {
+        match self.transact_once(&ops).await {
+            Err(EngineError::QuotaExceeded) if self.make_room().await? => self.transact_once(&ops).await,
+            other => other,
+        }
+    }
+
+    async fn transact_once(&self, ops: &[TxOp]) -> Result<Vec<Response>, EngineError> {
         let l = &self.0.limits;
-        for op in &ops {
+        for op in ops {
             match op {
                 TxOp::Set(s) => self.check_set(s)?,
                 TxOp::Del(d) if d.key.is_empty() => return Err(EngineError::EmptyKey),
@@ -497,7 +539,7 @@ impl Engine {
         'attempt: for _ in 0..MAX_SWAP_ATTEMPTS {
             // key -> (version read, current record in this transaction's view)
             let mut view: std::collections::HashMap<Bytes, (Option<Hlc>, Option<Record>)> = Default::default();
-            for op in &ops {
+            for op in ops {
                 if !view.contains_key(op.key()) {
                     let cur = self.load_live(op.key()).await?;
                     view.insert(op.key().clone(), (cur.as_ref().map(|r| r.version.clone()), cur));
@@ -505,7 +547,7 @@ impl Engine {
             }
             let mut changes = Vec::with_capacity(ops.len());
             let mut responses = Vec::with_capacity(ops.len());
-            for op in &ops {
+            for op in ops {
                 let Some((_, cur)) = view.get_mut(op.key()) else {
                     continue 'attempt;
                 };
@@ -519,14 +561,13 @@ impl Engine {
                         responses.push(Response::new(Reply::Ok, Some(version)));
                     }
                     TxOp::Del(d) => {
-                        let Some(r) = cur.take() else {
-                            if d.if_version.is_some() {
-                                return Err(EngineError::VersionMismatch);
-                            }
+                        if !Self::check_delete(cur.as_ref(), d.fencing.as_ref(), &d.condition)? {
                             responses.push(Response::new(Reply::Int(0), None));
                             continue;
+                        }
+                        let Some(r) = cur.take() else {
+                            continue 'attempt;
                         };
-                        Self::check_delete(&r, d.fencing.as_ref(), d.if_version.as_ref())?;
                         let version = self.0.hlc.next_after(&[&r.version]);
                         changes.push((d.key.clone(), version.clone(), ChangeKind::Delete));
                         responses.push(Response::new(Reply::Int(1), Some(version)));
@@ -564,18 +605,18 @@ impl Engine {
     }
 
     async fn del(&self, c: Del) -> Result<Response, EngineError> {
-        self.delete(c.key, c.fencing, c.if_version, None).await
+        self.delete(c.key, c.fencing, c.condition, None).await
     }
 
     async fn vdel(&self, c: VDel) -> Result<Response, EngineError> {
-        self.delete(c.key, c.fencing, None, Some(c.value)).await
+        self.delete(c.key, c.fencing, DelCondition::Always, Some(c.value)).await
     }
 
     async fn delete(
         &self,
         key: Bytes,
         fencing: Option<Hlc>,
-        if_version: Option<Hlc>,
+        condition: DelCondition,
         if_value: Option<Bytes>,
     ) -> Result<Response, EngineError> {
         if key.is_empty() {
@@ -584,13 +625,11 @@ impl Engine {
         self.check_skew(fencing.as_ref(), || EngineError::FencingTokenSkew)?;
         let _guard = self.lock(&key).await;
         for _ in 0..MAX_SWAP_ATTEMPTS {
-            let Some(cur) = self.load_live(&key).await? else {
-                if if_version.is_some() {
-                    return Err(EngineError::VersionMismatch);
-                }
+            let cur = self.load_live(&key).await?;
+            if !Self::check_delete(cur.as_ref(), fencing.as_ref(), &condition)? {
                 return Ok(Response::new(Reply::Int(0), None));
-            };
-            Self::check_delete(&cur, fencing.as_ref(), if_version.as_ref())?;
+            }
+            let Some(cur) = cur else { continue };
             if if_value.as_ref().is_some_and(|v| *v != cur.value) {
                 return Ok(Response::new(Reply::NotApplied, Some(cur.version)));
             }
@@ -605,19 +644,26 @@ impl Engine {
         if c.key.is_empty() {
             return Err(EngineError::EmptyKey);
         }
-        let cap = self.0.limits.observers.per_client;
-        let reply = if c.stop {
-            if self.with_observers(|o| o.unregister(&c.client, &c.key)) {
+        if c.stop {
+            let reply = if self.with_observers(|o| o.unregister(&c.client, &c.key)) {
                 Reply::Ok
             } else {
                 Reply::Int(0)
+            };
+            return Ok(Response::new(reply, None));
+        }
+        if c.key.len() > self.0.limits.max_key_bytes {
+            return Err(EngineError::TooLarge);
+        }
+        let limits = &self.0.limits.observers;
+        match self.with_observers(|o| o.register(&c.client, c.session, &c.key, limits)) {
+            Ok(()) => Ok(Response::new(Reply::Ok, None)),
+            Err(RegisterError::ClientFull) => Err(EngineError::QuotaExceeded),
+            Err(RegisterError::RegistryFull) => {
+                tracing::warn!(limit = limits.total, "KEYNOTIFY registry full: registration refused");
+                Err(EngineError::QuotaExceeded)
             }
-        } else if self.with_observers(|o| o.register(&c.client, c.key, cap)) {
-            Reply::Ok
-        } else {
-            return Err(EngineError::QuotaExceeded);
-        };
-        Ok(Response::new(reply, None))
+        }
     }
 
     async fn scan(&self, c: Scan) -> Result<Response, EngineError> {
@@ -640,52 +686,6 @@ impl Engine {
             .await?;
         let token = page.resume_after.map(|k| encode_token(&k));
         Ok(Response::new(Reply::Keys { keys: page.keys, token }, None))
-    }
-
-    /// Removes every key whose deadline has passed, telling observers. Returns how many.
-    pub async fn expire_due(&self) -> Result<usize, EngineError> {
-        let mut removed = 0;
-        loop {
-            let now = self.0.hlc.wall_ms();
-            let due = self.0.store.backend().expired(now, 256).await?;
-            if due.is_empty() {
-                return Ok(removed);
-            }
-            let batch = due.len();
-            for (key, _) in due {
-                let _guard = self.lock(&key).await;
-                if let Some(r) = self.0.store.backend().get(&key).await?
-                    && r.is_expired(now)
-                    && self.remove(&key, &r, ChangeKind::Expire).await?.is_some()
-                {
-                    removed += 1;
-                }
-            }
-            if batch < 256 {
-                return Ok(removed);
-            }
-        }
-    }
-
-    /// Runs expiry until `shutdown` resolves: sleeps until the earliest deadline, or until a
-    /// write adds an earlier one.
-    pub async fn run_expiry(&self, shutdown: impl std::future::Future<Output = ()>) {
-        tokio::pin!(shutdown);
-        loop {
-            if let Err(e) = self.expire_due().await {
-                tracing::error!(cause = %e, source = ?std::error::Error::source(&e), "expiry sweep failed");
-            }
-            let wait = match self.0.store.backend().next_deadline().await {
-                Ok(Some(d)) => d.saturating_sub(self.0.hlc.wall_ms()).max(1),
-                Ok(None) => 60_000,
-                Err(_) => 1_000,
-            };
-            tokio::select! {
-                _ = &mut shutdown => return,
-                _ = tokio::time::sleep(std::time::Duration::from_millis(wait)) => {}
-                _ = self.0.deadline_added.notified() => {}
-            }
-        }
     }
 }
 

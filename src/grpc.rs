@@ -68,9 +68,11 @@ impl Interceptor for TokenCheck {
         let Some(token) = &self.0 else {
             return Ok(req);
         };
-        match req.metadata().get("dapr-api-token").and_then(|v| v.to_str().ok()) {
-            Some(t) if t == &**token => Ok(req),
-            _ => Err(Status::unauthenticated("invalid api token")),
+        let given = req.metadata().get("dapr-api-token").and_then(|v| v.to_str().ok());
+        if crate::access::token_matches(token, given) {
+            Ok(req)
+        } else {
+            Err(Status::unauthenticated("invalid api token"))
         }
     }
 }
@@ -189,6 +191,7 @@ pub fn bind_component_socket(path: &std::path::Path) -> Result<UnixListener, Grp
 pub async fn serve_component(
     engine: Engine,
     max_transaction_ops: usize,
+    max_bulk_keys: usize,
     listener: UnixListener,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), GrpcError> {
@@ -196,6 +199,7 @@ pub async fn serve_component(
         engine,
         store: Arc::new(StoreSpec::raw("stategate")),
         max_transaction_ops,
+        max_bulk_keys,
     };
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter

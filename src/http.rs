@@ -208,7 +208,7 @@ async fn check_token(State(settings): State<Arc<HttpSettings>>, req: Request, ne
         let path = req.uri().path();
         let exempt = path.starts_with("/v1.0/healthz");
         let given = req.headers().get("dapr-api-token").and_then(|v| v.to_str().ok());
-        if !exempt && given != Some(token.as_str()) {
+        if !exempt && !crate::access::token_matches(token, given) {
             return (StatusCode::UNAUTHORIZED, "invalid api token").into_response();
         }
     }

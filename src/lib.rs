@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+pub mod access;
 pub mod cli;
 pub mod config;
 pub mod dapr;
@@ -79,7 +80,12 @@ impl std::fmt::Debug for Running {
 
 /// Starts the service on `store`; returns once every door is ready.
 pub async fn start(config: Config, store: Store) -> Result<Running, StartError> {
-    let clock: Arc<dyn hlc::Clock> = Arc::new(hlc::SystemClock);
+    start_with_clock(config, store, Arc::new(hlc::SystemClock)).await
+}
+
+/// [`start`] with the clock every version, deadline and log record uses (open `store` with the
+/// same one: [`Store::open_with_clock`]). Tests move a manual clock instead of waiting.
+pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::Clock>) -> Result<Running, StartError> {
     let engine = Engine::open(store, &config.node_id, clock, config.limits.clone()).await?;
     let (stop, stop_rx) = watch::channel(false);
 
@@ -92,7 +98,7 @@ pub async fn start(config: Config, store: Store) -> Result<Running, StartError> 
             let on_disconnect = {
                 let engine = engine.clone();
                 Arc::new(move |client: &str| {
-                    let n = engine.drop_client(client);
+                    let n = engine.drop_client(client, None);
                     if n > 0 {
                         tracing::debug!(
                             client,
@@ -194,12 +200,12 @@ pub async fn start(config: Config, store: Store) -> Result<Running, StartError> 
         let listener = grpc::bind_component_socket(path)?;
         tracing::info!(path = %path.display(), "Dapr pluggable state component listening");
         let (engine, mut stop_rx) = (engine.clone(), stop_rx.clone());
-        let max_ops = config.http.max_transaction_ops;
+        let (max_ops, max_bulk) = (config.http.max_transaction_ops, config.http.max_bulk_keys);
         grpc_tasks.push(tokio::spawn(async move {
             let shutdown = async move {
                 let _ = stop_rx.changed().await;
             };
-            if let Err(e) = grpc::serve_component(engine, max_ops, listener, shutdown).await {
+            if let Err(e) = grpc::serve_component(engine, max_ops, max_bulk, listener, shutdown).await {
                 tracing::error!(cause = %e, "Dapr component socket stopped");
             }
         }));

@@ -169,12 +169,18 @@ impl Store {
 
     /// Opens the configured backend (recovering a durable one from disk; blocks while it reads).
     pub fn open(config: &StorageConfig) -> Result<Store, StorageError> {
+        Store::open_with_clock(config, Arc::new(crate::hlc::SystemClock))
+    }
+
+    /// [`Store::open`] with the service's clock (tests inject a manual one end to end).
+    pub fn open_with_clock(config: &StorageConfig, clock: Arc<dyn crate::hlc::Clock>) -> Result<Store, StorageError> {
         match config.kind {
             StorageKind::Memory => Ok(Store::memory()),
             StorageKind::Durable => {
                 let mut options = durable::DurableOptions::new(&config.data_dir);
                 options.fsync = config.fsync;
                 options.segment_bytes = config.segment_bytes;
+                options.clock = clock;
                 Ok(Store::new(durable::DurableBackend::open(options)?))
             }
         }

@@ -60,9 +60,14 @@ fn metadata_parsing() {
     let m = |k: &str, v: &str| HashMap::from([(k.to_owned(), v.to_owned())]);
     assert_eq!(WriteMeta::parse(&m("ttlInSeconds", "5")).unwrap().ttl_ms, Some(5000));
     assert_eq!(WriteMeta::parse(&m("ttlInSeconds", "-1")).unwrap().ttl_ms, None);
-    for bad in ["abc", "1.5", "0", "-2", "99999999999999999999"] {
-        assert!(WriteMeta::parse(&m("ttlInSeconds", bad)).is_err(), "{bad}");
+    for bad in ["abc", "1.5", "-2", "99999999999999999999"] {
+        assert!(
+            matches!(WriteMeta::parse(&m("ttlInSeconds", bad)), Err(DaprError::Malformed(_))),
+            "{bad}"
+        );
     }
+    // In range or not is the engine's rule (see `ttl_out_of_range_is_the_engines_answer`).
+    assert_eq!(WriteMeta::parse(&m("ttlInSeconds", "0")).unwrap().ttl_ms, Some(0));
     assert!(WriteMeta::parse(&m("fencingToken", "x")).is_err());
     assert!(WriteMeta::parse(&m("fencingToken", "1:0:n")).unwrap().fencing.is_some());
     assert!(Concurrency::parse(Some("sometimes")).is_err());
@@ -206,4 +211,21 @@ async fn a_base64_save_item_stores_bytes() {
     assert_eq!(&get(&e, &store, "bin").await.unwrap().unwrap().value[..], b"\x00\xff");
     item.value = Bytes::from_static(b"\"%%\"");
     assert!(matches!(save(&e, &store, &item).await, Err(DaprError::Malformed(_))));
+}
+
+#[tokio::test]
+async fn ttl_out_of_range_is_the_engines_answer() {
+    let e = engine().await;
+    let s = spec("statestore");
+    for ttl in ["0", "3153600001"] {
+        let mut item = save_item("k", "1");
+        item.metadata.insert("ttlInSeconds".into(), ttl.into());
+        assert!(
+            matches!(
+                save(&e, &s, &item).await,
+                Err(DaprError::Engine(EngineError::TtlOutOfRange))
+            ),
+            "{ttl}"
+        );
+    }
 }

@@ -15,8 +15,11 @@ pub struct Meta {
     pub timestamp: Option<Hlc>,
     /// The caller's fencing token (`__ft`).
     pub fencing: Option<Hlc>,
-    /// The caller's client id (`__srcId`): whom KEYNOTIFY notifications go to.
+    /// The caller's client id: whom KEYNOTIFY notifications go to. The identity the broker
+    /// knows when the door can tell, else what the caller claims (`__srcId`).
     pub client: Option<String>,
+    /// The caller's broker session, when the door can tell (see [`KeyNotify::session`]).
+    pub session: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +56,18 @@ pub struct Get {
     pub key: Bytes,
 }
 
+/// When a DEL applies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DelCondition {
+    /// Plain DEL: deletes the key if it exists.
+    Always,
+    /// Only if the key exists with exactly this version (an ETag); otherwise an error.
+    IfVersion(Hlc),
+    /// Dapr's first-write without an ETag: deleting an absent key is a no-op, and an existing
+    /// key may not be deleted blind (an error). Decided under the key's lock, like the others.
+    IfAbsent,
+}
+
 /// ```text
 /// DEL key
 /// ```
@@ -60,8 +75,7 @@ pub struct Get {
 pub struct Del {
     pub key: Bytes,
     pub fencing: Option<Hlc>,
-    /// Only if the key exists with exactly this version (an ETag); otherwise an error.
-    pub if_version: Option<Hlc>,
+    pub condition: DelCondition,
 }
 
 /// ```text
@@ -81,6 +95,8 @@ pub struct VDel {
 pub struct KeyNotify {
     pub key: Bytes,
     pub client: String,
+    /// The broker session of the caller, when known: registrations end with their session.
+    pub session: Option<u64>,
     pub stop: bool,
 }
 
@@ -159,7 +175,7 @@ impl Command {
                 Command::Del(Del {
                     key,
                     fencing: meta.fencing,
-                    if_version: None,
+                    condition: DelCondition::Always,
                 })
             }
             b"VDEL" => {
@@ -182,7 +198,12 @@ impl Command {
                 args.finish()?;
                 // Without a caller id there is nobody to notify: the front end checks first.
                 let client = meta.client.ok_or(EngineError::Syntax)?;
-                Command::KeyNotify(KeyNotify { key, client, stop })
+                Command::KeyNotify(KeyNotify {
+                    key,
+                    client,
+                    session: meta.session,
+                    stop,
+                })
             }
             b"SCAN" => {
                 let pattern = args.next().ok_or(EngineError::WrongArity)?;
@@ -220,17 +241,17 @@ impl Args {
     }
 }
 
-/// `PX` milliseconds: a positive decimal number, fractions accepted and rounded up
-/// (one SDK sends `1500.5`).
+/// `PX` milliseconds: a decimal number, fractions accepted and rounded up (one SDK sends
+/// `1500.5`). Whether the time to live is in range is the engine's rule, not the parser's.
 fn parse_px(raw: &[u8]) -> Result<u64, EngineError> {
     let s = std::str::from_utf8(raw).map_err(|_| EngineError::Syntax)?;
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
         return Err(EngineError::Syntax);
     }
     let ms: f64 = s.parse().map_err(|_| EngineError::Syntax)?;
-    // NaN is neither positive nor finite: refused too.
-    if ms.is_nan() || ms <= 0.0 || ms > 1e15 {
+    if ms.is_nan() {
         return Err(EngineError::Syntax);
     }
+    // Saturates: anything past u64 is out of range for the engine anyway.
     Ok(ms.ceil() as u64)
 }

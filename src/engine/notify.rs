@@ -1,10 +1,13 @@
-//! Change notifications: the in-process change feed every front end subscribes to, and the
-//! registry of KEYNOTIFY observers (MQTT client ids per key).
+//! Change notifications: the change type, the registry of KEYNOTIFY observers (MQTT client ids
+//! per key) and the bounded queue of their notifications. The history every watcher reads is
+//! in [`super::feed`].
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use bytes::Bytes;
+use tokio::sync::mpsc;
 use tokio::time::{Duration, Instant};
 
 use crate::hlc::Hlc;
@@ -35,32 +38,88 @@ pub struct KeyNotification {
     pub observers: Vec<Arc<str>>,
 }
 
-/// Limits on KEYNOTIFY registrations.
+impl KeyNotification {
+    /// Bytes this notification holds while it waits for the door.
+    fn cost(&self) -> usize {
+        let value = match &self.change.kind {
+            ChangeKind::Set(v) => v.len(),
+            ChangeKind::Delete | ChangeKind::Expire => 0,
+        };
+        128 + self.change.key.len() + value + self.observers.iter().map(|o| o.len() + 16).sum::<usize>()
+    }
+}
+
+/// Limits on KEYNOTIFY registrations and on the notifications waiting to be sent.
 #[derive(Debug, Clone)]
 pub struct ObserverLimits {
     /// Most keys one client may observe.
     pub per_client: usize,
+    /// Most registrations of all clients together.
+    pub total: usize,
     /// A client that sent no request for this long loses its registrations (`None`: never).
     pub idle: Option<Duration>,
+    /// Most notifications waiting for the MQTT door, and their bytes; past either, new ones
+    /// are dropped, counted and logged.
+    pub queue_len: usize,
+    pub queue_bytes: usize,
 }
 
-/// Who observes which key. Registrations belong to a client session and never touch storage.
+impl Default for ObserverLimits {
+    fn default() -> ObserverLimits {
+        ObserverLimits {
+            per_client: 10_000,
+            total: 1_000_000,
+            idle: None,
+            queue_len: 65_536,
+            queue_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+/// Why a registration was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RegisterError {
+    ClientFull,
+    RegistryFull,
+}
+
+/// Who observes which key. Registrations belong to a client's session and never touch storage.
 #[derive(Debug, Default)]
 pub(crate) struct Observers {
     by_client: HashMap<Arc<str>, Client>,
     by_key: HashMap<Bytes, HashSet<Arc<str>>>,
+    /// Registrations of all clients.
+    total: usize,
 }
 
 #[derive(Debug)]
 struct Client {
     keys: HashSet<Bytes>,
     last_seen: Instant,
+    /// The broker session the registrations were made in, when the broker says (`None`: the
+    /// caller could not tell, e.g. behind an external broker).
+    session: Option<u64>,
 }
 
 impl Observers {
-    /// Registers; `false` when the client is at its cap (and the key is new to it).
-    pub(crate) fn register(&mut self, client: &str, key: Bytes, cap: usize) -> bool {
+    /// Registers `client` (in broker session `session`, when known) for `key`.
+    ///
+    /// A registration from a newer session of the same client id first drops what the old
+    /// session registered: MQTT gives one session per client id, and the old one is gone.
+    pub(crate) fn register(
+        &mut self,
+        client: &str,
+        session: Option<u64>,
+        key: &[u8],
+        limits: &ObserverLimits,
+    ) -> Result<(), RegisterError> {
         let now = Instant::now();
+        if let Some(c) = self.by_client.get(client)
+            && session.is_some()
+            && c.session != session
+        {
+            self.drop_client(client, None);
+        }
         let id: Arc<str> = match self.by_client.get_key_value(client) {
             Some((id, _)) => id.clone(),
             None => Arc::from(client),
@@ -68,17 +127,31 @@ impl Observers {
         let entry = self.by_client.entry(id.clone()).or_insert_with(|| Client {
             keys: HashSet::new(),
             last_seen: now,
+            session,
         });
         entry.last_seen = now;
-        if entry.keys.contains(&key) {
-            return true;
+        if entry.keys.contains(key) {
+            return Ok(());
         }
-        if entry.keys.len() >= cap {
-            return false;
+        let refused = if entry.keys.len() >= limits.per_client {
+            Some(RegisterError::ClientFull)
+        } else if self.total >= limits.total {
+            Some(RegisterError::RegistryFull)
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            if entry.keys.is_empty() {
+                self.by_client.remove(client);
+            }
+            return Err(why);
         }
+        // A copy: the caller's key may be a slice of a network buffer that must not stay pinned.
+        let key = Bytes::copy_from_slice(key);
         entry.keys.insert(key.clone());
         self.by_key.entry(key).or_default().insert(id);
-        true
+        self.total += 1;
+        Ok(())
     }
 
     /// Unregisters; `false` when it was not registered.
@@ -90,6 +163,7 @@ impl Observers {
         if !c.keys.remove(key) {
             return false;
         }
+        self.total -= 1;
         if c.keys.is_empty() {
             self.by_client.remove(client);
         }
@@ -115,8 +189,15 @@ impl Observers {
         }
     }
 
-    /// Drops every registration of `client`; returns how many there were.
-    pub(crate) fn drop_client(&mut self, client: &str) -> usize {
+    /// Drops every registration of `client`; returns how many there were. With `session`, only
+    /// if the registrations belong to that session: a disconnect reported late, after the
+    /// same client id connected again and registered anew, must not erase the new ones.
+    pub(crate) fn drop_client(&mut self, client: &str, session: Option<u64>) -> usize {
+        match (self.by_client.get(client), session) {
+            (None, _) => return 0,
+            (Some(c), Some(s)) if c.session.is_some_and(|cs| cs != s) => return 0,
+            _ => {}
+        }
         let Some(c) = self.by_client.remove(client) else {
             return 0;
         };
@@ -128,6 +209,7 @@ impl Observers {
                 }
             }
         }
+        self.total -= c.keys.len();
         c.keys.len()
     }
 
@@ -141,7 +223,7 @@ impl Observers {
             .map(|(id, _)| id.clone())
             .collect();
         for id in &stale {
-            self.drop_client(id);
+            self.drop_client(id, None);
         }
         stale.len()
     }
@@ -153,5 +235,78 @@ impl Observers {
     /// Number of keys with at least one observer.
     pub(crate) fn key_count(&self) -> usize {
         self.by_key.len()
+    }
+
+    /// Registrations of all clients.
+    pub(crate) fn total(&self) -> usize {
+        self.total
+    }
+}
+
+/// The engine's end of the queue of KEYNOTIFY notifications: bounded by count and by bytes,
+/// never waiting; what does not fit is dropped, counted and logged.
+#[derive(Debug)]
+pub(crate) struct KeyNotifySender {
+    tx: mpsc::Sender<KeyNotification>,
+    bytes: Arc<AtomicUsize>,
+    max_bytes: usize,
+    dropped: AtomicU64,
+}
+
+/// The door's end of the KEYNOTIFY queue.
+#[derive(Debug)]
+pub struct KeyNotifyReceiver {
+    rx: mpsc::Receiver<KeyNotification>,
+    bytes: Arc<AtomicUsize>,
+}
+
+pub(crate) fn keynotify_queue(limits: &ObserverLimits) -> (KeyNotifySender, KeyNotifyReceiver) {
+    let (tx, rx) = mpsc::channel(limits.queue_len.max(1));
+    let bytes = Arc::new(AtomicUsize::new(0));
+    (
+        KeyNotifySender {
+            tx,
+            bytes: bytes.clone(),
+            max_bytes: limits.queue_bytes,
+            dropped: AtomicU64::new(0),
+        },
+        KeyNotifyReceiver { rx, bytes },
+    )
+}
+
+impl KeyNotifySender {
+    /// Queues a notification, or drops it (counted, logged) when the queue is full.
+    pub(crate) fn send(&self, n: KeyNotification) {
+        let cost = n.cost();
+        let held = self.bytes.fetch_add(cost, Ordering::Relaxed);
+        let refused = if held + cost > self.max_bytes && held > 0 {
+            true
+        } else {
+            self.tx.try_send(n).is_err()
+        };
+        if refused {
+            self.bytes.fetch_sub(cost, Ordering::Relaxed);
+            let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            // One line per power of two keeps a flood from flooding the log too.
+            if dropped.is_power_of_two() {
+                tracing::warn!(
+                    dropped_total = dropped,
+                    "KEYNOTIFY notification dropped: the MQTT door is not keeping up"
+                );
+            }
+        }
+    }
+
+    pub(crate) fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+impl KeyNotifyReceiver {
+    /// The next notification, in change order per key; `None` once the engine is gone.
+    pub async fn recv(&mut self) -> Option<KeyNotification> {
+        let n = self.rx.recv().await?;
+        self.bytes.fetch_sub(n.cost(), Ordering::Relaxed);
+        Some(n)
     }
 }

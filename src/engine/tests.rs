@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tokio::sync::broadcast::error::TryRecvError;
 
 use super::*;
 use crate::hlc::{Hlc, ManualClock};
@@ -19,7 +18,7 @@ struct Fx {
     engine: Engine,
     clock: Arc<ManualClock>,
     store: Store,
-    feed: broadcast::Receiver<Change>,
+    feed: FeedReader,
 }
 
 async fn fx() -> Fx {
@@ -113,9 +112,9 @@ impl Fx {
         let mut out = Vec::new();
         loop {
             match self.feed.try_recv() {
-                Ok(c) => out.push(c),
-                Err(TryRecvError::Empty) => return out,
-                Err(e) => panic!("change feed: {e:?}"),
+                Some(Ok(e)) => out.push(e.change.clone()),
+                None => return out,
+                Some(Err(e)) => panic!("change feed: {e:?}"),
             }
         }
     }
@@ -237,6 +236,7 @@ fn parse_passes_the_metadata_on() {
         timestamp: Some(hlc(5, 1)),
         fencing: Some(hlc(6, 2)),
         client: Some("c1".into()),
+        session: None,
     };
     let s = match parse(&["SET", "k", "v"], meta.clone()) {
         Ok(Command::Set(s)) => s,
@@ -252,7 +252,7 @@ fn parse_passes_the_metadata_on() {
         Ok(Command::Del(d)) => {
             assert_eq!(d.key, b("k"));
             assert_eq!(d.fencing, Some(hlc(6, 2)));
-            assert_eq!(d.if_version, None);
+            assert_eq!(d.condition, DelCondition::Always);
         }
         other => panic!("{other:?}"),
     }
@@ -347,8 +347,6 @@ fn parse_syntax_errors() {
         &["SET", "k", "v", "NEX", "v"],
         &["SET", "k", "v", "PX"],
         &["SET", "k", "v", "NX", "PX"],
-        &["SET", "k", "v", "PX", "0"],
-        &["SET", "k", "v", "PX", "0.0"],
         &["SET", "k", "v", "PX", "-1"],
         &["SET", "k", "v", "PX", "abc"],
         &["SET", "k", "v", "PX", ""],
@@ -365,6 +363,42 @@ fn parse_syntax_errors() {
     ] {
         assert_err!(parse(args, client("c")), EngineError::Syntax);
     }
+}
+
+/// Whether a TTL is in range is one engine rule, whichever door parsed it.
+#[tokio::test]
+async fn ttl_range_is_decided_by_the_engine() {
+    let f = fx().await;
+    for px in ["0", "0.0", &(MAX_TTL_MS + 1).to_string(), "99999999999999999999999"] {
+        assert_err!(
+            f.run(&["SET", "k", "v", "PX", px], ts(T0)).await,
+            EngineError::TtlOutOfRange
+        );
+    }
+    let max = MAX_TTL_MS.to_string();
+    for px in ["1", "0.5", max.as_str()] {
+        assert_eq!(
+            f.run(&["SET", "k", "v", "PX", px], ts(T0)).await.unwrap().reply,
+            Reply::Ok,
+            "{px}"
+        );
+    }
+    let set = |ttl_ms| Set {
+        key: b("t"),
+        value: b("v"),
+        condition: SetCondition::Always,
+        ttl_ms,
+        timestamp: None,
+        fencing: None,
+    };
+    assert_err!(
+        f.engine.execute(Command::Set(set(Some(0)))).await,
+        EngineError::TtlOutOfRange
+    );
+    assert_err!(
+        f.engine.transact(vec![TxOp::Set(set(Some(MAX_TTL_MS + 1)))]).await,
+        EngineError::TtlOutOfRange
+    );
 }
 
 #[test]
@@ -406,7 +440,7 @@ async fn empty_keys_are_refused_by_execute_too() {
     let del = Del {
         key: Bytes::new(),
         fencing: None,
-        if_version: None,
+        condition: DelCondition::Always,
     };
     assert_err!(f.engine.execute(Command::Del(del)).await, EngineError::EmptyKey);
     let vdel = VDel {
@@ -418,6 +452,7 @@ async fn empty_keys_are_refused_by_execute_too() {
     let kn = KeyNotify {
         key: Bytes::new(),
         client: "c".into(),
+        session: None,
         stop: false,
     };
     assert_err!(f.engine.execute(Command::KeyNotify(kn)).await, EngineError::EmptyKey);
@@ -724,7 +759,7 @@ async fn etag_conditions() {
         Command::Del(Del {
             key: b("k"),
             fencing: None,
-            if_version: Some(v),
+            condition: DelCondition::IfVersion(v),
         })
     };
     assert_err!(f.engine.execute(del(v1)).await, EngineError::VersionMismatch);
@@ -831,7 +866,7 @@ async fn set_without_px_clears_px() {
     assert_eq!(f.record("k").await.unwrap().expires_at_ms, None);
     assert_eq!(f.store.backend().next_deadline().await.unwrap(), None);
     f.clock.advance(1_000);
-    assert_eq!(f.engine.expire_due().await.unwrap(), 0);
+    assert_eq!(f.engine.expire_due(usize::MAX).await.unwrap(), 0);
     assert_eq!(f.get("k").await.reply, value("w"));
     // Also with NEX: a renewal without PX keeps the key for good.
     f.ok(&["SET", "n", "v", "NEX", "PX", "100"]).await;
@@ -888,9 +923,9 @@ async fn expire_due_removes_many_keys() {
     f.changes();
 
     f.clock.advance(99);
-    assert_eq!(f.engine.expire_due().await.unwrap(), 0);
+    assert_eq!(f.engine.expire_due(usize::MAX).await.unwrap(), 0);
     f.clock.advance(1);
-    assert_eq!(f.engine.expire_due().await.unwrap(), 599);
+    assert_eq!(f.engine.expire_due(usize::MAX).await.unwrap(), 599);
     assert_eq!(f.store.backend().len().await.unwrap(), 21);
     assert_eq!(f.store.backend().next_deadline().await.unwrap(), Some(T0 + 10_000));
     let changes = f.changes();
@@ -902,13 +937,13 @@ async fn expire_due_removes_many_keys() {
     assert_eq!(keys.len(), 599, "each key expires once");
     assert!(!keys.contains(&b("short0000")));
     // Nothing more to do.
-    assert_eq!(f.engine.expire_due().await.unwrap(), 0);
+    assert_eq!(f.engine.expire_due(usize::MAX).await.unwrap(), 0);
     f.no_changes();
     assert_eq!(f.get("short0000").await.reply, value("kept"));
     assert_eq!(f.get("short0001").await.reply, Reply::Nil);
 
     f.clock.advance(10_000);
-    assert_eq!(f.engine.expire_due().await.unwrap(), 10);
+    assert_eq!(f.engine.expire_due(usize::MAX).await.unwrap(), 10);
     assert_eq!(f.store.backend().len().await.unwrap(), 11);
     assert_eq!(f.store.backend().next_deadline().await.unwrap(), None);
 }
@@ -918,7 +953,7 @@ async fn expiry_drops_the_fencing_token() {
     let f = fx().await;
     f.run(&["SET", "k", "v", "PX", "10"], ft(hlc(T0, 5))).await.unwrap();
     f.clock.advance(10);
-    assert_eq!(f.engine.expire_due().await.unwrap(), 1);
+    assert_eq!(f.engine.expire_due(usize::MAX).await.unwrap(), 1);
     // No token needed any more.
     assert_eq!(f.ok(&["SET", "k", "v"]).await.reply, Reply::Ok);
 }
@@ -1182,7 +1217,7 @@ async fn quota_max_keys() {
     assert_eq!(f.ok(&["SET", "c", "1"]).await.reply, Reply::Ok);
     // A removed expired key makes room too.
     f.clock.advance(10);
-    assert_eq!(f.engine.expire_due().await.unwrap(), 1);
+    assert_eq!(f.engine.expire_due(usize::MAX).await.unwrap(), 1);
     assert_eq!(f.ok(&["SET", "d", "1"]).await.reply, Reply::Ok);
 }
 
@@ -1296,7 +1331,7 @@ async fn keynotify_registrations_outlive_the_key() {
     f.ok(&["DEL", "k"]).await;
     f.ok(&["SET", "k", "v", "PX", "5"]).await;
     f.clock.advance(5);
-    f.engine.expire_due().await.unwrap();
+    f.engine.expire_due(usize::MAX).await.unwrap();
     assert_eq!(sorted(f.engine.observers_of(b"k")), ["c1"]);
 }
 
@@ -1307,12 +1342,12 @@ async fn keynotify_drop_client() {
         f.run(&["KEYNOTIFY", k], client("c1")).await.unwrap();
     }
     f.run(&["KEYNOTIFY", "a"], client("c2")).await.unwrap();
-    assert_eq!(f.engine.drop_client("c1"), 3);
+    assert_eq!(f.engine.drop_client("c1", None), 3);
     assert_eq!(sorted(f.engine.observers_of(b"a")), ["c2"]);
     assert!(f.engine.observers_of(b"b").is_empty());
     assert_eq!(f.engine.observing_clients(), 1);
-    assert_eq!(f.engine.drop_client("c1"), 0);
-    assert_eq!(f.engine.drop_client("nobody"), 0);
+    assert_eq!(f.engine.drop_client("c1", None), 0);
+    assert_eq!(f.engine.drop_client("nobody", None), 0);
     // A dropped client may register again; STOP after a drop answers `:0`.
     assert_eq!(
         f.run(&["KEYNOTIFY", "b", "STOP"], client("c1")).await.unwrap().reply,
@@ -1363,7 +1398,7 @@ async fn change_feed_order_and_contents() {
     let v6 = f.ok(&["SET", "k", "4"]).await.version.unwrap();
     let v7 = f.ok(&["DEL", "k"]).await.version.unwrap();
     f.clock.advance(10);
-    assert_eq!(f.engine.expire_due().await.unwrap(), 1);
+    assert_eq!(f.engine.expire_due(usize::MAX).await.unwrap(), 1);
     let changes = f.changes();
     assert_eq!(changes.len(), 7, "{changes:?}");
     assert_eq!(
@@ -1422,8 +1457,8 @@ async fn change_feed_subscribers_see_changes_from_subscription_on() {
     f.ok(&["SET", "before", "v"]).await;
     let mut late = f.engine.subscribe();
     let v = f.ok(&["SET", "after", "v"]).await.version.unwrap();
-    assert_eq!(late.try_recv().unwrap(), set_change("after", "v", &v));
-    assert!(matches!(late.try_recv(), Err(TryRecvError::Empty)));
+    assert_eq!(late.try_recv().unwrap().unwrap().change, set_change("after", "v", &v));
+    assert!(late.try_recv().is_none());
 }
 
 // ======================= SCAN =======================
@@ -1626,4 +1661,220 @@ async fn scan_tokens_are_upper_case_hex_of_the_last_key() {
         panic!("not a SCAN reply");
     };
     assert_eq!(keys, [b("lock")]);
+}
+
+// ======================= hardening: rules once, bounded work =======================
+
+fn del_cmd(key: &str, condition: DelCondition) -> Command {
+    Command::Del(Del {
+        key: b(key),
+        fencing: None,
+        condition,
+    })
+}
+
+/// First-write without an ETag: a no-op on an absent key, refused on an existing one, decided
+/// under the key's lock (in a transaction too), so a concurrent SET cannot slip in between.
+#[tokio::test]
+async fn first_write_delete_is_an_engine_condition() {
+    let mut f = fx().await;
+    let r = f.engine.execute(del_cmd("k", DelCondition::IfAbsent)).await.unwrap();
+    assert_eq!(r.reply, Reply::Int(0));
+    f.ok(&["SET", "k", "v"]).await;
+    f.changes();
+    assert_err!(
+        f.engine.execute(del_cmd("k", DelCondition::IfAbsent)).await,
+        EngineError::VersionMismatch
+    );
+    let tx = vec![TxOp::Del(Del {
+        key: b("k"),
+        fencing: None,
+        condition: DelCondition::IfAbsent,
+    })];
+    assert_err!(f.engine.transact(tx).await, EngineError::VersionMismatch);
+    assert!(f.record("k").await.is_some());
+    f.no_changes();
+    // The check and the write share the lock: racing SETs and first-write deletes never end
+    // with a first-write delete having removed a key.
+    let e = f.engine.clone();
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let e = e.clone();
+        tasks.push(tokio::spawn(async move {
+            let key = b(&format!("race-{}", i % 5));
+            if i % 2 == 0 {
+                let set = Set {
+                    key,
+                    value: b("v"),
+                    condition: SetCondition::Always,
+                    ttl_ms: None,
+                    timestamp: None,
+                    fencing: None,
+                };
+                e.execute(Command::Set(set)).await.map(|_| ())
+            } else {
+                match e
+                    .execute(del_cmd(&String::from_utf8_lossy(&key), DelCondition::IfAbsent))
+                    .await
+                {
+                    Ok(r) => {
+                        assert_eq!(r.reply, Reply::Int(0), "a first-write delete never deletes");
+                        Ok(())
+                    }
+                    Err(EngineError::VersionMismatch) => Ok(()),
+                    Err(other) => Err(other),
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert!(f.changes().iter().all(|c| matches!(c.kind, ChangeKind::Set(_))));
+}
+
+/// Transactions sweep expired-but-unswept keys at `max_keys`, as SET does.
+#[tokio::test]
+async fn transactions_make_room_from_expired_keys_too() {
+    let mut limits = Limits::default();
+    limits.max_keys = Some(2);
+    let f = fx_with(limits).await;
+    f.ok(&["SET", "a", "v", "PX", "10"]).await;
+    f.ok(&["SET", "b", "v", "PX", "10"]).await;
+    f.clock.advance(20);
+    let set = |k: &str| {
+        TxOp::Set(Set {
+            key: b(k),
+            value: b("v"),
+            condition: SetCondition::Always,
+            ttl_ms: None,
+            timestamp: None,
+            fencing: None,
+        })
+    };
+    f.engine.transact(vec![set("c"), set("d")]).await.unwrap();
+    assert_err!(f.engine.transact(vec![set("e")]).await, EngineError::QuotaExceeded);
+}
+
+/// A write at `max_keys` removes a bounded number of due keys itself; the driver does the rest.
+#[tokio::test]
+async fn quota_refusals_do_bounded_expiry_work() {
+    let mut limits = Limits::default();
+    limits.max_keys = Some(1000);
+    let mut f = fx_with(limits).await;
+    for i in 0..1000 {
+        f.ok(&["SET", &format!("k{i:04}"), "v", "PX", "10"]).await;
+    }
+    f.clock.advance(20);
+    f.changes();
+    f.ok(&["SET", "new", "v"]).await;
+    let expired = f.changes().iter().filter(|c| c.kind == ChangeKind::Expire).count();
+    assert!(expired > 0 && expired <= 64, "{expired} removed inline");
+    // What is left goes in batches through the driver's path.
+    assert_eq!(f.engine.expire_due(usize::MAX).await.unwrap(), 1000 - expired);
+    let mut seen: Vec<Change> = f.changes();
+    assert_eq!(seen.len(), 1000 - expired);
+    seen.sort_by(|a, b| a.key.cmp(&b.key));
+    assert!(seen.iter().all(|c| c.kind == ChangeKind::Expire));
+}
+
+/// The registry is bounded as a whole, per client and by key size.
+#[tokio::test]
+async fn keynotify_registry_bounds() {
+    let mut limits = Limits::default();
+    limits.observers.total = 3;
+    limits.observers.per_client = 2;
+    limits.max_key_bytes = 8;
+    let f = fx_with(limits).await;
+    f.run(&["KEYNOTIFY", "a"], client("c1")).await.unwrap();
+    f.run(&["KEYNOTIFY", "b"], client("c1")).await.unwrap();
+    assert_err!(
+        f.run(&["KEYNOTIFY", "c"], client("c1")).await,
+        EngineError::QuotaExceeded
+    );
+    f.run(&["KEYNOTIFY", "a"], client("c2")).await.unwrap();
+    assert_err!(
+        f.run(&["KEYNOTIFY", "b"], client("c3")).await,
+        EngineError::QuotaExceeded
+    );
+    assert_eq!(f.engine.registrations(), 3);
+    // A refused client leaves nothing behind.
+    assert_eq!(f.engine.observing_clients(), 2);
+    assert_err!(
+        f.run(&["KEYNOTIFY", "123456789"], client("c2")).await,
+        EngineError::TooLarge
+    );
+    // STOP frees room.
+    f.run(&["KEYNOTIFY", "a", "STOP"], client("c1")).await.unwrap();
+    f.run(&["KEYNOTIFY", "z"], client("c3")).await.unwrap();
+    assert_eq!(f.engine.registrations(), 3);
+}
+
+fn session(id: &str, s: u64) -> Meta {
+    Meta {
+        client: Some(id.into()),
+        session: Some(s),
+        ..Meta::default()
+    }
+}
+
+/// Registrations belong to a broker session: a newer session of the same client id replaces
+/// the old one's, and a late report of the old session's end leaves the new ones alone.
+#[tokio::test]
+async fn keynotify_registrations_follow_the_broker_session() {
+    let f = fx().await;
+    f.run(&["KEYNOTIFY", "old"], session("c1", 1)).await.unwrap();
+    f.run(&["KEYNOTIFY", "new"], session("c1", 2)).await.unwrap();
+    assert!(f.engine.observers_of(b"old").is_empty());
+    assert_eq!(f.engine.drop_client("c1", Some(1)), 0, "a late disconnect of session 1");
+    assert_eq!(sorted(f.engine.observers_of(b"new")), ["c1"]);
+    assert_eq!(f.engine.drop_client("c1", Some(2)), 1);
+    assert_eq!(f.engine.registrations(), 0);
+}
+
+/// Keys kept by the registry are copies, not slices of the request's buffer.
+#[tokio::test]
+async fn keynotify_keys_do_not_pin_request_buffers() {
+    let f = fx().await;
+    let packet = Bytes::from(vec![b'k'; 4096]);
+    let kn = KeyNotify {
+        key: packet.slice(0..8),
+        client: "c1".into(),
+        session: None,
+        stop: false,
+    };
+    f.engine.execute(Command::KeyNotify(kn)).await.unwrap();
+    assert!(packet.is_unique());
+}
+
+/// Notifications that do not fit the door's queue are dropped and counted, never silently.
+#[tokio::test]
+async fn keynotify_queue_overflow_is_counted() {
+    let mut limits = Limits::default();
+    limits.observers.queue_len = 4;
+    let f = fx_with(limits).await;
+    let mut rx = f.engine.keynotify_feed().unwrap();
+    f.run(&["KEYNOTIFY", "k"], client("c1")).await.unwrap();
+    for i in 0..10 {
+        f.ok(&["SET", "k", &i.to_string()]).await;
+    }
+    assert_eq!(f.engine.keynotify_dropped(), 6);
+    for i in 0..4 {
+        let n = rx.recv().await.unwrap();
+        assert_eq!(n.change.kind, ChangeKind::Set(b(&i.to_string())));
+    }
+    let mut limits = Limits::default();
+    limits.observers.queue_bytes = 10_000;
+    let f = fx_with(limits).await;
+    let _rx = f.engine.keynotify_feed().unwrap();
+    f.run(&["KEYNOTIFY", "k"], client("c1")).await.unwrap();
+    let big = "x".repeat(4000);
+    for _ in 0..5 {
+        f.ok(&["SET", "k", &big]).await;
+    }
+    assert_eq!(
+        f.engine.keynotify_dropped(),
+        3,
+        "two notifications of 4 KB fit in 10 KB"
+    );
 }

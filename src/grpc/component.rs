@@ -17,6 +17,7 @@ pub struct Component {
     pub(crate) engine: Engine,
     pub(crate) store: Arc<StoreSpec>,
     pub(crate) max_transaction_ops: usize,
+    pub(crate) max_bulk_keys: usize,
 }
 
 fn err(e: DaprError) -> Status {
@@ -24,13 +25,9 @@ fn err(e: DaprError) -> Status {
 }
 
 fn options(o: &Option<pb::StateOptions>) -> Result<(Option<String>, Option<String>), DaprError> {
-    match o {
-        Some(o) => Ok((
-            dapr::concurrency_from_proto(o.concurrency)?,
-            dapr::consistency_from_proto(o.consistency)?,
-        )),
-        None => Ok((None, None)),
-    }
+    o.as_ref().map_or(Ok((None, None)), |o| {
+        dapr::options_from_proto(o.concurrency, o.consistency)
+    })
 }
 
 fn save_item(r: pb::SetRequest) -> Result<SaveItem, DaprError> {
@@ -40,7 +37,7 @@ fn save_item(r: pb::SetRequest) -> Result<SaveItem, DaprError> {
         metadata.entry("contentType".into()).or_insert(r.content_type);
     }
     Ok(SaveItem {
-        value: super::runtime::stored_value(r.value, &metadata)?,
+        value: dapr::stored_value(r.value, &metadata)?,
         key: r.key,
         etag: r.etag.map(|e| e.value),
         metadata,
@@ -61,11 +58,7 @@ fn delete_item(r: pb::DeleteRequest) -> Result<DeleteItem, DaprError> {
 }
 
 fn content_type(value: &[u8]) -> String {
-    if serde_json::from_slice::<serde::de::IgnoredAny>(value).is_ok() {
-        "application/json".into()
-    } else {
-        "application/octet-stream".into()
-    }
+    dapr::content_type_of(value).into()
 }
 
 impl Component {
@@ -138,25 +131,29 @@ impl pb::state_store_server::StateStore for Component {
     }
 
     async fn bulk_get(&self, req: Request<pb::BulkGetRequest>) -> Result<Response<pb::BulkGetResponse>, Status> {
-        let mut items = Vec::new();
-        for g in req.into_inner().items {
-            let key = g.key.clone();
-            items.push(match self.get_one(g.key).await {
-                Ok(r) => pb::BulkStateItem {
-                    key,
-                    data: r.data,
-                    etag: r.etag,
+        let keys = req.into_inner().items.into_iter().map(|g| g.key).collect();
+        let entries = dapr::bulk_get(&self.engine, &self.store, keys, self.max_bulk_keys)
+            .await
+            .map_err(err)?;
+        let items = entries
+            .into_iter()
+            .map(|b| match b.entry {
+                Some(e) => pb::BulkStateItem {
+                    key: b.key,
+                    content_type: content_type(&e.value),
+                    data: e.value.to_vec(),
+                    etag: Some(pb::Etag {
+                        value: e.version.to_string(),
+                    }),
                     error: String::new(),
-                    metadata: r.metadata,
-                    content_type: r.content_type,
+                    metadata: dapr::ttl_metadata(e.expires_at_ms),
                 },
-                Err(s) => pb::BulkStateItem {
-                    key,
-                    error: s.message().to_owned(),
+                None => pb::BulkStateItem {
+                    key: b.key,
                     ..Default::default()
                 },
-            });
-        }
+            })
+            .collect();
         Ok(Response::new(pb::BulkGetResponse { items }))
     }
 
@@ -185,15 +182,11 @@ impl pb::transactional_state_store_server::TransactionalStateStore for Component
         for op in r.operations {
             items.push(match op.request {
                 Some(Op::Set(mut s)) => {
-                    for (k, v) in &r.metadata {
-                        s.metadata.entry(k.clone()).or_insert_with(|| v.clone());
-                    }
+                    dapr::merge_request_metadata(&mut s.metadata, &r.metadata);
                     TxItem::Upsert(save_item(s).map_err(err)?)
                 }
                 Some(Op::Delete(mut d)) => {
-                    for (k, v) in &r.metadata {
-                        d.metadata.entry(k.clone()).or_insert_with(|| v.clone());
-                    }
+                    dapr::merge_request_metadata(&mut d.metadata, &r.metadata);
                     TxItem::Delete(delete_item(d).map_err(err)?)
                 }
                 None => return Err(Status::invalid_argument("a transaction operation has no request")),

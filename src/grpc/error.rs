@@ -41,6 +41,7 @@ pub fn from_engine(surface: Surface, err: EngineError) -> Status {
             Surface::Native | Surface::Runtime { .. } => Status::aborted(msg),
         },
         EngineError::TooLarge => Status::invalid_argument("the key or value is larger than the configured limit"),
+        EngineError::TtlOutOfRange => Status::invalid_argument(msg),
         EngineError::QuotaExceeded if tx => Status::internal(msg),
         EngineError::QuotaExceeded => Status::resource_exhausted(msg),
         EngineError::NotAuthorized => Status::permission_denied(msg),

@@ -3,14 +3,15 @@
 use std::pin::Pin;
 
 use bytes::Bytes;
-use tokio_stream::wrappers::BroadcastStream;
-use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 use super::error::{Surface, from_engine};
 use super::pb::statestore::v1 as pb;
-use crate::engine::{ChangeKind, Command, Del, Engine, EngineError, Reply, Scan, Set, SetCondition, VDel};
+use crate::engine::watch::{self, Selector, WatchItem};
+use crate::engine::{
+    ChangeKind, Command, Del, DelCondition, Engine, EngineError, FeedEvent, Reply, Scan, Set, SetCondition, VDel,
+};
 use crate::hlc::Hlc;
 
 pub struct Native {
@@ -81,7 +82,10 @@ impl pb::state_store_server::StateStore for Native {
         let cmd = Del {
             key: Bytes::from(r.key),
             fencing: hlc(&r.fencing_token)?,
-            if_version: hlc(&r.if_version)?,
+            condition: match hlc(&r.if_version)? {
+                Some(v) => DelCondition::IfVersion(v),
+                None => DelCondition::Always,
+            },
         };
         let resp = self.engine.execute(Command::Del(cmd)).await.map_err(err)?;
         Ok(Response::new(pb::DelResponse {
@@ -131,48 +135,31 @@ impl pb::state_store_server::StateStore for Native {
 
     async fn watch(&self, req: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         let r = req.into_inner();
-        let patterns = r
-            .patterns
-            .iter()
-            .map(|p| glob::Pattern::new(p).map_err(|e| Status::invalid_argument(format!("pattern {p:?}: {e}"))))
-            .collect::<Result<Vec<_>, _>>()?;
-        let keys = r.keys;
-        let all = keys.is_empty() && patterns.is_empty();
-        let mut done = false;
-        let stream = BroadcastStream::new(self.engine.subscribe())
-            .map_while(move |item| {
-                if done {
-                    return None;
+        let keys = r.keys.into_iter().map(Bytes::from).collect();
+        let selector = Selector::new(keys, &r.patterns).map_err(Status::invalid_argument)?;
+        let wanted = move |e: &FeedEvent| selector.wants(&e.change.key, || String::from_utf8_lossy(&e.change.key));
+        let stream = watch::stream(self.engine.subscribe(), wanted).map(|item| {
+            Ok(match item {
+                WatchItem::Change(e) => {
+                    let c = &e.change;
+                    let (kind, value) = match &c.kind {
+                        ChangeKind::Set(v) => (pb::watch_event::Kind::Set, v.to_vec()),
+                        ChangeKind::Delete => (pb::watch_event::Kind::Delete, Vec::new()),
+                        ChangeKind::Expire => (pb::watch_event::Kind::Expire, Vec::new()),
+                    };
+                    pb::WatchEvent {
+                        key: c.key.to_vec(),
+                        kind: kind as i32,
+                        value,
+                        version: c.version.to_string(),
+                    }
                 }
-                Some(match item {
-                    Ok(c) => {
-                        let wanted = all
-                            || keys.iter().any(|k| k[..] == c.key[..])
-                            || patterns.iter().any(|p| p.matches(&String::from_utf8_lossy(&c.key)));
-                        wanted.then(|| {
-                            let (kind, value) = match c.kind {
-                                ChangeKind::Set(v) => (pb::watch_event::Kind::Set, v.to_vec()),
-                                ChangeKind::Delete => (pb::watch_event::Kind::Delete, Vec::new()),
-                                ChangeKind::Expire => (pb::watch_event::Kind::Expire, Vec::new()),
-                            };
-                            pb::WatchEvent {
-                                key: c.key.to_vec(),
-                                kind: kind as i32,
-                                value,
-                                version: c.version.to_string(),
-                            }
-                        })
-                    }
-                    Err(BroadcastStreamRecvError::Lagged(_)) => {
-                        done = true;
-                        Some(pb::WatchEvent {
-                            kind: pb::watch_event::Kind::Overflow as i32,
-                            ..Default::default()
-                        })
-                    }
-                })
+                WatchItem::Overflow { .. } => pb::WatchEvent {
+                    kind: pb::watch_event::Kind::Overflow as i32,
+                    ..Default::default()
+                },
             })
-            .filter_map(|e| e.map(Ok));
+        });
         Ok(Response::new(Box::pin(stream)))
     }
 }

@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use tonic::{Request, Response, Status};
 
 use super::error::{Surface, from_dapr};
@@ -25,31 +24,16 @@ fn err(e: DaprError) -> Status {
     from_dapr(RUNTIME, e)
 }
 
-/// gRPC values are stored verbatim, unless metadata `contentType` is JSON: then compacted.
-pub(crate) fn stored_value(value: Vec<u8>, metadata: &HashMap<String, String>) -> Result<Bytes, DaprError> {
-    let json = metadata
-        .get("contentType")
-        .is_some_and(|c| c.split(';').next().is_some_and(|m| m.trim() == "application/json"));
-    if !json {
-        return Ok(Bytes::from(value));
-    }
-    let v: serde_json::Value = serde_json::from_slice(&value)
-        .map_err(|e| DaprError::Malformed(format!("contentType is application/json but the value is not: {e}")))?;
-    serde_json::to_vec(&v)
-        .map(Bytes::from)
-        .map_err(|e| DaprError::Malformed(e.to_string()))
+fn options(o: &Option<common::StateOptions>) -> Result<(Option<String>, Option<String>), DaprError> {
+    o.as_ref().map_or(Ok((None, None)), |o| {
+        dapr::options_from_proto(o.concurrency, o.consistency)
+    })
 }
 
 fn save_item(item: common::StateItem) -> Result<SaveItem, DaprError> {
-    let (conc, cons) = match &item.options {
-        Some(o) => (
-            dapr::concurrency_from_proto(o.concurrency)?,
-            dapr::consistency_from_proto(o.consistency)?,
-        ),
-        None => (None, None),
-    };
+    let (conc, cons) = options(&item.options)?;
     Ok(SaveItem {
-        value: stored_value(item.value, &item.metadata)?,
+        value: dapr::stored_value(item.value, &item.metadata)?,
         key: item.key,
         etag: item.etag.map(|e| e.value),
         metadata: item.metadata,
@@ -59,13 +43,7 @@ fn save_item(item: common::StateItem) -> Result<SaveItem, DaprError> {
 }
 
 fn delete_item(item: common::StateItem) -> Result<DeleteItem, DaprError> {
-    let (conc, cons) = match &item.options {
-        Some(o) => (
-            dapr::concurrency_from_proto(o.concurrency)?,
-            dapr::consistency_from_proto(o.consistency)?,
-        ),
-        None => (None, None),
-    };
+    let (conc, cons) = options(&item.options)?;
     Ok(DeleteItem {
         key: item.key,
         etag: item.etag.map(|e| e.value),
@@ -104,34 +82,25 @@ impl pb::dapr_server::Dapr for Runtime {
     ) -> Result<Response<pb::GetBulkStateResponse>, Status> {
         let r = req.into_inner();
         let store = self.store(&r.store_name)?;
-        if r.keys.len() > self.settings.max_bulk_keys {
-            return Err(Status::invalid_argument(format!(
-                "a bulk get may name at most {} keys",
-                self.settings.max_bulk_keys
-            )));
-        }
-        let mut items = Vec::with_capacity(r.keys.len());
-        for key in r.keys {
-            items.push(match dapr::get(&self.engine, store, &key).await {
-                Ok(Some(e)) => pb::BulkStateItem {
-                    key,
+        let entries = dapr::bulk_get(&self.engine, store, r.keys, self.settings.max_bulk_keys)
+            .await
+            .map_err(err)?;
+        let items = entries
+            .into_iter()
+            .map(|b| match b.entry {
+                Some(e) => pb::BulkStateItem {
+                    key: b.key,
                     data: e.value.to_vec(),
                     etag: e.version.to_string(),
                     error: String::new(),
                     metadata: dapr::ttl_metadata(e.expires_at_ms),
                 },
-                Ok(None) => pb::BulkStateItem {
-                    key,
+                None => pb::BulkStateItem {
+                    key: b.key,
                     ..Default::default()
                 },
-                Err(DaprError::Engine(e)) => return Err(super::error::from_engine(RUNTIME, e)),
-                Err(e) => pb::BulkStateItem {
-                    key,
-                    error: e.to_string(),
-                    ..Default::default()
-                },
-            });
-        }
+            })
+            .collect();
         Ok(Response::new(pb::GetBulkStateResponse { items }))
     }
 
@@ -214,9 +183,7 @@ impl pb::dapr_server::Dapr for Runtime {
             let Some(mut request) = op.request else {
                 return Err(Status::invalid_argument("a transaction operation has no request"));
             };
-            for (k, v) in &r.metadata {
-                request.metadata.entry(k.clone()).or_insert_with(|| v.clone());
-            }
+            dapr::merge_request_metadata(&mut request.metadata, &r.metadata);
             items.push(match op.operation_type.as_str() {
                 "upsert" => TxItem::Upsert(save_item(request).map_err(|e| from_dapr(tx, e))?),
                 "delete" => TxItem::Delete(delete_item(request).map_err(|e| from_dapr(tx, e))?),
@@ -235,15 +202,13 @@ impl pb::dapr_server::Dapr for Runtime {
     ) -> Result<Response<pb::GetMetadataResponse>, Status> {
         Ok(Response::new(pb::GetMetadataResponse {
             id: self.settings.app_id.clone(),
-            registered_components: self
-                .settings
-                .stores
-                .names()
-                .map(|name| pb::RegisteredComponents {
-                    name: name.to_owned(),
-                    r#type: "state.stategate".into(),
-                    version: "v1".into(),
-                    capabilities: dapr::FEATURES.iter().map(|f| f.to_string()).collect(),
+            registered_components: dapr::components(&self.settings.stores)
+                .into_iter()
+                .map(|c| pb::RegisteredComponents {
+                    name: c.name,
+                    r#type: c.kind.into(),
+                    version: c.version.into(),
+                    capabilities: c.capabilities,
                 })
                 .collect(),
             extended_metadata: HashMap::new(),

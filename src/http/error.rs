@@ -114,6 +114,7 @@ impl ApiError {
                 ApiError::new(StatusCode::CONFLICT, op.code(), message)
             }
             EngineError::TooLarge => ApiError::malformed("the key or value is larger than the configured limit"),
+            EngineError::TtlOutOfRange => ApiError::malformed(message),
             EngineError::QuotaExceeded if tx => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, op.code(), message),
             EngineError::QuotaExceeded => ApiError::new(StatusCode::INSUFFICIENT_STORAGE, op.code(), message),
             EngineError::NotAuthorized => ApiError::new(StatusCode::FORBIDDEN, "ERR_PERMISSION_DENIED", message),

@@ -9,38 +9,13 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use base64::Engine as _;
 use futures_util::Stream;
 use tokio_stream::StreamExt;
-use tokio_stream::wrappers::BroadcastStream;
-use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 
 use super::dto::ChangeEvent;
 use super::error::{ApiError, ErrorBody, Op};
 use super::{AppState, DaprPath, DaprQuery};
-use crate::dapr::{self, StoreSpec};
-use crate::engine::{Change, ChangeKind};
-
-/// Which keys a subscriber wants.
-struct Selector {
-    store: StoreSpec,
-    keys: Vec<Vec<u8>>,
-    patterns: Vec<glob::Pattern>,
-}
-
-impl Selector {
-    /// The Dapr key of a change this subscriber wants.
-    fn select(&self, change: &Change) -> Option<String> {
-        if !self.store.owns(&change.key) {
-            return None;
-        }
-        if self.keys.is_empty() && self.patterns.is_empty() {
-            return Some(self.store.dapr_key(&change.key));
-        }
-        if self.keys.iter().any(|k| k[..] == change.key[..]) {
-            return Some(self.store.dapr_key(&change.key));
-        }
-        let key = self.store.dapr_key(&change.key);
-        self.patterns.iter().any(|p| p.matches(&key)).then_some(key)
-    }
-}
+use crate::dapr;
+use crate::engine::watch::{self, Selector, WatchItem};
+use crate::engine::{Change, ChangeKind, FeedEvent};
 
 /// `base64`: every value as a base64 string (`contentEncoding: base64`), never as JSON, so a
 /// client gets exact bytes (a JSON value would come back re-serialized).
@@ -102,7 +77,7 @@ pub async fn subscribe(
     let mut keys = Vec::new();
     let mut patterns = Vec::new();
     let mut base64 = false;
-    for (name, value) in &params {
+    for (name, value) in params {
         match name.as_str() {
             "contentEncoding" if value.eq_ignore_ascii_case("base64") => base64 = true,
             "contentEncoding" => {
@@ -111,38 +86,26 @@ pub async fn subscribe(
                 )));
             }
             "key" => keys.push(
-                spec.engine_key(value)
-                    .map_err(|e| ApiError::from_dapr(Op::Subscribe, e))?
-                    .to_vec(),
+                spec.engine_key(&value)
+                    .map_err(|e| ApiError::from_dapr(Op::Subscribe, e))?,
             ),
-            "pattern" => patterns
-                .push(glob::Pattern::new(value).map_err(|e| ApiError::malformed(format!("pattern {value:?}: {e}")))?),
+            "pattern" => patterns.push(value),
             other => return Err(ApiError::malformed(format!("unknown parameter {other:?}"))),
         }
     }
-    let selector = Selector {
-        store: spec,
-        keys,
-        patterns,
+    let selector = Selector::new(keys, &patterns).map_err(ApiError::malformed)?;
+    let store = spec.clone();
+    let wanted = move |e: &FeedEvent| {
+        store.owns(&e.change.key) && selector.wants(&e.change.key, || store.dapr_key(&e.change.key).into())
     };
-    let feed = BroadcastStream::new(st.engine.subscribe());
-    let mut done = false;
-    let stream = feed
-        .map_while(move |item| {
-            if done {
-                return None;
-            }
-            Some(match item {
-                Ok(change) => selector.select(&change).map(|key| event(key, &change, base64)),
-                Err(BroadcastStreamRecvError::Lagged(n)) => {
-                    // Never stall the engine for a slow reader: tell it and end the stream.
-                    done = true;
-                    Some(Event::default().event("overflow").data(format!(
-                        "{{\"missed\":{n},\"message\":\"the subscriber fell behind; subscribe again\"}}"
-                    )))
-                }
-            })
+    let stream = watch::stream(st.engine.subscribe(), wanted).map(move |item| {
+        Ok(match item {
+            WatchItem::Change(e) => event(spec.dapr_key(&e.change.key), &e.change, base64),
+            // Never stall the engine for a slow reader: tell it, and the stream ends.
+            WatchItem::Overflow { missed } => Event::default().event("overflow").data(format!(
+                "{{\"missed\":{missed},\"message\":\"the subscriber fell behind; subscribe again\"}}"
+            )),
         })
-        .filter_map(|e| e.map(Ok));
+    });
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }

@@ -32,15 +32,16 @@ fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiErro
     serde_json::from_slice(body).map_err(|e| ApiError::malformed(format!("failed to parse the request body: {e}")))
 }
 
-/// Turns a JSON save item into the Dapr layer's item. Query metadata is merged in (query wins).
-fn save_item(item: dto::SaveItem, query_meta: &HashMap<String, String>) -> Result<SaveItem, ApiError> {
+/// Turns a JSON save item into the Dapr layer's item, with request-level metadata merged in
+/// (see [`dapr::merge_request_metadata`]).
+fn save_item(item: dto::SaveItem, request_meta: &HashMap<String, String>) -> Result<SaveItem, ApiError> {
     let key = item
         .key
         .filter(|k| !k.is_empty())
         .ok_or_else(|| ApiError::malformed("a state item has no key"))?;
     let value = serde_json::to_vec(&item.value).map_err(|e| ApiError::malformed(e.to_string()))?;
     let mut metadata = item.metadata;
-    metadata.extend(query_meta.iter().map(|(k, v)| (k.clone(), v.clone())));
+    dapr::merge_request_metadata(&mut metadata, request_meta);
     Ok(SaveItem {
         key,
         value: Bytes::from(value),
@@ -128,12 +129,10 @@ pub async fn get_state(
         return Ok(StatusCode::NO_CONTENT.into_response());
     };
     let mut headers = HeaderMap::new();
-    let content_type = if serde_json::from_slice::<serde::de::IgnoredAny>(&entry.value).is_ok() {
-        "application/json"
-    } else {
-        "application/octet-stream"
-    };
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(dapr::content_type_of(&entry.value)),
+    );
     if let Ok(v) = HeaderValue::from_str(&entry.version.to_string()) {
         headers.insert(header::ETAG, v);
     }
@@ -221,55 +220,35 @@ pub async fn bulk_get(
 ) -> Result<axum::Json<Vec<dto::BulkItem>>, ApiError> {
     let store = st.store(&store, Op::BulkGet)?;
     let req: dto::BulkGetRequest = parse_json(&body.0)?;
-    if req.keys.len() > st.settings.max_bulk_keys {
-        return Err(ApiError::malformed(format!(
-            "a bulk get may name at most {} keys",
-            st.settings.max_bulk_keys
-        )));
-    }
-    let mut out = Vec::with_capacity(req.keys.len());
-    for key in req.keys {
-        let item = match dapr::get(&st.engine, store, &key).await {
-            Ok(Some(e)) => {
+    let entries = dapr::bulk_get(&st.engine, store, req.keys, st.settings.max_bulk_keys)
+        .await
+        .map_err(|e| ApiError::from_dapr(Op::BulkGet, e))?;
+    let out = entries
+        .into_iter()
+        .map(|b| match b.entry {
+            Some(e) => {
                 let (data, encoding) = dapr::value_to_json(&e.value);
-                let mut meta = HashMap::new();
+                let mut meta = dapr::ttl_metadata(e.expires_at_ms);
                 if let Some((k, v)) = encoding {
                     meta.insert(k.to_owned(), v.to_owned());
                 }
-                if let Some(ms) = e.expires_at_ms {
-                    meta.insert("ttlExpireTime".to_owned(), dapr::rfc3339(ms));
-                }
                 dto::BulkItem {
-                    key,
+                    key: b.key,
                     data: Some(data),
                     etag: Some(e.version.to_string()),
                     metadata: (!meta.is_empty()).then_some(meta),
                     error: None,
                 }
             }
-            Ok(None) => dto::BulkItem {
-                key,
+            None => dto::BulkItem {
+                key: b.key,
                 data: None,
                 etag: None,
                 metadata: None,
                 error: None,
             },
-            Err(e) => {
-                let err = ApiError::from_dapr(Op::BulkGet, e);
-                if err.status.is_server_error() {
-                    return Err(err);
-                }
-                dto::BulkItem {
-                    key,
-                    data: None,
-                    etag: None,
-                    metadata: None,
-                    error: Some(err.message),
-                }
-            }
-        };
-        out.push(item);
-    }
+        })
+        .collect();
     Ok(axum::Json(out))
 }
 
@@ -339,7 +318,7 @@ pub async fn transaction(
     let store = st.store(&store, Op::Transaction)?;
     let req: dto::TransactionRequest = parse_json(&body.0)?;
     let mut meta = req.metadata;
-    meta.extend(query_metadata(&params));
+    dapr::merge_request_metadata(&mut meta, &query_metadata(&params));
     let mut items = Vec::with_capacity(req.operations.len());
     for op in req.operations {
         let item = save_item(op.request, &meta)?;
@@ -428,15 +407,13 @@ pub async fn healthz_outbound() -> StatusCode {
 /// The stores and their features.
 #[utoipa::path(get, path = "/v1.0/metadata", tag = "metadata", responses((status = 200, body = dto::Metadata)))]
 pub async fn metadata(State(st): State<AppState>) -> axum::Json<dto::Metadata> {
-    let components = st
-        .settings
-        .stores
-        .names()
-        .map(|name| dto::ComponentMetadata {
-            name: name.to_owned(),
-            kind: "state.stategate".into(),
-            version: "v1".into(),
-            capabilities: dapr::FEATURES.iter().map(|f| f.to_string()).collect(),
+    let components = dapr::components(&st.settings.stores)
+        .into_iter()
+        .map(|c| dto::ComponentMetadata {
+            name: c.name,
+            kind: c.kind.into(),
+            version: c.version.into(),
+            capabilities: c.capabilities,
         })
         .collect();
     axum::Json(dto::Metadata {

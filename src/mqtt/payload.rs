@@ -45,6 +45,8 @@ pub fn error_reply(err: &EngineError) -> ErrorReply {
         | EngineError::FencingTokenLower
         | EngineError::QuotaExceeded
         | EngineError::TooLarge => err.to_string(),
+        // The AIO protocol's clients know a bad PX as a syntax error.
+        EngineError::TtlOutOfRange => EngineError::Syntax.to_string(),
         // Not reachable from an MQTT command (no ETags on this door); answered honestly anyway.
         EngineError::VersionMismatch => "the stored version does not match the requested version".into(),
         EngineError::NotAuthorized => return ErrorReply::Status(403, "not authorized"),

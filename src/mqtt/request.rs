@@ -151,6 +151,7 @@ fn parse(req: &Request) -> Parsed {
         timestamp,
         fencing,
         client: client.clone(),
+        session: None,
     };
     match Command::parse(args, meta) {
         Ok(Command::Set(s)) if s.timestamp.is_none() => Parsed::Refused(EngineError::MissingTimestamp),

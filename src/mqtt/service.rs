@@ -29,7 +29,7 @@ use super::dedup::{Dedup, Seen};
 use super::request::{
     self, CONTENT_TYPE, Outgoing, PROP_PROTOCOL_VERSION, PROP_SOURCE_ID, PROP_TIMESTAMP, PROTOCOL_VERSION, Request,
 };
-use crate::engine::{ChangeKind, Engine, KeyNotification};
+use crate::engine::{ChangeKind, Engine, KeyNotification, KeyNotifyReceiver};
 
 /// How the service connects and behaves on MQTT.
 #[derive(Debug, Clone)]
@@ -304,7 +304,7 @@ async fn refuse_busy(ctx: &Ctx, p: Publish) {
 
 /// Publishes KEYNOTIFY notifications, in change order.
 async fn notifier(
-    mut feed: tokio::sync::mpsc::Receiver<KeyNotification>,
+    mut feed: KeyNotifyReceiver,
     client: AsyncClient,
     service_id: String,
     mut stop: watch::Receiver<bool>,

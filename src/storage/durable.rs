@@ -91,7 +91,7 @@ impl FromStr for FsyncMode {
 }
 
 /// How to open a durable store.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct DurableOptions {
     pub dir: PathBuf,
     pub fsync: FsyncMode,
@@ -101,6 +101,20 @@ pub struct DurableOptions {
     pub segment_bytes: u64,
     /// With [`FsyncMode::Batch`]: the longest time between a write and its `fdatasync`.
     pub batch_interval: Duration,
+    /// The service's clock: records are stamped with its wall time (the floor for versions
+    /// after a restart), so tests that move the engine's clock move this one too.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl fmt::Debug for DurableOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DurableOptions")
+            .field("dir", &self.dir)
+            .field("fsync", &self.fsync)
+            .field("segment_bytes", &self.segment_bytes)
+            .field("batch_interval", &self.batch_interval)
+            .finish_non_exhaustive()
+    }
 }
 
 impl DurableOptions {
@@ -110,6 +124,7 @@ impl DurableOptions {
             fsync: FsyncMode::Always,
             segment_bytes: 64 * 1024 * 1024,
             batch_interval: Duration::from_millis(50),
+            clock: Arc::new(SystemClock),
         }
     }
 }
@@ -165,6 +180,9 @@ struct Shared {
     snapshotting: AtomicBool,
     /// Bytes of the last snapshot written or loaded: the size of the live data.
     live_bytes: AtomicU64,
+    /// Tests: the commit thread panics at its next group.
+    #[cfg(test)]
+    panic_next: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -259,6 +277,7 @@ pub struct DurableBackend {
     writer: Option<JoinHandle<()>>,
     snapshot: Arc<Mutex<Option<JoinHandle<()>>>>,
     dir: PathBuf,
+    clock: Arc<dyn Clock>,
     /// Holds the directory's advisory lock until the backend is dropped.
     _lock: File,
 }
@@ -314,6 +333,7 @@ impl DurableBackend {
         let shared = Arc::new(Shared::default());
         shared.live_bytes.store(recovered.snapshot_bytes, Ordering::Relaxed);
         let snapshot = Arc::new(Mutex::new(None));
+        let clock = options.clock.clone();
         let writer = writer::Writer {
             shared: shared.clone(),
             index: index.clone(),
@@ -327,9 +347,17 @@ impl DurableBackend {
             synced: 0,
             last_sync: std::time::Instant::now(),
         };
+        let on_panic = shared.clone();
         let writer = std::thread::Builder::new()
             .name("stategate-log".into())
-            .spawn(move || writer.run())
+            .spawn(move || {
+                // A panic must not leave writers waiting forever: it fails the store like an
+                // I/O error does (every call fails until a restart recovers from disk).
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.run())).is_err() {
+                    tracing::error!("the log thread panicked; every storage call fails until a restart");
+                    on_panic.fail(&std::io::Error::other("the log thread panicked"), Vec::new());
+                }
+            })
             .map_err(StorageError::Io)?;
         Ok(DurableBackend {
             index,
@@ -337,6 +365,7 @@ impl DurableBackend {
             writer: Some(writer),
             snapshot,
             dir,
+            clock,
             _lock: lock_file,
         })
     }
@@ -356,6 +385,14 @@ impl DurableBackend {
             Some(lsn) => self.shared.wait_acked(lsn).await,
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+impl DurableBackend {
+    /// Makes the commit thread panic at its next group (tests of the fail-stop).
+    pub(crate) fn panic_next_commit(&self) {
+        self.shared.panic_next.store(true, Ordering::Relaxed);
     }
 }
 
@@ -393,7 +430,7 @@ impl Backend for DurableBackend {
         }
         self.shared.check()?;
         let mut frame = Vec::new();
-        format::encode_batch(&mut frame, swaps, SystemClock.now_ms());
+        format::encode_batch(&mut frame, swaps, self.clock.now_ms());
         if frame.len() > format::MAX_PAYLOAD {
             return Err(StorageError::Backend("a write of more than 1 GiB".into()));
         }

@@ -144,6 +144,21 @@ async fn bulk_get_keeps_order_and_marks_missing_keys() {
     );
     assert_eq!(items[1], json!({"key": "missing"}));
     assert_eq!(items[2]["data"], json!(1));
+    // One invalid key fails the whole request, as daprd answers (not a per-item error).
+    for keys in [json!(["a", "bad||key"]), json!(["", "a"])] {
+        let r = c
+            .post(format!("{url}/bulk"))
+            .json(&json!({ "keys": keys }))
+            .send()
+            .await
+            .unwrap();
+        let (status, code, _) = error_of(r).await;
+        assert_eq!(
+            (status, code.as_str()),
+            (StatusCode::BAD_REQUEST, "ERR_MALFORMED_REQUEST"),
+            "{keys}"
+        );
+    }
     env.stop().await;
 }
 

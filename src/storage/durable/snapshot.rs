@@ -15,6 +15,8 @@ use std::path::Path;
 
 use bytes::Bytes;
 
+use crate::hlc::Clock;
+
 use super::{Shared, format, segment_name, snapshot_name, sync_dir};
 use crate::storage::StorageError;
 use crate::storage::memory::MemoryBackend;
@@ -22,9 +24,15 @@ use crate::storage::memory::MemoryBackend;
 const CHUNK_KEYS: usize = 512;
 
 /// Writes `snap-<seq>.snap` and removes what it replaces. Returns its size in bytes.
-pub(super) fn write(dir: &Path, seq: u64, index: &MemoryBackend, shared: &Shared) -> Result<u64, StorageError> {
+pub(super) fn write(
+    dir: &Path,
+    seq: u64,
+    index: &MemoryBackend,
+    shared: &Shared,
+    clock: &dyn Clock,
+) -> Result<u64, StorageError> {
     let tmp = dir.join(format!("snap-{seq:020}.tmp"));
-    let result = write_tmp(&tmp, seq, index, shared);
+    let result = write_tmp(&tmp, seq, index, shared, clock);
     let bytes = match result {
         Ok(b) => b,
         Err(e) => {
@@ -38,7 +46,13 @@ pub(super) fn write(dir: &Path, seq: u64, index: &MemoryBackend, shared: &Shared
     Ok(bytes)
 }
 
-fn write_tmp(tmp: &Path, seq: u64, index: &MemoryBackend, shared: &Shared) -> Result<u64, StorageError> {
+fn write_tmp(
+    tmp: &Path,
+    seq: u64,
+    index: &MemoryBackend,
+    shared: &Shared,
+    clock: &dyn Clock,
+) -> Result<u64, StorageError> {
     let mut out = BufWriter::with_capacity(1 << 20, File::create(tmp)?);
     out.write_all(&format::header(format::SNAP_MAGIC, seq))?;
     let mut after: Option<Bytes> = None;
@@ -58,7 +72,7 @@ fn write_tmp(tmp: &Path, seq: u64, index: &MemoryBackend, shared: &Shared) -> Re
     // Every write the chunks above reflect was queued before this point.
     let reflected = shared.last_queued();
     buf.clear();
-    let wall_ms = crate::hlc::Clock::now_ms(&crate::hlc::SystemClock);
+    let wall_ms = clock.now_ms();
     format::encode_end(&mut buf, keys, index.max_version_now().as_ref(), wall_ms);
     out.write_all(&buf)?;
     let file = out.into_inner().map_err(|e| e.into_error())?;

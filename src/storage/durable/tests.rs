@@ -579,7 +579,7 @@ async fn engine_after_a_reopen() {
             .execute(Command::Del(crate::engine::Del {
                 key: b(b"gone"),
                 fencing: None,
-                if_version: None,
+                condition: crate::engine::DelCondition::Always,
             }))
             .await
             .unwrap();
@@ -610,4 +610,57 @@ async fn engine_after_a_reopen() {
     assert_eq!(got.reply, Reply::Nil);
     // It was removed, which made room.
     engine.execute(set("fifth", None)).await.unwrap();
+}
+
+/// A panic in the commit thread fails the store like an I/O error: the write waiting for it
+/// and every later call get an error; nothing hangs.
+#[tokio::test]
+async fn a_commit_thread_panic_is_a_fail_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = DurableBackend::open(options(dir.path())).unwrap();
+    backend.panic_next_commit();
+    let swap = Swap {
+        key: b(b"k"),
+        expected: None,
+        new: Some(Record {
+            value: b(b"v"),
+            version: Hlc::new(1, 0, "n"),
+            fencing: None,
+            expires_at_ms: None,
+        }),
+    };
+    let limit = std::time::Duration::from_secs(10);
+    let write = tokio::time::timeout(limit, backend.swap_many(std::slice::from_ref(&swap), None)).await;
+    assert!(matches!(write, Ok(Err(StorageError::Io(_)))), "{write:?}");
+    let read = tokio::time::timeout(limit, backend.get(b"k")).await;
+    assert!(matches!(read, Ok(Err(StorageError::Io(_)))), "{read:?}");
+    let again = tokio::time::timeout(limit, backend.swap_many(&[swap], None)).await;
+    assert!(matches!(again, Ok(Err(StorageError::Io(_)))), "{again:?}");
+}
+
+/// Records are stamped with the injected clock, not the system's: a DEL (which leaves no
+/// record) made at a clock far in the future still floors the versions after a reopen.
+#[tokio::test]
+async fn records_are_stamped_with_the_injected_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let future = 4_000_000_000_000; // year 2096
+    let mut o = options(dir.path());
+    o.clock = Arc::new(ManualClock::new(future));
+    let store = Store::new(DurableBackend::open(o).unwrap());
+    put(
+        &store,
+        b"k",
+        Record {
+            value: b(b"v"),
+            version: Hlc::new(1, 0, "n"),
+            fencing: None,
+            expires_at_ms: None,
+        },
+    )
+    .await;
+    del(&store, b"k").await;
+    drop(store);
+    let store = open(dir.path());
+    let floor = store.backend().max_version().await.unwrap().unwrap();
+    assert!(floor.ms > future, "{floor:?}");
 }

@@ -111,6 +111,10 @@ impl Writer {
     }
 
     fn commit(&mut self, buf: &[u8], last: Lsn, shutdown: bool) -> std::io::Result<()> {
+        #[cfg(test)]
+        if self.shared.panic_next.swap(false, Ordering::Relaxed) {
+            panic!("injected panic in the commit thread");
+        }
         if !buf.is_empty() {
             self.file.write_all(buf)?;
             self.seg_bytes += buf.len() as u64;
@@ -166,10 +170,11 @@ impl Writer {
 
         self.shared.snapshotting.store(true, Ordering::Release);
         let (dir, index, shared) = (self.dir.clone(), self.index.clone(), self.shared.clone());
+        let clock = self.options.clock.clone();
         let spawned = std::thread::Builder::new()
             .name("stategate-snapshot".into())
             .spawn(move || {
-                match snapshot::write(&dir, seq, &index, &shared) {
+                match snapshot::write(&dir, seq, &index, &shared, &*clock) {
                     Ok(bytes) => {
                         shared.live_bytes.store(bytes, Ordering::Relaxed);
                         tracing::debug!(seq, bytes, "snapshot written");

@@ -1,0 +1,124 @@
+//! Expiry: keys whose deadline has passed are removed through the conditional swap, and their
+//! observers are told (an `Expire` change). The driver ([`Engine::run_expiry`]) sleeps until the
+//! earliest deadline; reads remove an expired key they meet; a write refused at `max_keys`
+//! removes a bounded number of due keys inline and leaves the rest to the driver.
+
+use bytes::Bytes;
+
+use super::{ChangeKind, Engine, EngineError};
+use crate::hlc::Hlc;
+use crate::storage::{Swap, SwapOutcome};
+
+/// Due keys removed per storage write (one log record, one fsync, one script call).
+const EXPIRY_BATCH: usize = 256;
+/// Most due keys a write refused at `max_keys` removes itself before giving up.
+const INLINE_EXPIRY: usize = 64;
+
+impl Engine {
+    /// Removes up to `limit` keys whose deadline has passed, telling observers. Returns how many.
+    pub async fn expire_due(&self, limit: usize) -> Result<usize, EngineError> {
+        let mut removed = 0;
+        while removed < limit {
+            let now = self.0.hlc.wall_ms();
+            let want = (limit - removed).min(EXPIRY_BATCH);
+            let due = self.0.store.backend().expired(now, want).await?;
+            if due.is_empty() {
+                break;
+            }
+            let batch = due.len();
+            removed += self.expire_batch(due, now).await?;
+            if batch < want {
+                break;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Removes a batch of due keys in one swap, under all their stripe locks (taken in order,
+    /// as transactions do). Keys changed since they were found due are left alone.
+    async fn expire_batch(&self, due: Vec<(Bytes, Hlc)>, now: u64) -> Result<usize, EngineError> {
+        let mut stripes: Vec<usize> = due.iter().map(|(k, _)| self.stripe(k)).collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        let mut guards = Vec::with_capacity(stripes.len());
+        for i in stripes {
+            guards.push(self.0.stripes[i].lock().await);
+        }
+        let mut swaps = Vec::with_capacity(due.len());
+        let mut changes = Vec::with_capacity(due.len());
+        for (key, _) in due {
+            let Some(r) = self.0.store.backend().get(&key).await? else {
+                continue;
+            };
+            if !r.is_expired(now) {
+                continue;
+            }
+            changes.push((key.clone(), self.0.hlc.next_after(&[&r.version])));
+            swaps.push(Swap {
+                key,
+                expected: Some(r.version),
+                new: None,
+            });
+        }
+        if swaps.is_empty() {
+            return Ok(0);
+        }
+        match self.0.store.backend().swap_many(&swaps, None).await? {
+            SwapOutcome::Done => {
+                let n = changes.len();
+                for (key, version) in changes {
+                    self.publish(key, version, ChangeKind::Expire);
+                }
+                Ok(n)
+            }
+            // Another node changed one of them first: remove the others one by one.
+            SwapOutcome::Conflict | SwapOutcome::TooManyKeys => {
+                let mut n = 0;
+                for swap in swaps {
+                    if let Some(r) = self.0.store.backend().get(&swap.key).await?
+                        && r.is_expired(now)
+                        && self.remove(&swap.key, &r, ChangeKind::Expire).await?.is_some()
+                    {
+                        n += 1;
+                    }
+                }
+                Ok(n)
+            }
+        }
+    }
+
+    /// A write was refused at `max_keys`: expired keys the driver has not removed yet still
+    /// count, yet read as absent everywhere. Removes a bounded number of them (the driver does
+    /// the rest) and says whether any went, so the write may be tried once more.
+    pub(super) async fn make_room(&self) -> Result<bool, EngineError> {
+        if self.0.limits.max_keys.is_none() {
+            return Ok(false);
+        }
+        let removed = self.expire_due(INLINE_EXPIRY).await?;
+        if removed == INLINE_EXPIRY {
+            self.0.deadline_added.notify_one();
+        }
+        Ok(removed > 0)
+    }
+
+    /// Runs expiry until `shutdown` resolves: sleeps until the earliest deadline, or until a
+    /// write adds an earlier one.
+    pub async fn run_expiry(&self, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        loop {
+            if let Err(e) = self.expire_due(usize::MAX).await {
+                tracing::error!(cause = %e, source = ?std::error::Error::source(&e), "expiry sweep failed");
+            }
+            let wait = match self.0.store.backend().next_deadline().await {
+                Ok(Some(d)) => d.saturating_sub(self.0.hlc.wall_ms()).max(1),
+                Ok(None) => 60_000,
+                Err(_) => 1_000,
+            };
+            tokio::select! {
+                _ = &mut shutdown => return,
+                _ = tokio::time::sleep(std::time::Duration::from_millis(wait)) => {}
+                _ = self.0.deadline_added.notified() => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,366 @@
+//! The change feed: a bounded, in-memory history of applied changes that every watcher reads.
+//!
+//! One ring of recent changes, trimmed by count, by bytes and by age, whatever the readers do.
+//! A reader is a position in that history; a reader that falls behind the oldest change kept
+//! learns how many it missed ([`Lagged`]) and is moved to the oldest one: nothing a slow or
+//! stalled reader does can make the feed hold more than its budget, and the engine never waits
+//! for a reader. Values in the feed are copies owned by the feed, so a change never pins the
+//! network buffer its value arrived in.
+//!
+//! Positions are sequence numbers local to this process. A watcher that reconnects names the
+//! last version it saw instead; [`Feed::position_after`] finds the change with that version in
+//! the history, if it is still kept.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::Notify;
+use tokio::time::{Duration, Instant};
+
+use super::notify::{Change, ChangeKind};
+use crate::hlc::Hlc;
+
+/// How much history the feed keeps. A change is dropped when any limit is passed; the newest
+/// change is always kept, whatever its size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FeedLimits {
+    /// Most changes kept.
+    pub max_events: usize,
+    /// Most bytes of keys and values kept (plus a fixed overhead per change).
+    pub max_bytes: usize,
+    /// Changes older than this are dropped.
+    pub max_age: Duration,
+}
+
+impl Default for FeedLimits {
+    fn default() -> FeedLimits {
+        FeedLimits {
+            max_events: 65_536,
+            max_bytes: 64 * 1024 * 1024,
+            max_age: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Bookkeeping bytes counted per change besides its key and value.
+const EVENT_OVERHEAD: usize = 96;
+
+/// One change in the history.
+#[derive(Debug)]
+pub struct FeedEvent {
+    /// Position in this process's feed (increasing by one per change).
+    pub seq: u64,
+    pub change: Change,
+    at: Instant,
+}
+
+impl FeedEvent {
+    fn cost(change: &Change) -> usize {
+        let value = match &change.kind {
+            ChangeKind::Set(v) => v.len(),
+            ChangeKind::Delete | ChangeKind::Expire => 0,
+        };
+        EVENT_OVERHEAD + change.key.len() + value
+    }
+}
+
+/// A reader was behind the oldest change kept: `missed` changes are gone for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lagged {
+    pub missed: u64,
+}
+
+#[derive(Debug, Default)]
+struct Ring {
+    events: VecDeque<Arc<FeedEvent>>,
+    /// The sequence number the next change gets.
+    next_seq: u64,
+    bytes: usize,
+}
+
+impl Ring {
+    fn first_seq(&self) -> u64 {
+        self.next_seq - self.events.len() as u64
+    }
+}
+
+/// The history and the readers' wake-up.
+#[derive(Debug)]
+pub struct Feed {
+    limits: FeedLimits,
+    ring: Mutex<Ring>,
+    wake: Notify,
+    readers: AtomicUsize,
+}
+
+impl Feed {
+    pub fn new(limits: FeedLimits) -> Feed {
+        Feed {
+            limits,
+            ring: Mutex::new(Ring::default()),
+            wake: Notify::new(),
+            readers: AtomicUsize::new(0),
+        }
+    }
+
+    fn ring(&self) -> MutexGuard<'_, Ring> {
+        // A poisoned lock only means a reader panicked mid-read; the ring itself is consistent.
+        self.ring.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the feed keeps history at all (or only serves live readers).
+    fn keeps_history(&self) -> bool {
+        self.limits.max_events > 0
+    }
+
+    /// Appends a change (its value is copied into the feed) and wakes the readers.
+    pub fn push(&self, change: Change) {
+        if !self.keeps_history() && self.readers.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let change = Change {
+            key: bytes::Bytes::copy_from_slice(&change.key),
+            version: change.version,
+            kind: match change.kind {
+                ChangeKind::Set(v) => ChangeKind::Set(bytes::Bytes::copy_from_slice(&v)),
+                other => other,
+            },
+        };
+        let cost = FeedEvent::cost(&change);
+        let now = Instant::now();
+        {
+            let mut ring = self.ring();
+            let seq = ring.next_seq;
+            ring.next_seq += 1;
+            ring.bytes += cost;
+            ring.events.push_back(Arc::new(FeedEvent { seq, change, at: now }));
+            self.trim(&mut ring, now);
+        }
+        if self.readers.load(Ordering::Relaxed) > 0 {
+            self.wake.notify_waiters();
+        }
+    }
+
+    /// Drops what is over a limit, keeping the newest change. Without history (max_events 0)
+    /// a change is kept only until the readers are woken, which is enough for live readers
+    /// that keep up; one that does not is told it lagged.
+    fn trim(&self, ring: &mut Ring, now: Instant) {
+        let max_events = self.limits.max_events.max(1);
+        while ring.events.len() > 1 {
+            let Some(front) = ring.events.front() else { break };
+            let over = ring.events.len() > max_events
+                || ring.bytes > self.limits.max_bytes
+                || now.duration_since(front.at) > self.limits.max_age;
+            if !over {
+                break;
+            }
+            let cost = FeedEvent::cost(&front.change);
+            ring.events.pop_front();
+            ring.bytes -= cost;
+        }
+    }
+
+    /// A reader that sees every change pushed from now on.
+    pub fn reader(self: &Arc<Feed>) -> FeedReader {
+        let next = self.ring().next_seq;
+        FeedReader::new(self.clone(), next)
+    }
+
+    /// A reader positioned right after the change with `version`, if the history still holds
+    /// it (the watcher saw that change and wants every later one).
+    pub fn reader_after(self: &Arc<Feed>, version: &Hlc) -> Option<FeedReader> {
+        let next = self.position_after(version)?;
+        Some(FeedReader::new(self.clone(), next))
+    }
+
+    /// The position after the change with `version`, if kept.
+    pub fn position_after(&self, version: &Hlc) -> Option<u64> {
+        let ring = self.ring();
+        ring.events
+            .iter()
+            .rev()
+            .find(|e| e.change.version == *version)
+            .map(|e| e.seq + 1)
+    }
+
+    /// Changes and bytes held now (for tests and metrics).
+    pub fn held(&self) -> (usize, usize) {
+        let ring = self.ring();
+        (ring.events.len(), ring.bytes)
+    }
+}
+
+/// A position in the feed. Dropping it is all it takes to stop reading.
+#[derive(Debug)]
+pub struct FeedReader {
+    feed: Arc<Feed>,
+    next: u64,
+}
+
+impl FeedReader {
+    fn new(feed: Arc<Feed>, next: u64) -> FeedReader {
+        feed.readers.fetch_add(1, Ordering::Relaxed);
+        FeedReader { feed, next }
+    }
+
+    /// The next change, or [`Lagged`] when changes this reader had not read were dropped (the
+    /// reader then continues from the oldest change kept).
+    pub async fn recv(&mut self) -> Result<Arc<FeedEvent>, Lagged> {
+        let feed = self.feed.clone();
+        loop {
+            let notified = feed.wake.notified();
+            tokio::pin!(notified);
+            // Registered before looking, so a push between the look and the wait wakes us.
+            notified.as_mut().enable();
+            if let Some(got) = self.try_recv() {
+                return got;
+            }
+            notified.await;
+        }
+    }
+
+    /// The next change if there is one already.
+    pub fn try_recv(&mut self) -> Option<Result<Arc<FeedEvent>, Lagged>> {
+        let ring = self.feed.ring();
+        let first = ring.first_seq();
+        if self.next < first {
+            let missed = first - self.next;
+            self.next = first;
+            return Some(Err(Lagged { missed }));
+        }
+        if self.next >= ring.next_seq {
+            return None;
+        }
+        let event = ring.events[(self.next - first) as usize].clone();
+        self.next += 1;
+        Some(Ok(event))
+    }
+}
+
+impl Drop for FeedReader {
+    fn drop(&mut self) {
+        self.feed.readers.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+
+    fn set(key: &str, value: &[u8], ms: u64) -> Change {
+        Change {
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            version: Hlc::new(ms, 0, "n"),
+            kind: ChangeKind::Set(Bytes::copy_from_slice(value)),
+        }
+    }
+
+    fn feed(max_events: usize, max_bytes: usize) -> Arc<Feed> {
+        Arc::new(Feed::new(FeedLimits {
+            max_events,
+            max_bytes,
+            max_age: Duration::from_secs(3600),
+        }))
+    }
+
+    #[tokio::test]
+    async fn readers_see_changes_in_order() {
+        let f = feed(10, 1 << 20);
+        let mut r = f.reader();
+        f.push(set("a", b"1", 1));
+        f.push(set("b", b"2", 2));
+        assert_eq!(r.recv().await.unwrap().change, set("a", b"1", 1));
+        assert_eq!(r.recv().await.unwrap().change, set("b", b"2", 2));
+        assert!(r.try_recv().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_stalled_reader_holds_nothing_beyond_the_byte_budget() {
+        let f = feed(1000, 10 * 1024);
+        let mut stalled = f.reader();
+        let big = vec![7u8; 4096];
+        for i in 0..100 {
+            f.push(set("k", &big, i));
+        }
+        let (events, bytes) = f.held();
+        assert!(bytes <= 10 * 1024 + 4096 + EVENT_OVERHEAD, "{bytes}");
+        assert!(events <= 3, "{events}");
+        // The stalled reader learns what it missed, then continues with what is kept.
+        let missed = stalled.recv().await.unwrap_err().missed;
+        assert_eq!(missed, 100 - events as u64);
+        assert_eq!(stalled.recv().await.unwrap().change.version.ms, 100 - events as u64);
+    }
+
+    #[test]
+    fn the_newest_change_is_kept_even_over_budget() {
+        let f = feed(10, 10);
+        f.push(set("k", &[0u8; 100], 1));
+        assert_eq!(f.held().0, 1);
+        f.push(set("k", &[0u8; 100], 2));
+        assert_eq!(f.held().0, 1);
+    }
+
+    #[test]
+    fn count_limit() {
+        let f = feed(3, 1 << 20);
+        for i in 0..10 {
+            f.push(set("k", b"v", i));
+        }
+        assert_eq!(f.held().0, 3);
+        assert_eq!(f.position_after(&Hlc::new(6, 0, "n")), None);
+        assert_eq!(f.position_after(&Hlc::new(8, 0, "n")), Some(9));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn old_changes_age_out() {
+        let f = Arc::new(Feed::new(FeedLimits {
+            max_events: 100,
+            max_bytes: 1 << 20,
+            max_age: Duration::from_secs(10),
+        }));
+        f.push(set("a", b"1", 1));
+        tokio::time::advance(Duration::from_secs(11)).await;
+        f.push(set("b", b"2", 2));
+        assert_eq!(f.held().0, 1);
+    }
+
+    #[tokio::test]
+    async fn resume_after_a_version() {
+        let f = feed(100, 1 << 20);
+        for i in 1..=5 {
+            f.push(set("k", b"v", i));
+        }
+        let mut r = f.reader_after(&Hlc::new(3, 0, "n")).unwrap();
+        assert_eq!(r.recv().await.unwrap().change.version.ms, 4);
+        assert!(f.reader_after(&Hlc::new(42, 0, "n")).is_none());
+    }
+
+    #[test]
+    fn values_are_copied_out_of_their_buffer() {
+        let f = feed(10, 1 << 20);
+        let buffer = Bytes::from(vec![1u8; 1024]);
+        let change = Change {
+            key: buffer.slice(0..4),
+            version: Hlc::new(1, 0, "n"),
+            kind: ChangeKind::Set(buffer.slice(4..8)),
+        };
+        f.push(change);
+        let mut r = f.reader_after(&Hlc::new(1, 0, "n"));
+        assert!(r.as_mut().unwrap().try_recv().is_none());
+        // Only the copies are held: the original buffer can be freed by its owner.
+        assert!(buffer.is_unique());
+    }
+
+    #[tokio::test]
+    async fn without_history_live_readers_still_get_changes() {
+        let f = feed(0, 1 << 20);
+        f.push(set("nobody", b"listens", 1));
+        assert_eq!(f.held().0, 0);
+        let mut r = f.reader();
+        f.push(set("a", b"1", 2));
+        assert_eq!(r.recv().await.unwrap().change.version.ms, 2);
+    }
+}
