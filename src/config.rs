@@ -18,7 +18,13 @@ use crate::storage::{RedisOptions, StorageConfig, StorageKind};
 #[command(
     name = "stategate",
     version,
-    about = "A state store served over MQTT5, HTTP and gRPC"
+    about = "A state store served over MQTT5, HTTP and gRPC",
+    long_about = "A state store served over MQTT5, HTTP and gRPC.\n\n`stategate` alone (or `stategate serve`) runs \
+                  the service; the other commands are a client of a running service.",
+    after_help = crate::cli::args::EXIT_CODES,
+    // `stategate --storage memory get k` is a mistake, not a get: serve flags go without a
+    // client command.
+    args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -32,6 +38,9 @@ pub struct Cli {
 pub enum CliCommand {
     /// Run the service (the default).
     Serve(ServeArgs),
+    /// The client commands (`get`, `set`, ...).
+    #[command(flatten)]
+    Client(crate::cli::args::ClientCommand),
 }
 
 /// Flags of `stategate serve`.
@@ -330,7 +339,8 @@ fn parse_listen(flag: &'static str, value: &str) -> Result<Option<SocketAddr>, C
     }
 }
 
-fn parse_mqtt_url(url: &str) -> Result<BrokerChoice, ConfigError> {
+/// `mqtt://host[:port]` (or `tcp://`); the port defaults to 1883.
+pub fn parse_mqtt_url(url: &str) -> Result<BrokerChoice, ConfigError> {
     let bad = || ConfigError::BadMqttUrl(url.to_owned());
     let rest = if let Some(r) = url.strip_prefix("mqtt://").or_else(|| url.strip_prefix("tcp://")) {
         r
@@ -492,7 +502,7 @@ mod tests {
         let cli = Cli::try_parse_from(["stategate", "serve", "--node-id", "n2"]).unwrap();
         match cli.command {
             Some(CliCommand::Serve(a)) => assert_eq!(a.node_id, "n2"),
-            None => panic!("expected serve"),
+            other => panic!("expected serve, got {other:?}"),
         }
     }
 }

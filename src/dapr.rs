@@ -443,7 +443,7 @@ impl SaveItem {
         };
         Ok(Set {
             key,
-            value: self.value.clone(),
+            value: decode_value(&self.value, &self.metadata)?,
             condition,
             ttl_ms: meta.ttl_ms,
             timestamp: None,
@@ -615,6 +615,34 @@ pub async fn transact(engine: &Engine, store: &StoreSpec, items: &[TxItem], max_
     }
     engine.transact(ops).await.map_err(mismatch)?;
     Ok(())
+}
+
+/// The bytes a save item stores. A stategate extension, the mirror of how reads carry non-JSON
+/// values: with item metadata `contentEncoding: base64`, the item's value is a JSON string
+/// holding the base64 (standard alphabet, padded) of the bytes to store, so a Dapr-shaped save
+/// can store any bytes exactly. Without it the value is stored as given.
+pub fn decode_value(value: &Bytes, metadata: &HashMap<String, String>) -> Result<Bytes, DaprError> {
+    let Some(encoding) = metadata.get(ENCODING_METADATA) else {
+        return Ok(value.clone());
+    };
+    if !encoding.eq_ignore_ascii_case("base64") {
+        return Err(DaprError::Malformed(format!(
+            "unsupported metadata '{ENCODING_METADATA}' {encoding:?} (only base64)"
+        )));
+    }
+    let text: String = serde_json::from_slice(value).map_err(|_| {
+        DaprError::Malformed(format!(
+            "metadata '{ENCODING_METADATA}' is base64 but the value is not a JSON string"
+        ))
+    })?;
+    base64::engine::general_purpose::STANDARD
+        .decode(text.as_bytes())
+        .map(Bytes::from)
+        .map_err(|e| {
+            DaprError::Malformed(format!(
+                "metadata '{ENCODING_METADATA}' is base64 but the value is not valid base64: {e}"
+            ))
+        })
 }
 
 /// A value placed inside a JSON document (bulk get, query, events): JSON values as they are;

@@ -2,6 +2,7 @@
 //! protocol), HTTP and gRPC.
 //!
 //! Layout (dependencies point downwards only):
+//! - [`cli`]: the command-line client (`stategate get|set|...`), a client of the doors only.
 //! - [`config`]: command line and validated configuration.
 //! - [`mqtt`]: the MQTT5 door (request/response envelope, notifications, embedded broker).
 //! - [`resp3`]: the sans-I/O payload codec the MQTT door speaks.
@@ -16,6 +17,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 pub mod access;
+pub mod cli;
 pub mod config;
 pub mod dapr;
 pub mod engine;

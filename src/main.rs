@@ -9,6 +9,7 @@ const EXIT_USAGE: i32 = 64;
 fn main() {
     let cli = Cli::parse();
     let args = match cli.command {
+        Some(CliCommand::Client(cmd)) => std::process::exit(stategate::cli::run(cmd)),
         Some(CliCommand::Serve(a)) => a,
         None => cli.serve,
     };

@@ -173,6 +173,46 @@ fn rfc3339_is_utc_seconds() {
     assert_eq!(rfc3339(1_700_000_000_000), "2023-11-14T22:13:20Z");
 }
 
+#[test]
+fn base64_content_encoding_stores_the_decoded_bytes() {
+    let meta = |v: &str| HashMap::from([(ENCODING_METADATA.to_owned(), v.to_owned())]);
+    let all: Vec<u8> = (0..=255u8).collect();
+    let b64 = format!("\"{}\"", base64::engine::general_purpose::STANDARD.encode(&all));
+    let decoded = decode_value(&Bytes::from(b64.clone()), &meta("base64")).unwrap();
+    assert_eq!(&decoded[..], &all[..]);
+    assert_eq!(&decode_value(&Bytes::from(b64), &meta("BASE64")).unwrap()[..], &all[..]);
+    assert_eq!(
+        &decode_value(&Bytes::from_static(b"\"\""), &meta("base64")).unwrap()[..],
+        b""
+    );
+    // Without the metadata the value is stored as it came.
+    assert_eq!(
+        &decode_value(&Bytes::from_static(b"\"AP8=\""), &HashMap::new()).unwrap()[..],
+        b"\"AP8=\""
+    );
+    for (value, encoding) in [
+        (&b"\"not base64!\""[..], "base64"),
+        (b"42", "base64"),
+        (b"{\"a\":1}", "base64"),
+        (b"\"AP8=\"", "gzip"),
+    ] {
+        let err = decode_value(&Bytes::copy_from_slice(value), &meta(encoding)).unwrap_err();
+        assert!(matches!(err, DaprError::Malformed(_)), "{value:?} {encoding}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn a_base64_save_item_stores_bytes() {
+    let e = engine().await;
+    let store = spec("statestore");
+    let mut item = save_item("bin", "\"AP8=\"");
+    item.metadata.insert(ENCODING_METADATA.into(), "base64".into());
+    save(&e, &store, &item).await.unwrap();
+    assert_eq!(&get(&e, &store, "bin").await.unwrap().unwrap().value[..], b"\x00\xff");
+    item.value = Bytes::from_static(b"\"%%\"");
+    assert!(matches!(save(&e, &store, &item).await, Err(DaprError::Malformed(_))));
+}
+
 #[tokio::test]
 async fn ttl_out_of_range_is_the_engines_answer() {
     let e = engine().await;

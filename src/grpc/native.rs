@@ -41,11 +41,13 @@ fn version(v: Option<Hlc>) -> String {
 impl pb::state_store_server::StateStore for Native {
     async fn set(&self, req: Request<pb::SetRequest>) -> Result<Response<pb::SetResponse>, Status> {
         let r = req.into_inner();
-        let condition = match pb::SetCondition::try_from(r.condition) {
-            Ok(pb::SetCondition::Unspecified) => SetCondition::Always,
-            Ok(pb::SetCondition::Nx) => SetCondition::IfAbsent,
-            Ok(pb::SetCondition::Nex) => SetCondition::IfAbsentOrEqual,
-            Err(_) => return Err(Status::invalid_argument("unknown set condition")),
+        let condition = match (pb::SetCondition::try_from(r.condition), hlc(&r.if_version)?) {
+            (Ok(pb::SetCondition::Unspecified), Some(v)) => SetCondition::IfVersion(v),
+            (Ok(_), Some(_)) => return Err(Status::invalid_argument("if_version cannot be combined with NX or NEX")),
+            (Ok(pb::SetCondition::Unspecified), None) => SetCondition::Always,
+            (Ok(pb::SetCondition::Nx), None) => SetCondition::IfAbsent,
+            (Ok(pb::SetCondition::Nex), None) => SetCondition::IfAbsentOrEqual,
+            (Err(_), _) => return Err(Status::invalid_argument("unknown set condition")),
         };
         let cmd = Set {
             key: Bytes::from(r.key),
@@ -80,7 +82,10 @@ impl pb::state_store_server::StateStore for Native {
         let cmd = Del {
             key: Bytes::from(r.key),
             fencing: hlc(&r.fencing_token)?,
-            condition: DelCondition::Always,
+            condition: match hlc(&r.if_version)? {
+                Some(v) => DelCondition::IfVersion(v),
+                None => DelCondition::Always,
+            },
         };
         let resp = self.engine.execute(Command::Del(cmd)).await.map_err(err)?;
         Ok(Response::new(pb::DelResponse {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
+use base64::Engine as _;
 use futures_util::Stream;
 use tokio_stream::StreamExt;
 
@@ -16,10 +17,19 @@ use crate::dapr;
 use crate::engine::watch::{self, Selector, WatchItem};
 use crate::engine::{Change, ChangeKind, FeedEvent};
 
-fn event(key: String, change: &Change) -> Event {
+/// `base64`: every value as a base64 string (`contentEncoding: base64`), never as JSON, so a
+/// client gets exact bytes (a JSON value would come back re-serialized).
+fn event(key: String, change: &Change, base64: bool) -> Event {
     let (name, data, reason, meta) = match &change.kind {
         ChangeKind::Set(v) => {
-            let (data, enc) = dapr::value_to_json(v);
+            let (data, enc) = if base64 {
+                (
+                    serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(v)),
+                    Some((dapr::ENCODING_METADATA, "base64")),
+                )
+            } else {
+                dapr::value_to_json(v)
+            };
             let meta = enc.map(|(k, v)| HashMap::from([(k.to_owned(), v.to_owned())]));
             ("set", Some(data), None, meta)
         }
@@ -47,6 +57,9 @@ fn event(key: String, change: &Change) -> Event {
         ("store" = String, Path, description = "state store name"),
         ("key" = Option<Vec<String>>, Query, description = "keys to watch (repeatable)"),
         ("pattern" = Option<Vec<String>>, Query, description = "glob patterns of keys to watch (repeatable)"),
+        ("contentEncoding" = Option<String>, Query,
+         description = "`base64`: every value as a base64 string with metadata `contentEncoding: base64`, \
+                        for exact bytes (a stategate extension)"),
     ),
     responses(
         (status = 200, content_type = "text/event-stream",
@@ -63,8 +76,15 @@ pub async fn subscribe(
     let spec = st.store(&store, Op::Subscribe)?.clone();
     let mut keys = Vec::new();
     let mut patterns = Vec::new();
+    let mut base64 = false;
     for (name, value) in params {
         match name.as_str() {
+            "contentEncoding" if value.eq_ignore_ascii_case("base64") => base64 = true,
+            "contentEncoding" => {
+                return Err(ApiError::malformed(format!(
+                    "unsupported contentEncoding {value:?} (only base64)"
+                )));
+            }
             "key" => keys.push(
                 spec.engine_key(&value)
                     .map_err(|e| ApiError::from_dapr(Op::Subscribe, e))?,
@@ -80,7 +100,7 @@ pub async fn subscribe(
     };
     let stream = watch::stream(st.engine.subscribe(), wanted).map(move |item| {
         Ok(match item {
-            WatchItem::Change(e) => event(spec.dapr_key(&e.change.key), &e.change),
+            WatchItem::Change(e) => event(spec.dapr_key(&e.change.key), &e.change, base64),
             // Never stall the engine for a slow reader: tell it, and the stream ends.
             WatchItem::Overflow { missed } => Event::default().event("overflow").data(format!(
                 "{{\"missed\":{missed},\"message\":\"the subscriber fell behind; subscribe again\"}}"

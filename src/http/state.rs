@@ -60,7 +60,9 @@ fn save_item(item: dto::SaveItem, request_meta: &HashMap<String, String>) -> Res
     params(("store" = String, Path, description = "state store name")),
     request_body = Vec<dto::SaveItem>,
     responses(
-        (status = 204, description = "saved"),
+        (status = 204, description = "saved; a request of exactly one item also answers that item's new \
+                                       version as `ETag` (a stategate extension)",
+         headers(("ETag" = Option<String>, description = "the new version, when exactly one item was saved"))),
         (status = 400, body = ErrorBody, description = "malformed request, unknown store or invalid etag"),
         (status = 409, body = ErrorBody, description = "etag mismatch, first-write conflict or fencing token refused"),
         (status = 507, body = ErrorBody, description = "quota exceeded"),
@@ -71,7 +73,7 @@ pub async fn save_state(
     DaprPath(store): DaprPath<String>,
     DaprQuery(params): Params,
     body: Body,
-) -> Result<StatusCode, ApiError> {
+) -> Result<Response, ApiError> {
     let store = st.store(&store, Op::Save)?;
     let items: Vec<dto::SaveItem> = parse_json(&body.0)?;
     let query_meta = query_metadata(&params);
@@ -80,10 +82,21 @@ pub async fn save_state(
         .into_iter()
         .map(|i| save_item(i, &query_meta))
         .collect::<Result<Vec<_>, _>>()?;
+    if let [item] = &items[..] {
+        // One item: its new version is known, and a client (the CLI's fencing token) needs it.
+        let version = dapr::save(&st.engine, store, item)
+            .await
+            .map_err(|e| ApiError::from_dapr(Op::Save, e))?;
+        let mut headers = HeaderMap::new();
+        if let Ok(v) = HeaderValue::from_str(&version.to_string()) {
+            headers.insert(header::ETAG, v);
+        }
+        return Ok((StatusCode::NO_CONTENT, headers).into_response());
+    }
     dapr::save_each(&st.engine, store, &items)
         .await
         .map_err(|e| ApiError::from_dapr(Op::Save, e))?;
-    Ok(StatusCode::NO_CONTENT)
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// Get state: the stored bytes unchanged, the version as `ETag`; 204 when missing.

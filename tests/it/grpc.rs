@@ -154,6 +154,44 @@ async fn native_and_dapr_runtime_share_versions() {
     env.stop().await;
 }
 
+/// `if_version` on Set and Del: applied only at exactly that version, else ABORTED and nothing
+/// changes; a malformed one or one combined with NX/NEX is INVALID_ARGUMENT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_if_version_conditions_set_and_del() {
+    let env = TestEnv::start(Broker::Embedded).await;
+    let (mut c, _) = clients(&env).await;
+    let v1 = native_set(&mut c, set_req(b"k", b"v1")).await.version;
+    let at = |value: &[u8], version: &str| npb::SetRequest {
+        if_version: version.to_owned(),
+        ..set_req(b"k", value)
+    };
+    let s2 = native_set(&mut c, at(b"v2", &v1)).await;
+    assert!(s2.applied);
+    assert!(hlc(&s2.version) > hlc(&v1));
+    expect_status(within("Set", c.set(at(b"v3", &v1))).await, Code::Aborted, "version");
+    expect_status(
+        within("Set", c.set(at(b"v3", "yesterday"))).await,
+        Code::InvalidArgument,
+        "malformed",
+    );
+    let nx = npb::SetRequest {
+        condition: npb::SetCondition::Nx as i32,
+        ..at(b"v3", &s2.version)
+    };
+    expect_status(within("Set", c.set(nx)).await, Code::InvalidArgument, "if_version");
+    assert_eq!(native_get(&mut c, b"k").await.value, b"v2");
+    let del = |version: &str| npb::DelRequest {
+        key: b"k".to_vec(),
+        if_version: version.to_owned(),
+        ..Default::default()
+    };
+    expect_status(within("Del", c.del(del(&v1))).await, Code::Aborted, "version");
+    let d = within("Del", c.del(del(&s2.version))).await.expect("Del").into_inner();
+    assert!(d.deleted);
+    expect_status(within("Del", c.del(del(&s2.version))).await, Code::Aborted, "version");
+    env.stop().await;
+}
+
 /// Set: unconditional, NX, NEX, PX (ttl_ms, cleared by a later Set without it), the caller's
 /// timestamp merged into the version, fencing tokens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -325,6 +363,7 @@ async fn native_set_conditions_ttl_timestamp_and_fencing() {
         c.del(npb::DelRequest {
             key: b"fenced".to_vec(),
             fencing_token: higher,
+            ..Default::default()
         }),
     )
     .await

@@ -1,6 +1,7 @@
 //! The one integration test binary: real brokers, real ports, real peer clients.
 
 mod aio;
+mod cli;
 mod console;
 mod dapr_conformance;
 mod durability;

@@ -1,0 +1,511 @@
+//! The command-line client: `stategate get|set|del|vdel|scan|watch|lock|unlock`, over the MQTT
+//! door (the default, speaking the Azure IoT Operations state store protocol as its SDKs do), the
+//! HTTP door (`--http`, the Dapr state API) or the gRPC door (`--grpc`, `statestore.v1`).
+//!
+//! - `args.rs`: the command line; `output.rs`: what is printed (people, `--json`, `--raw`);
+//! - `mqtt.rs`, `http.rs`, `grpc.rs`: one [`Door`] each; `lock.rs`: leases over any door.
+//!
+//! The client reaches the service only through its doors; nothing below the doors (engine,
+//! storage) knows this module. The same command prints the same thing whichever door it used;
+//! where a door cannot do something (MQTT has no version condition and no pattern watch) the
+//! command says so and exits 2 rather than doing something weaker.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+pub mod args;
+mod grpc;
+mod http;
+mod lock;
+mod mqtt;
+mod output;
+
+use args::{ClientCommand, ConnectArgs, OutputArgs, ValueSource, arg_bytes};
+use output::{Format, Output};
+
+/// Largest value read from stdin or a file (the service's own limit is usually lower).
+pub const MAX_INPUT_BYTES: u64 = 64 * 1024 * 1024;
+/// Largest MQTT packet and gRPC message the client accepts.
+pub const MAX_MESSAGE_BYTES: usize = 80 * 1024 * 1024;
+
+/// Exit statuses scripts can rely on (listed in `args::EXIT_CODES` and the README).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Done = 0,
+    /// Key not found, or a condition (NX, NEX, VDEL value, a held lock) not met.
+    NotFound = 1,
+    Usage = 2,
+    /// Version mismatch, fencing token refused, lease lost.
+    Conflict = 3,
+    NotAuthorized = 4,
+    /// Unreachable, timed out, busy or failing.
+    Unavailable = 5,
+}
+
+/// Why a command failed, with the status it exits with.
+#[derive(Debug)]
+pub struct CliError {
+    pub exit: Exit,
+    /// Empty: nothing to say (a reader that went away).
+    pub message: String,
+}
+
+impl CliError {
+    pub fn new(exit: Exit, message: impl Into<String>) -> CliError {
+        CliError {
+            exit,
+            message: message.into(),
+        }
+    }
+    pub fn usage(message: impl Into<String>) -> CliError {
+        CliError::new(Exit::Usage, message)
+    }
+    pub fn conflict(message: impl Into<String>) -> CliError {
+        CliError::new(Exit::Conflict, message)
+    }
+    pub fn unavailable(message: impl Into<String>) -> CliError {
+        CliError::new(Exit::Unavailable, message)
+    }
+    pub fn quiet(exit: Exit) -> CliError {
+        CliError::new(exit, "")
+    }
+}
+
+/// A key that exists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    pub value: Bytes,
+    /// Its version (HLC); every door reports it.
+    pub version: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Condition {
+    Always,
+    /// Only if absent.
+    Nx,
+    /// Only if absent or holding the same value.
+    Nex,
+    /// Only if present with exactly this version.
+    IfVersion(String),
+}
+
+/// A SET as every door takes it.
+#[derive(Debug, Clone)]
+pub struct Write {
+    pub key: Bytes,
+    pub value: Bytes,
+    pub condition: Condition,
+    pub ttl: Option<Duration>,
+    pub fencing: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SetOutcome {
+    Applied {
+        version: Option<String>,
+    },
+    /// NX/NEX not met: nothing changed.
+    NotApplied,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DelOutcome {
+    Deleted,
+    Absent,
+    /// VDEL: the key holds another value.
+    Mismatch,
+}
+
+/// One page of a scan; `token` is set when more pages follow.
+#[derive(Debug, Clone, Default)]
+pub struct ScanPage {
+    pub keys: Vec<Bytes>,
+    pub token: Option<Bytes>,
+}
+
+/// A change seen by `watch`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    Set {
+        key: Bytes,
+        value: Bytes,
+        version: String,
+    },
+    Delete {
+        key: Bytes,
+        version: String,
+    },
+    /// Over MQTT an expiry arrives as a delete (KEYNOTIFY does not say why a key went away).
+    Expire {
+        key: Bytes,
+        version: String,
+    },
+    /// The service ended the watch because the client fell behind.
+    Overflow,
+}
+
+/// A live watch: its events, and what a door needs to end it.
+pub struct Watch {
+    pub events: mpsc::Receiver<Result<Event, CliError>>,
+    /// Keys registered with KEYNOTIFY (MQTT), to stop on the way out.
+    pub keys: Vec<Bytes>,
+    pub task: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Events buffered between a door's reader and the printer.
+pub const WATCH_BUFFER: usize = 4096;
+
+/// One way into the service. Every method is bounded by the `--timeout` given at connection.
+#[async_trait::async_trait]
+pub trait Door: Send + Sync {
+    async fn get(&self, key: &Bytes) -> Result<Option<Found>, CliError>;
+    async fn set(&self, write: &Write) -> Result<SetOutcome, CliError>;
+    async fn del(&self, key: &Bytes, if_version: Option<&str>, fencing: Option<&str>) -> Result<DelOutcome, CliError>;
+    async fn vdel(&self, key: &Bytes, value: &Bytes, fencing: Option<&str>) -> Result<DelOutcome, CliError>;
+    async fn scan_page(&self, pattern: &str, token: Option<Bytes>) -> Result<ScanPage, CliError>;
+    /// Starts watching; returns once changes are being delivered.
+    async fn watch(&self, keys: &[Bytes], patterns: &[String]) -> Result<Watch, CliError>;
+    /// Ends a watch (MQTT: KEYNOTIFY STOP for each key).
+    async fn unwatch(&self, watch: Watch) {
+        if let Some(t) = watch.task {
+            t.abort();
+        }
+    }
+    /// Says goodbye to the service (MQTT: DISCONNECT).
+    async fn close(&self) {}
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DoorKind {
+    Mqtt,
+    Http,
+    Grpc,
+}
+
+fn door_kind(c: &ConnectArgs) -> DoorKind {
+    match (&c.http, &c.grpc) {
+        (Some(_), _) => DoorKind::Http,
+        (None, Some(_)) => DoorKind::Grpc,
+        (None, None) => DoorKind::Mqtt,
+    }
+}
+
+async fn open(c: &ConnectArgs) -> Result<Box<dyn Door>, CliError> {
+    Ok(match (&c.http, &c.grpc) {
+        (Some(url), _) => Box::new(http::HttpDoor::new(url, c)?),
+        (None, Some(url)) => Box::new(grpc::GrpcDoor::connect(url, c).await?),
+        (None, None) => Box::new(mqtt::MqttDoor::connect(c).await?),
+    })
+}
+
+/// Runs a client command; returns the process exit status.
+pub fn run(cmd: ClientCommand) -> i32 {
+    // One thread is plenty for one client, and leaves the cores to the service.
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("stategate: cannot start the runtime: {e}");
+            return Exit::Unavailable as i32;
+        }
+    };
+    runtime.block_on(execute(cmd))
+}
+
+fn output_of(o: &OutputArgs) -> Output {
+    let format = match (o.json, o.raw) {
+        (true, _) => Format::Json,
+        (false, true) => Format::Raw,
+        (false, false) => Format::Human,
+    };
+    Output {
+        format,
+        verbose: o.verbose,
+    }
+}
+
+/// A version or fencing token from the command line, as the doors send it.
+fn hlc_text(token: &Option<crate::hlc::Hlc>) -> Option<String> {
+    token.as_ref().map(ToString::to_string)
+}
+
+/// A key from the command line: bytes, never empty.
+fn key_of(arg: &std::ffi::OsString, what: &str) -> Result<Bytes, CliError> {
+    let key = arg_bytes(arg);
+    if key.is_empty() {
+        return Err(CliError::usage(format!("the {what} must not be empty")));
+    }
+    Ok(Bytes::from(key))
+}
+
+/// Reads a value (up to [`MAX_INPUT_BYTES`]) before anything goes on the network.
+fn read_value(source: ValueSource) -> Result<Bytes, CliError> {
+    use std::io::Read;
+    let (mut reader, what): (Box<dyn Read>, String) = match source {
+        ValueSource::Arg(v) => return Ok(Bytes::from(v)),
+        ValueSource::Stdin => (Box::new(std::io::stdin().lock()), "stdin".into()),
+        ValueSource::File(path) => {
+            let f = std::fs::File::open(&path)
+                .map_err(|e| CliError::usage(format!("cannot open {}: {e}", path.display())))?;
+            (Box::new(f), path.display().to_string())
+        }
+    };
+    let mut buf = Vec::new();
+    reader
+        .by_ref()
+        .take(MAX_INPUT_BYTES + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| CliError::usage(format!("cannot read {what}: {e}")))?;
+    if buf.len() as u64 > MAX_INPUT_BYTES {
+        return Err(CliError::usage(format!(
+            "the value in {what} is larger than {MAX_INPUT_BYTES} bytes"
+        )));
+    }
+    Ok(Bytes::from(buf))
+}
+
+async fn execute(cmd: ClientCommand) -> i32 {
+    let out = match &cmd {
+        ClientCommand::Get(a) => output_of(&a.output),
+        ClientCommand::Set(a) => output_of(&a.output),
+        ClientCommand::Del(a) => output_of(&a.output),
+        ClientCommand::Vdel(a) => output_of(&a.output),
+        ClientCommand::Scan(a) => output_of(&a.output),
+        ClientCommand::Watch(a) => output_of(&a.output),
+        ClientCommand::Lock(a) => output_of(&a.output),
+        ClientCommand::Unlock(a) => output_of(&a.output),
+    };
+    match dispatch(cmd, out).await {
+        Ok(code) => code,
+        Err(e) => {
+            if !e.message.is_empty() {
+                eprintln!("stategate: {}", e.message);
+            }
+            e.exit as i32
+        }
+    }
+}
+
+/// Opens the door, runs `f`, closes the door whatever happened.
+async fn with_door<T>(c: &ConnectArgs, f: impl AsyncFnOnce(&dyn Door) -> Result<T, CliError>) -> Result<T, CliError> {
+    let door = open(c).await?;
+    let result = f(door.as_ref()).await;
+    door.close().await;
+    result
+}
+
+fn status(found: bool) -> i32 {
+    if found {
+        Exit::Done as i32
+    } else {
+        Exit::NotFound as i32
+    }
+}
+
+async fn dispatch(cmd: ClientCommand, out: Output) -> Result<i32, CliError> {
+    match cmd {
+        ClientCommand::Get(a) => {
+            let key = key_of(&a.key, "key")?;
+            let found = with_door(&a.connect, async |d| d.get(&key).await).await?;
+            out.print(output::get(out.format, out.verbose, &key, found.as_ref()))?;
+            Ok(status(found.is_some()))
+        }
+        ClientCommand::Set(a) => {
+            let key = key_of(&a.key, "key")?;
+            let source = ValueSource::of(a.value.as_ref(), a.file.as_ref())
+                .ok_or_else(|| CliError::usage("give a value, `-` for stdin, or --file"))?;
+            let condition = match (&a.if_version, a.nx, a.nex) {
+                (Some(v), _, _) => Condition::IfVersion(v.to_string()),
+                (None, true, _) => Condition::Nx,
+                (None, false, true) => Condition::Nex,
+                (None, false, false) => Condition::Always,
+            };
+            if matches!(condition, Condition::IfVersion(_)) && door_kind(&a.connect) == DoorKind::Mqtt {
+                return Err(no_version_condition_over_mqtt());
+            }
+            let write = Write {
+                key: key.clone(),
+                value: read_value(source)?,
+                condition,
+                ttl: a.ttl.or(a.px.map(Duration::from_millis)),
+                fencing: hlc_text(&a.fencing_token),
+            };
+            let outcome = with_door(&a.connect, async |d| d.set(&write).await).await?;
+            out.print(output::set(out.format, out.verbose, &key, &outcome))?;
+            Ok(status(outcome != SetOutcome::NotApplied))
+        }
+        ClientCommand::Del(a) => {
+            let key = key_of(&a.key, "key")?;
+            if a.if_version.is_some() && door_kind(&a.connect) == DoorKind::Mqtt {
+                return Err(no_version_condition_over_mqtt());
+            }
+            let (if_version, ft) = (hlc_text(&a.if_version), hlc_text(&a.fencing_token));
+            let outcome = with_door(&a.connect, async |d| {
+                d.del(&key, if_version.as_deref(), ft.as_deref()).await
+            })
+            .await?;
+            out.print(output::del(out.format, &key, outcome))?;
+            Ok(status(outcome == DelOutcome::Deleted))
+        }
+        ClientCommand::Vdel(a) => {
+            let key = key_of(&a.key, "key")?;
+            let value = read_value(ValueSource::of(Some(&a.value), None).unwrap_or(ValueSource::Stdin))?;
+            let ft = hlc_text(&a.fencing_token);
+            let outcome = with_door(&a.connect, async |d| d.vdel(&key, &value, ft.as_deref()).await).await?;
+            out.print(output::del(out.format, &key, outcome))?;
+            Ok(status(outcome == DelOutcome::Deleted))
+        }
+        ClientCommand::Scan(a) => {
+            with_door(&a.connect, async |d| scan(d, &a.pattern, out).await).await?;
+            Ok(Exit::Done as i32)
+        }
+        ClientCommand::Watch(a) => {
+            let keys = a.keys.iter().map(|k| key_of(k, "key")).collect::<Result<Vec<_>, _>>()?;
+            if door_kind(&a.connect) == DoorKind::Mqtt && (keys.is_empty() || !a.pattern.is_empty()) {
+                return Err(CliError::usage(
+                    "over MQTT, watch needs named keys and no --pattern: the protocol notifies only keys \
+                     registered one by one (KEYNOTIFY); use --http or --grpc to watch patterns or every key",
+                ));
+            }
+            // Registered before the watch starts, so a signal is never lost once it is ready.
+            let mut stop = lock::Signals::new()?;
+            with_door(&a.connect, async |d| watch(d, &keys, &a.pattern, out, &mut stop).await).await
+        }
+        ClientCommand::Lock(a) => {
+            let lease = lock::Lease {
+                name: key_of(&a.name, "lock name")?,
+                holder: key_of(&a.holder, "holder")?,
+                ttl: a.ttl,
+            };
+            let mut signals = lock::Signals::new()?;
+            with_door(&a.connect, async |d| {
+                lock::lock(d, &lease, a.wait, &a.command, out, &mut signals).await
+            })
+            .await
+        }
+        ClientCommand::Unlock(a) => {
+            let name = key_of(&a.name, "lock name")?;
+            let holder = key_of(&a.holder, "holder")?;
+            let outcome = with_door(&a.connect, async |d| d.vdel(&name, &holder, None).await).await?;
+            out.print(output::unlocked(out.format, &name, outcome))?;
+            Ok(status(outcome == DelOutcome::Deleted))
+        }
+    }
+}
+
+fn no_version_condition_over_mqtt() -> CliError {
+    CliError::usage("--if-version needs --http or --grpc: the MQTT state store protocol has no version condition")
+}
+
+/// Prints every page as it arrives.
+async fn scan(door: &dyn Door, pattern: &str, out: Output) -> Result<(), CliError> {
+    let mut token: Option<Bytes> = None;
+    loop {
+        let page = door.scan_page(pattern, token.clone()).await?;
+        out.print(output::scan_keys(out.format, &page.keys))?;
+        match page.token {
+            None => return Ok(()),
+            // A service that hands back the token it was given with nothing in between would
+            // make this loop forever.
+            Some(t) if page.keys.is_empty() && token.as_ref() == Some(&t) => {
+                return Err(CliError::unavailable(
+                    "the scan made no progress (the same page token came back)",
+                ));
+            }
+            Some(t) => token = Some(t),
+        }
+    }
+}
+
+/// Prints changes until SIGINT or SIGTERM (exit 0), or until the service ends the watch.
+async fn watch(
+    door: &dyn Door,
+    keys: &[Bytes],
+    patterns: &[String],
+    out: Output,
+    stop: &mut lock::Signals,
+) -> Result<i32, CliError> {
+    let mut w = door.watch(keys, patterns).await?;
+    out.progress(|| "watching (Ctrl-C to stop)".to_owned());
+    let result = loop {
+        tokio::select! {
+            _ = stop.recv() => break Ok(Exit::Done as i32),
+            ev = w.events.recv() => match ev {
+                Some(Ok(Event::Overflow)) => {
+                    let _ = out.print(output::event(out.format, out.verbose, &Event::Overflow));
+                    break Err(CliError::unavailable("the watch fell behind and the service ended it; start it again"));
+                }
+                Some(Ok(e)) => {
+                    if let Err(e) = out.print(output::event(out.format, out.verbose, &e)) {
+                        break Err(e);
+                    }
+                }
+                Some(Err(e)) => break Err(e),
+                None => break Err(CliError::unavailable("the watch ended: the connection to the service was lost")),
+            },
+        }
+    };
+    door.unwatch(w).await;
+    result
+}
+
+/// `http://` is assumed when a URL has no scheme; only plain HTTP is supported so far.
+fn base_url(url: &str, flag: &str) -> Result<String, CliError> {
+    let url = url.trim();
+    let rest = if let Some(rest) = url.strip_prefix("http://") {
+        rest
+    } else if url.starts_with("https://") {
+        return Err(CliError::usage(format!("{flag}: TLS (https://) is not supported yet")));
+    } else if url.contains("://") {
+        return Err(CliError::usage(format!("{flag} must be an http:// URL (got {url:?})")));
+    } else {
+        url
+    };
+    let rest = rest.trim_end_matches('/');
+    if rest.is_empty() || rest.starts_with('/') {
+        return Err(CliError::usage(format!("{flag} has no host (got {url:?})")));
+    }
+    Ok(format!("http://{rest}"))
+}
+
+/// Whole milliseconds of a TTL, rounded up (a TTL is never shortened).
+fn ttl_ms(ttl: Duration) -> u64 {
+    let ms = ttl.as_millis();
+    let ms = if !ttl.subsec_nanos().is_multiple_of(1_000_000) {
+        ms + 1
+    } else {
+        ms
+    };
+    ms.clamp(1, u128::from(u64::MAX)) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_ttls() {
+        assert_eq!(base_url("127.0.0.1:3500/", "--http").unwrap(), "http://127.0.0.1:3500");
+        assert_eq!(base_url("http://h:1", "--http").unwrap(), "http://h:1");
+        assert_eq!(base_url("https://h", "--http").unwrap_err().exit, Exit::Usage);
+        assert_eq!(base_url("ftp://h", "--http").unwrap_err().exit, Exit::Usage);
+        assert_eq!(base_url("http://", "--http").unwrap_err().exit, Exit::Usage);
+        assert_eq!(ttl_ms(Duration::from_millis(1500)), 1500);
+        assert_eq!(ttl_ms(Duration::from_micros(1500)), 2);
+        assert_eq!(ttl_ms(Duration::from_secs(3)), 3000);
+    }
+
+    #[test]
+    fn values_come_from_arguments_files_and_limits_hold() {
+        assert_eq!(&read_value(ValueSource::Arg(b"x".to_vec())).unwrap()[..], b"x");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v.bin");
+        let bytes: Vec<u8> = (0..=255u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(&read_value(ValueSource::File(path)).unwrap()[..], &bytes[..]);
+        let missing = read_value(ValueSource::File(dir.path().join("nope"))).unwrap_err();
+        assert_eq!(missing.exit, Exit::Usage);
+    }
+}
