@@ -338,7 +338,10 @@ async fn errors_have_daprs_shape() {
             "ERR_MALFORMED_REQUEST",
         ),
         (
+            // The server answers before reading the whole body and closes the connection: it
+            // must not go back to the client's pool for the next case.
             c.post(format!("{base}/v1.0/state/statestore"))
+                .header("connection", "close")
                 .body(vec![b'['; 5 * 1024 * 1024]),
             StatusCode::PAYLOAD_TOO_LARGE,
             "ERR_MALFORMED_REQUEST",
