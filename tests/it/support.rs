@@ -253,11 +253,6 @@ impl RawClient {
             .expect("connection alive")
     }
 
-    /// The next PUBLISH, or `None` if nothing arrives within `d` (to assert absence only).
-    pub async fn next_within(&mut self, d: Duration) -> Option<Publish> {
-        tokio::time::timeout(d, self.incoming.recv()).await.ok().flatten()
-    }
-
     /// Sends a request with standard properties (+ `extra` user properties) and returns the
     /// response. Subscribes to the response topic on first use.
     pub async fn request(&mut self, args: &[&[u8]], extra: &[(&str, &str)]) -> Publish {
