@@ -1627,3 +1627,6 @@ async fn scan_tokens_are_upper_case_hex_of_the_last_key() {
     };
     assert_eq!(keys, [b("lock")]);
 }
+
+mod expiry;
+mod transact;
