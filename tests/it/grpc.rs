@@ -25,9 +25,16 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetail, StatusExt};
 
-use crate::support::{Broker, RawClient, TestEnv, WAIT, now_ts, prop, unique_id};
+use crate::support::{Broker, RawClient, Storage, TestEnv, WAIT, now_ts, prop, unique_id};
 
 const STORE: &str = "statestore";
+
+// The native API (unary and Watch) and Dapr transactions over memory and durable storage.
+crate::support::both_storages!(
+    native_and_dapr_runtime_share_versions,
+    native_watch_events_and_client_drop,
+    dapr_transactions,
+);
 
 type Native = npb::state_store_client::StateStoreClient<Channel>;
 type Dapr = rpb::dapr_client::DaprClient<Channel>;
@@ -108,9 +115,8 @@ async fn native_get(c: &mut Native, key: &[u8]) -> npb::GetResponse {
         .into_inner()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn native_and_dapr_runtime_share_versions() {
-    let env = TestEnv::start(Broker::Embedded).await;
+async fn native_and_dapr_runtime_share_versions(storage: Storage) {
+    let env = TestEnv::start_on(Broker::Embedded, storage, |_| {}).await;
     let mut native = npb::state_store_client::StateStoreClient::connect(env.grpc())
         .await
         .unwrap();
@@ -486,10 +492,9 @@ async fn watch(c: &mut Native, keys: &[&[u8]], patterns: &[&str]) -> tonic::Stre
 
 /// Watch: set, delete and expiry events with the versions the writers were told, filtered by
 /// keys and patterns; a dropped stream leaves the service (and the connection) serving.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn native_watch_events_and_client_drop() {
+async fn native_watch_events_and_client_drop(storage: Storage) {
     use npb::watch_event::Kind;
-    let env = TestEnv::start(Broker::Embedded).await;
+    let env = TestEnv::start_on(Broker::Embedded, storage, |_| {}).await;
     let (mut c, _) = clients(&env).await;
 
     expect_status(
@@ -1056,9 +1061,8 @@ async fn dapr_bulk_get_and_bulk_delete() {
 }
 
 /// ExecuteStateTransaction: in order, all or nothing, INTERNAL on any conflict.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dapr_transactions() {
-    let env = TestEnv::start_with(Broker::Embedded, |c| c.http.max_transaction_ops = 4).await;
+async fn dapr_transactions(storage: Storage) {
+    let env = TestEnv::start_on(Broker::Embedded, storage, |c| c.http.max_transaction_ops = 4).await;
     let (_, mut d) = clients(&env).await;
     save(&mut d, vec![item("t1", b"1"), item("t2", b"2")]).await;
     within(

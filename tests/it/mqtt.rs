@@ -7,31 +7,9 @@ use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::PublishProperties;
 use stategate::hlc::Hlc;
 
-use crate::support::{Broker, INVOKE, RawClient, TestEnv, now_ts, prop, unique_id};
+use crate::support::{Broker, INVOKE, RawClient, Storage, TestEnv, now_ts, prop, unique_id};
 
-/// Runs a scenario against Mosquitto and against the embedded broker.
-macro_rules! both_brokers {
-    ($($name:ident),* $(,)?) => {
-        mod mosquitto {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(crate::support::Broker::Mosquitto).await
-                }
-            )*
-        }
-        mod embedded {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(crate::support::Broker::Embedded).await
-                }
-            )*
-        }
-    };
-}
-
-both_brokers!(
+crate::support::both_brokers!(
     set_get_envelope_is_exact,
     timestamps_are_checked,
     notifications_are_exact,
@@ -156,7 +134,18 @@ async fn timestamps_are_checked(broker: Broker) {
 }
 
 async fn notifications_are_exact(broker: Broker) {
-    let (env, mut c) = setup(broker).await;
+    notifications_are_exact_on(broker, Storage::Memory).await
+}
+
+/// KEYNOTIFY over the durable backend (the MQTT door's other scenarios run on memory).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_are_exact_on_durable_storage() {
+    notifications_are_exact_on(Broker::Embedded, Storage::Durable).await
+}
+
+async fn notifications_are_exact_on(broker: Broker, storage: Storage) {
+    let env = TestEnv::start_on(broker, storage, |_| {}).await;
+    let mut c = RawClient::connect(env.broker_port, &unique_id("raw")).await;
     let mut obs = RawClient::connect(env.broker_port, "client-id1").await;
     let r = obs.request(&[b"KEYNOTIFY", b"SOMEKEY"], &[]).await;
     assert_eq!(payload(&r), b"+OK\r\n");

@@ -12,6 +12,7 @@ use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use stategate::config::{BrokerChoice, Config};
 use stategate::storage::Store;
+use stategate::storage::durable::{DurableBackend, DurableOptions};
 use tokio::sync::mpsc;
 
 pub const INVOKE: &str = stategate::mqtt::INVOKE_TOPIC;
@@ -96,11 +97,22 @@ pub enum Broker {
     Embedded,
 }
 
+/// Which storage the service runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Storage {
+    Memory,
+    /// The durable backend (log and snapshots, `fsync` always) in a temporary directory that
+    /// lives as long as the [`TestEnv`].
+    Durable,
+}
+
 /// A running service and the broker it uses.
 pub struct TestEnv {
     pub broker_port: u16,
     pub service: Option<stategate::Running>,
     _mosquitto: Option<Mosquitto>,
+    /// The durable store's directory; dropped after the service.
+    data: Option<tempfile::TempDir>,
 }
 
 impl TestEnv {
@@ -110,9 +122,24 @@ impl TestEnv {
 
     /// Starts with a configuration tweak (limits, page sizes, ids).
     pub async fn start_with(broker: Broker, tweak: impl FnOnce(&mut Config)) -> TestEnv {
-        let mut config = Config::default();
-        config.http_listen = Some("127.0.0.1:0".parse().unwrap());
-        config.grpc_listen = Some("127.0.0.1:0".parse().unwrap());
+        TestEnv::start_on(broker, Storage::Memory, tweak).await
+    }
+
+    /// Starts on the given storage, with a configuration tweak.
+    pub async fn start_on(broker: Broker, storage: Storage, tweak: impl FnOnce(&mut Config)) -> TestEnv {
+        let (store, data) = match storage {
+            Storage::Memory => (Store::memory(), None),
+            Storage::Durable => {
+                let dir = tempfile::tempdir().expect("tempdir");
+                let backend = DurableBackend::open(DurableOptions::new(dir.path())).expect("durable storage opens");
+                (Store::new(backend), Some(dir))
+            }
+        };
+        let mut config = Config {
+            http_listen: Some("127.0.0.1:0".parse().unwrap()),
+            grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
+            ..Config::default()
+        };
         let mosquitto = match broker {
             Broker::Mosquitto => {
                 let m = Mosquitto::start();
@@ -130,12 +157,13 @@ impl TestEnv {
             }
         };
         tweak(&mut config);
-        let running = stategate::start(config, Store::memory()).await.expect("service starts");
+        let running = stategate::start(config, store).await.expect("service starts");
         let broker_port = running.mqtt_broker().1;
         TestEnv {
             broker_port,
             service: Some(running),
             _mosquitto: mosquitto,
+            data,
         }
     }
 
@@ -163,12 +191,128 @@ impl TestEnv {
         self.service.as_ref().expect("running").engine()
     }
 
-    pub async fn stop(mut self) {
-        if let Some(s) = self.service.take() {
-            s.shutdown().await;
+    /// Stops the service. On durable storage, then recovers a copy of the directory and checks
+    /// that it holds exactly what the service served before stopping: what the doors wrote went
+    /// through the log. (A copy, because with the embedded broker the stopped service still
+    /// holds the store open: see `durability::a_stopped_service_releases_its_data_dir`.)
+    pub async fn stop(self) {
+        let _ = self.stop_keeping_data().await;
+    }
+
+    /// [`TestEnv::stop`], handing over the durable store's directory (`None` on memory).
+    pub async fn stop_keeping_data(mut self) -> Option<tempfile::TempDir> {
+        let Some(s) = self.service.take() else {
+            return self.data.take();
+        };
+        let served = match &self.data {
+            Some(_) => Some(live_records(s.engine()).await),
+            None => None,
+        };
+        s.shutdown().await;
+        if let (Some(dir), Some(served)) = (&self.data, served) {
+            let copy = tempfile::tempdir().expect("tempdir");
+            for entry in std::fs::read_dir(dir.path()).expect("read the data dir") {
+                let entry = entry.expect("a directory entry");
+                std::fs::copy(entry.path(), copy.path().join(entry.file_name())).expect("copy a data file");
+            }
+            let backend = DurableBackend::open(DurableOptions::new(copy.path())).expect("the copy recovers");
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as u64;
+            let reopened = Store::new(backend);
+            let all = reopened
+                .backend()
+                .scan(None, usize::MAX, 0, &|_| true)
+                .await
+                .expect("scan the reopened store");
+            for key in &all.keys {
+                let rec = reopened.backend().get(key).await.unwrap().expect("a scanned key");
+                match served.iter().find(|(k, _)| k == key) {
+                    Some((_, entry)) => {
+                        let got = (&rec.value, &rec.version, &rec.fencing, rec.expires_at_ms);
+                        let want = (&entry.value, &entry.version, &entry.fencing, entry.expires_at_ms);
+                        assert_eq!(got, want, "{key:?} after a reopen");
+                    }
+                    // Expired since (expired records are loaded; the engine hides them).
+                    None => assert!(rec.is_expired(now), "{key:?} was not served before stopping"),
+                }
+            }
+            let missing: Vec<_> = served.iter().filter(|(k, _)| !all.keys.contains(k)).collect();
+            assert!(missing.is_empty(), "lost by a reopen: {missing:?}");
+        }
+        self.data.take()
+    }
+}
+
+/// Every live key and its entry, as the engine serves them.
+async fn live_records(engine: &stategate::engine::Engine) -> Vec<(Bytes, stategate::engine::Entry)> {
+    let mut out = Vec::new();
+    let mut after: Option<Bytes> = None;
+    loop {
+        let page = engine
+            .keys_with_prefix(b"", after.as_deref(), 4096)
+            .await
+            .expect("list keys");
+        for key in page.keys {
+            if let Some(entry) = engine.read(&key).await.expect("read") {
+                out.push((key, entry));
+            }
+        }
+        match page.resume_after {
+            Some(k) => after = Some(k),
+            None => return out,
         }
     }
 }
+
+/// Runs each scenario `async fn name(broker: Broker)` against Mosquitto and against the
+/// embedded broker: `<module>::mosquitto::<name>` and `<module>::embedded::<name>`.
+macro_rules! both_brokers {
+    ($($name:ident),* $(,)?) => {
+        mod mosquitto {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(crate::support::Broker::Mosquitto).await
+                }
+            )*
+        }
+        mod embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(crate::support::Broker::Embedded).await
+                }
+            )*
+        }
+    };
+}
+pub(crate) use both_brokers;
+
+/// Runs each scenario `async fn name(storage: Storage)` on memory storage and on durable
+/// storage: `<module>::memory::<name>` and `<module>::durable::<name>`.
+macro_rules! both_storages {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(crate::support::Storage::Memory).await
+                }
+            )*
+        }
+        mod durable {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(crate::support::Storage::Durable).await
+                }
+            )*
+        }
+    };
+}
+pub(crate) use both_storages;
 
 /// A raw MQTT5 client: publishes requests with any properties and receives every PUBLISH.
 pub struct RawClient {
