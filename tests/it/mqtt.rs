@@ -481,7 +481,7 @@ fn now_ms() -> u64 {
 /// both serve the same protocol (`__srcId` names the replica that answered).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_in_a_share_group_split_requests() {
-    let mosquitto = crate::support::Mosquitto::start();
+    let mosquitto = crate::support::Mosquitto::start().await;
     let mut replicas = Vec::new();
     for id in ["replica-a", "replica-b"] {
         let mut config = stategate::config::Config::default();

@@ -1,9 +1,9 @@
 //! Shared test harness: a real Mosquitto per test on a free port, the service in process, and
 //! a raw MQTT5 client that sees every property byte for byte.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -27,16 +27,20 @@ pub fn free_port() -> u16 {
         .expect("no free port")
 }
 
-/// A Mosquitto broker on a free loopback port, stopped on drop.
+/// A Mosquitto broker on a free loopback port, killed on drop.
 pub struct Mosquitto {
     pub port: u16,
-    child: Child,
+    _child: tokio::process::Child,
     _dir: tempfile::TempDir,
 }
 
 impl Mosquitto {
-    pub fn start() -> Mosquitto {
+    /// Starts Mosquitto and waits for its own word that it serves: the log line "mosquitto
+    /// version ... running", written once its listener is open. A task reads its log (stderr)
+    /// until it exits, so that Mosquitto never blocks on a full pipe.
+    pub async fn start() -> Mosquitto {
         let bin = which_mosquitto();
+        let mut failures = Vec::new();
         for _attempt in 0..5 {
             let port = free_port();
             let dir = tempfile::tempdir().expect("tempdir");
@@ -44,40 +48,48 @@ impl Mosquitto {
             std::fs::write(
                 &conf,
                 format!(
-                    "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nset_tcp_nodelay true\nmax_inflight_messages 0\nmax_queued_messages 100000\n"
+                    "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nset_tcp_nodelay true\nmax_inflight_messages 0\nmax_queued_messages 100000\nlog_dest stderr\n"
                 ),
             )
             .expect("write mosquitto.conf");
-            let mut child = Command::new(&bin)
+            let mut child = tokio::process::Command::new(&bin)
                 .arg("-c")
                 .arg(&conf)
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true)
                 .spawn()
                 .expect("spawn mosquitto");
-            // Readiness: the port accepts connections (bounded), or the process died (port taken).
-            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-            let deadline = std::time::Instant::now() + WAIT;
-            while std::time::Instant::now() < deadline {
-                if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
-                    return Mosquitto { port, child, _dir: dir };
+            let stderr = child.stderr.take().expect("mosquitto's stderr");
+            let (ready_tx, ready) = tokio::sync::oneshot::channel::<()>();
+            let log = tokio::spawn(async move {
+                use tokio::io::AsyncBufReadExt;
+                let mut lines = tokio::io::BufReader::new(stderr).lines();
+                let mut ready_tx = Some(ready_tx);
+                let mut before_ready = Vec::new();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if ready_tx.is_some() && line.contains("mosquitto version") && line.ends_with(" running") {
+                        let _ = ready_tx.take().map(|tx| tx.send(()));
+                    } else if ready_tx.is_some() {
+                        before_ready.push(line);
+                    }
                 }
-                if let Ok(Some(_)) = child.try_wait() {
-                    break;
+                // Exited (or closed its log) before it was ready: most likely the port was taken.
+                before_ready
+            });
+            match tokio::time::timeout(WAIT, ready).await {
+                Ok(Ok(())) => {
+                    return Mosquitto {
+                        port,
+                        _child: child,
+                        _dir: dir,
+                    };
                 }
-                std::thread::sleep(Duration::from_millis(10));
+                Ok(Err(_)) => failures.push(log.await.unwrap_or_default().join("\n")),
+                Err(_) => panic!("mosquitto did not log that it runs within {WAIT:?}"),
             }
-            let _ = child.kill();
-            let _ = child.wait();
         }
-        panic!("mosquitto did not start");
-    }
-}
-
-impl Drop for Mosquitto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        panic!("mosquitto did not start; its logs:\n{}", failures.join("\n---\n"));
     }
 }
 
@@ -142,7 +154,7 @@ impl TestEnv {
         };
         let mosquitto = match broker {
             Broker::Mosquitto => {
-                let m = Mosquitto::start();
+                let m = Mosquitto::start().await;
                 config.broker = BrokerChoice::External {
                     host: "127.0.0.1".into(),
                     port: m.port,
