@@ -1,5 +1,12 @@
 //! The Dapr state query language over JSON values: filters (EQ, NEQ, GT, GTE, LT, LTE, IN,
 //! AND, OR) on dotted paths into the value, sort, and paging with an opaque token.
+//!
+//! Paths (filter fields and sort keys) are dotted paths into the stored JSON document
+//! (`person.org`). A leading `value.` is optional (`value.person.org` is the same path), as the
+//! Dapr components that keep the document under `value` accept it; so the bare path `value` is
+//! the whole document (`{"EQ": {"value": 5}}` matches documents that are the number 5, sort key
+//! `value` orders by the documents themselves), and a field named `value` is `value.value`.
+//! Values that are not JSON never match.
 
 use std::cmp::Ordering;
 
@@ -233,8 +240,12 @@ impl Filter {
     }
 }
 
-/// Follows a dotted path (`person.org`) into a JSON value. A leading `value.` is accepted.
+/// Follows a dotted path (`person.org`) into a JSON document. A leading `value.` is accepted;
+/// the bare path `value` is the whole document.
 fn lookup<'a>(doc: &'a Value, path: &str) -> Option<&'a Value> {
+    if path == "value" {
+        return Some(doc);
+    }
     let path = path.strip_prefix("value.").unwrap_or(path);
     path.split('.').try_fold(doc, |v, part| v.get(part))
 }
@@ -439,6 +450,81 @@ mod tests {
             let query = q(json!({ "filter": f.clone() }));
             assert_eq!(query.filter.unwrap().matches(&doc), want, "{f}");
         }
+    }
+
+    #[test]
+    fn bare_value_is_the_whole_document() {
+        let matches = |filter: Value, doc: Value| q(json!({ "filter": filter })).filter.unwrap().matches(&doc);
+        assert!(matches(json!({"EQ": {"value": 5}}), json!(5)));
+        assert!(!matches(json!({"EQ": {"value": 5}}), json!(6)));
+        assert!(matches(json!({"EQ": {"value": "s"}}), json!("s")));
+        assert!(matches(json!({"EQ": {"value": {"a": 1}}}), json!({"a": 1})));
+        assert!(matches(json!({"GT": {"value": 4}}), json!(5)));
+        assert!(matches(json!({"IN": {"value": [1, 5]}}), json!(5)));
+        assert!(matches(json!({"NEQ": {"value": 5}}), json!({"value": 5})));
+        // A field named `value` is `value.value`; without the prefix, `value` is not that field.
+        assert!(!matches(json!({"EQ": {"value": 5}}), json!({"value": 5})));
+        assert!(matches(json!({"EQ": {"value.value": 5}}), json!({"value": 5})));
+        // Other paths are unchanged, with or without the prefix.
+        assert!(matches(json!({"EQ": {"value.n": 1}}), json!({"n": 1})));
+        assert!(matches(json!({"EQ": {"n": 1}}), json!({"n": 1})));
+        assert!(!matches(json!({"EQ": {"valuex": 1}}), json!({"valuex": 2})));
+        assert_eq!(lookup(&json!(7), "value"), Some(&json!(7)));
+        assert_eq!(lookup(&json!(7), "value."), None);
+    }
+
+    #[tokio::test]
+    async fn sort_and_filter_on_bare_value_over_a_store() {
+        use std::sync::Arc;
+
+        use crate::engine::{Limits, Set, SetCondition};
+        use crate::hlc::ManualClock;
+        use crate::storage::Store;
+
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let engine = Engine::open(Store::memory(), "n", clock, Limits::default())
+            .await
+            .unwrap();
+        for (key, value) in [
+            ("a", "3"),
+            ("b", "1"),
+            ("c", "2"),
+            ("d", "{\"value\":1}"),
+            ("e", "not json"),
+        ] {
+            let set = Set {
+                key: bytes::Bytes::from(key),
+                value: bytes::Bytes::from(value),
+                condition: SetCondition::Always,
+                ttl_ms: None,
+                timestamp: None,
+                fencing: None,
+            };
+            engine.execute(crate::engine::Command::Set(set)).await.unwrap();
+        }
+        let store: StoreSpec = "statestore".parse().unwrap();
+        let keys = |page: QueryPage| page.rows.into_iter().map(|r| r.key).collect::<Vec<_>>();
+        let page = run(&engine, &store, &q(json!({"sort": [{"key": "value"}]})))
+            .await
+            .unwrap();
+        // Numbers in order, then the object; the value that is not JSON is not a document.
+        assert_eq!(keys(page), ["b", "c", "a", "d"]);
+        let page = run(
+            &engine,
+            &store,
+            &q(json!({"sort": [{"key": "value", "order": "DESC"}]})),
+        )
+        .await
+        .unwrap();
+        assert_eq!(keys(page), ["d", "a", "c", "b"]);
+        let page = run(&engine, &store, &q(json!({"filter": {"EQ": {"value": 1}}})))
+            .await
+            .unwrap();
+        assert_eq!(keys(page), ["b"]);
+        let page = run(&engine, &store, &q(json!({"filter": {"EQ": {"value.value": 1}}})))
+            .await
+            .unwrap();
+        assert_eq!(keys(page), ["d"]);
     }
 
     #[test]
