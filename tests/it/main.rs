@@ -12,4 +12,5 @@ mod inbroker;
 mod mqtt;
 mod openapi;
 mod redis;
+mod resources;
 mod support;
