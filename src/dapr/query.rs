@@ -6,6 +6,7 @@ use std::cmp::Ordering;
 use serde_json::Value;
 
 use super::{DaprError, StoreSpec};
+use crate::access::Grant;
 use crate::engine::Engine;
 
 /// A parsed query.
@@ -237,8 +238,11 @@ fn sort_order(a: Option<&Value>, b: Option<&Value>) -> Ordering {
 }
 
 /// Runs a query over the JSON values of a store. Values that are not JSON never match.
-pub async fn run(engine: &Engine, store: &StoreSpec, q: &Query) -> Result<QueryPage, DaprError> {
+/// Only keys the caller may read are examined, so results, counts and offsets say nothing
+/// about the others.
+pub async fn run(engine: &Engine, grant: &Grant, store: &StoreSpec, q: &Query) -> Result<QueryPage, DaprError> {
     let prefix = store.key_prefix();
+    let readable = grant.read_filter();
     let mut after: Option<bytes::Bytes> = None;
     let mut rows: Vec<(Value, Row)> = Vec::new();
     let mut examined = 0usize;
@@ -246,7 +250,7 @@ pub async fn run(engine: &Engine, store: &StoreSpec, q: &Query) -> Result<QueryP
         let page = engine.keys_with_prefix(&prefix, after.as_deref(), 4096).await?;
         for key in page.keys {
             examined += 1;
-            if !store.owns(&key) {
+            if !store.owns(&key) || readable.as_ref().is_some_and(|f| !f.keeps(&key)) {
                 continue;
             }
             if examined > MAX_QUERY_KEYS {

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::dto;
 use super::error::{ApiError, ErrorBody, Op};
-use super::{AppState, Body, DaprPath, DaprQuery};
+use super::{AppState, Body, Caller, DaprPath, DaprQuery};
 use crate::dapr::{self, DeleteItem, SaveItem, TxItem, query};
 
 /// Query parameters as pairs (`metadata.<name>`, `concurrency`, `consistency`).
@@ -70,6 +70,7 @@ fn save_item(item: dto::SaveItem, request_meta: &HashMap<String, String>) -> Res
 )]
 pub async fn save_state(
     State(st): State<AppState>,
+    Caller(grant): Caller,
     DaprPath(store): DaprPath<String>,
     DaprQuery(params): Params,
     body: Body,
@@ -84,7 +85,7 @@ pub async fn save_state(
         .collect::<Result<Vec<_>, _>>()?;
     if let [item] = &items[..] {
         // One item: its new version is known, and a client (the CLI's fencing token) needs it.
-        let version = dapr::save(&st.engine, store, item)
+        let version = dapr::save(&st.engine, &grant, store, item)
             .await
             .map_err(|e| ApiError::from_dapr(Op::Save, e))?;
         let mut headers = HeaderMap::new();
@@ -93,7 +94,7 @@ pub async fn save_state(
         }
         return Ok((StatusCode::NO_CONTENT, headers).into_response());
     }
-    dapr::save_each(&st.engine, store, &items)
+    dapr::save_each(&st.engine, &grant, store, &items)
         .await
         .map_err(|e| ApiError::from_dapr(Op::Save, e))?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -117,12 +118,13 @@ pub async fn save_state(
 )]
 pub async fn get_state(
     State(st): State<AppState>,
+    Caller(grant): Caller,
     DaprPath((store, key)): DaprPath<(String, String)>,
     DaprQuery(params): Params,
 ) -> Result<Response, ApiError> {
     let store = st.store(&store, Op::Get)?;
     dapr::check_consistency(param(&params, "consistency")).map_err(|e| ApiError::from_dapr(Op::Get, e))?;
-    let Some(entry) = dapr::get(&st.engine, store, &key)
+    let Some(entry) = dapr::get(&st.engine, &grant, store, &key)
         .await
         .map_err(|e| ApiError::from_dapr(Op::Get, e))?
     else {
@@ -170,6 +172,7 @@ pub async fn get_state(
 )]
 pub async fn list_keys(
     State(st): State<AppState>,
+    Caller(grant): Caller,
     DaprPath(store): DaprPath<String>,
     DaprQuery(params): Params,
 ) -> Result<axum::Json<dto::KeysPage>, ApiError> {
@@ -190,6 +193,7 @@ pub async fn list_keys(
     }
     let page = dapr::list_keys(
         &st.engine,
+        &grant,
         store,
         param(&params, "pattern"),
         limit,
@@ -215,12 +219,13 @@ pub async fn list_keys(
 )]
 pub async fn bulk_get(
     State(st): State<AppState>,
+    Caller(grant): Caller,
     DaprPath(store): DaprPath<String>,
     body: Body,
 ) -> Result<axum::Json<Vec<dto::BulkItem>>, ApiError> {
     let store = st.store(&store, Op::BulkGet)?;
     let req: dto::BulkGetRequest = parse_json(&body.0)?;
-    let entries = dapr::bulk_get(&st.engine, store, req.keys, st.settings.max_bulk_keys)
+    let entries = dapr::bulk_get(&st.engine, &grant, store, req.keys, st.settings.max_bulk_keys)
         .await
         .map_err(|e| ApiError::from_dapr(Op::BulkGet, e))?;
     let out = entries
@@ -245,7 +250,7 @@ pub async fn bulk_get(
                 data: None,
                 etag: None,
                 metadata: None,
-                error: None,
+                error: b.error,
             },
         })
         .collect();
@@ -270,6 +275,7 @@ pub async fn bulk_get(
 )]
 pub async fn delete_state(
     State(st): State<AppState>,
+    Caller(grant): Caller,
     DaprPath((store, key)): DaprPath<(String, String)>,
     DaprQuery(params): Params,
     headers: HeaderMap,
@@ -290,7 +296,7 @@ pub async fn delete_state(
         concurrency: param(&params, "concurrency").map(str::to_owned),
         consistency: param(&params, "consistency").map(str::to_owned),
     };
-    dapr::delete(&st.engine, store, &item)
+    dapr::delete(&st.engine, &grant, store, &item)
         .await
         .map_err(|e| ApiError::from_dapr(Op::Delete, e))?;
     Ok(StatusCode::NO_CONTENT)
@@ -311,6 +317,7 @@ pub async fn delete_state(
 )]
 pub async fn transaction(
     State(st): State<AppState>,
+    Caller(grant): Caller,
     DaprPath(store): DaprPath<String>,
     DaprQuery(params): Params,
     body: Body,
@@ -339,7 +346,7 @@ pub async fn transaction(
             }
         });
     }
-    dapr::transact(&st.engine, store, &items, st.settings.max_transaction_ops)
+    dapr::transact(&st.engine, &grant, store, &items, st.settings.max_transaction_ops)
         .await
         .map_err(|e| ApiError::from_dapr(Op::Transaction, e))?;
     Ok(StatusCode::NO_CONTENT)
@@ -360,13 +367,14 @@ pub async fn transaction(
 )]
 pub async fn query_state(
     State(st): State<AppState>,
+    Caller(grant): Caller,
     DaprPath(store): DaprPath<String>,
     body: Body,
 ) -> Result<Response, ApiError> {
     let store = st.store(&store, Op::Query)?;
     let q: Value = parse_json(&body.0)?;
     let q = query::Query::parse(&q).map_err(|e| ApiError::from_dapr(Op::Query, e))?;
-    let page = query::run(&st.engine, store, &q)
+    let page = query::run(&st.engine, &grant, store, &q)
         .await
         .map_err(|e| ApiError::from_dapr(Op::Query, e))?;
     if page.rows.is_empty() {
