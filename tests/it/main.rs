@@ -10,6 +10,7 @@ mod http;
 mod http_fuzz;
 mod inbroker;
 mod mqtt;
+mod mqtt_auth;
 mod openapi;
 mod redis;
 mod support;
