@@ -1,5 +1,6 @@
 //! The one integration test binary: real brokers, real ports, real peer clients.
 
+mod access_rules;
 mod aio;
 mod cli;
 mod console;
