@@ -81,6 +81,10 @@ struct Loaded {
     rules: Option<Arc<RuleSet>>,
 }
 
+/// A missing or wrong HTTP/gRPC token (401 / UNAUTHENTICATED).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadToken;
+
 /// The access decisions of a running service (a cheap handle).
 #[derive(Clone, Debug)]
 pub struct Access(Arc<Inner>);
@@ -196,7 +200,7 @@ impl Access {
 
     /// The HTTP/gRPC principal for a presented token: `Ok` with the token's name, `Ok` with an
     /// anonymous principal when no token is configured, `Err` for a missing or wrong token.
-    pub fn identify_token(&self, given: Option<&str>) -> Result<Principal, ()> {
+    pub fn identify_token(&self, given: Option<&str>) -> Result<Principal, BadToken> {
         if !self.tokens_required() {
             return Ok(Principal::default());
         }
@@ -206,7 +210,7 @@ impl Access {
                 token: Some(name.to_owned()),
                 ..Principal::default()
             }),
-            None => Err(()),
+            None => Err(BadToken),
         }
     }
 

@@ -72,7 +72,7 @@ impl Interceptor for Identify {
         let principal = self
             .0
             .identify_token(given)
-            .map_err(|()| Status::unauthenticated("invalid api token"))?;
+            .map_err(|_| Status::unauthenticated("invalid api token"))?;
         self.0
             .admit(&principal)
             .map_err(|e| error::from_engine(error::Surface::Native, e))?;

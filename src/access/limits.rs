@@ -28,6 +28,9 @@ impl Default for LimitSettings {
     }
 }
 
+/// Open streams per principal.
+type StreamCounts = Arc<Mutex<HashMap<String, usize>>>;
+
 /// Checks between two sweeps of idle buckets.
 const SWEEP_EVERY: u64 = 4096;
 
@@ -35,7 +38,7 @@ pub struct Limits {
     rate: Option<DefaultKeyedRateLimiter<String>>,
     checks: AtomicU64,
     max_streams: Option<usize>,
-    streams: Arc<Mutex<HashMap<String, usize>>>,
+    streams: StreamCounts,
     refused: AtomicU64,
 }
 
@@ -51,7 +54,7 @@ impl std::fmt::Debug for Limits {
 /// An open stream, counted against its principal until dropped.
 #[derive(Debug)]
 pub struct StreamSlot {
-    streams: Option<(Arc<Mutex<HashMap<String, usize>>>, String)>,
+    streams: Option<(StreamCounts, String)>,
 }
 
 impl Drop for StreamSlot {

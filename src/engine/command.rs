@@ -114,7 +114,9 @@ pub struct Scan {
 
 /// A predicate over key names (the engine does not know why a key is kept or hidden).
 #[derive(Clone)]
-pub struct KeyFilter(std::sync::Arc<dyn Fn(&[u8]) -> bool + Send + Sync>);
+pub struct KeyFilter(std::sync::Arc<KeyPredicate>);
+
+type KeyPredicate = dyn Fn(&[u8]) -> bool + Send + Sync;
 
 impl KeyFilter {
     pub fn new(f: impl Fn(&[u8]) -> bool + Send + Sync + 'static) -> KeyFilter {
