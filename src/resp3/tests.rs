@@ -245,9 +245,10 @@ fn request_negative_lengths() {
 
 #[test]
 fn request_huge_counts_fail_without_allocating() {
-    // Counts are not trusted for allocation: these fail when the bytes run out.
-    request_err(b"*999999999999\r\n", DecodeError::Incomplete);
-    request_err(b"*9223372036854775807\r\n$0\r\n\r\n", DecodeError::Incomplete);
+    // Counts are not trusted for allocation: too many arguments are refused at once, and
+    // lengths fail when the bytes run out.
+    request_err(b"*999999999999\r\n", DecodeError::TooLarge);
+    request_err(b"*9223372036854775807\r\n$0\r\n\r\n", DecodeError::TooLarge);
     request_err(b"*1\r\n$999999999999\r\nGET\r\n", DecodeError::Incomplete);
     request_err(b"*1\r\n$9223372036854775807\r\nGET\r\n", DecodeError::Incomplete);
     // More digits than any i64.
@@ -255,23 +256,16 @@ fn request_huge_counts_fail_without_allocating() {
     request_err(b"*1\r\n$99999999999999999999\r\n", DecodeError::BadNumber);
 }
 
-/// KNOWN BUG (reported, not fixed here): `decode_request` does not apply `MAX_ELEMENTS`, so a
-/// request of `MAX_ELEMENTS + 1` empty arguments (6 MiB, under the MQTT packet limit) decodes as
-/// a request, allocating a `Bytes` per argument, while `decode` refuses the same bytes as
-/// `TooLarge`: the one place where "a request is a frame too" does not hold. This pins today's
-/// behaviour; when `decode_request` gets the bound, expect `Err(TooLarge)` here.
+/// A request is bounded like any frame: more than `MAX_ELEMENTS` arguments are refused before
+/// anything is allocated for them.
 #[test]
-fn request_over_max_elements_is_not_bounded_known_bug() {
+fn request_over_max_elements_is_refused() {
     let n = MAX_ELEMENTS + 1;
     let mut wire = format!("*{n}\r\n").into_bytes();
     wire.extend_from_slice(&b"$0\r\n\r\n".repeat(n));
     let wire = Bytes::from(wire);
     assert_eq!(decode(&wire), Err(DecodeError::TooLarge));
-    assert_eq!(
-        decode_request(&wire).map(|args| args.len()),
-        Ok(n),
-        "BUG: should be Err(TooLarge)"
-    );
+    assert_eq!(decode_request(&wire), Err(DecodeError::TooLarge));
 }
 
 #[test]
