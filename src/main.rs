@@ -25,6 +25,7 @@ fn main() {
     let cli = Cli::parse();
     let args = match cli.command {
         Some(CliCommand::Client(cmd)) => std::process::exit(stategate::cli::run(cmd)),
+        Some(CliCommand::Passwd(a)) => std::process::exit(stategate::access::passwd::run(&a)),
         Some(CliCommand::Serve(a)) => a,
         None => cli.serve,
     };
@@ -47,7 +48,12 @@ fn main() {
     };
     if let Err(e) = runtime.block_on(serve(config)) {
         eprintln!("stategate: {e}");
-        std::process::exit(1);
+        // A file that became unusable between the check and the start is still a usage error.
+        let usage = matches!(
+            e.downcast_ref::<stategate::StartError>(),
+            Some(stategate::StartError::Access(_))
+        );
+        std::process::exit(if usage { EXIT_USAGE } else { 1 });
     }
 }
 
@@ -66,10 +72,30 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let running = stategate::start(config, store).await?;
     let (host, port) = running.mqtt_broker();
     tracing::info!(host, port, "stategate is serving the state store over MQTT");
+    let reloader = tokio::spawn(reload_on_hangup(running.access().clone()));
     shutdown_signal().await;
+    reloader.abort();
     tracing::info!("shutting down");
     running.shutdown().await;
     Ok(())
+}
+
+/// SIGHUP re-reads the password, token and rules files; a bad file keeps the ones in force.
+async fn reload_on_hangup(access: stategate::access::Access) {
+    #[cfg(unix)]
+    {
+        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP: the access files will not be reloaded");
+            return;
+        };
+        while hup.recv().await.is_some() {
+            if let Err(e) = access.reload() {
+                tracing::error!(cause = %e, "reloading the access files failed; the previous ones stay in force");
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = access;
 }
 
 async fn shutdown_signal() {
