@@ -1986,4 +1986,6 @@ on_every_backend!(
 );
 
 mod expiry;
+#[cfg(feature = "redis")]
+mod shared;
 mod transact;
