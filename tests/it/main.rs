@@ -15,4 +15,5 @@ mod mqtt_auth;
 mod openapi;
 mod redis;
 mod resources;
+mod scaleout;
 mod support;
