@@ -29,17 +29,14 @@ pub struct SaveItem {
     pub metadata: HashMap<String, String>,
     #[serde(default)]
     pub options: StateOptions,
-    #[serde(rename = "contentType")]
-    pub content_type: Option<String>,
 }
 
 /// Bulk get request.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
+/// (`parallelism` and `metadata` of Dapr's request are accepted and ignored: every key is read
+/// from one engine, and no read takes metadata.)
 pub struct BulkGetRequest {
     pub keys: Vec<String>,
-    pub parallelism: Option<i64>,
-    #[serde(default)]
-    pub metadata: HashMap<String, String>,
 }
 
 /// One item of a bulk get answer. A missing key is `{"key": "..."}` alone.
