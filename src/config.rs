@@ -255,7 +255,9 @@ pub enum ConfigError {
     BadMqttUrl(String),
     #[error("--mqtt-url {0:?}: TLS (mqtts://) is not supported yet")]
     TlsUnsupported(String),
-    #[error("--node-id must be non-empty and contain no ':' (got {0:?})")]
+    #[error(
+        "--node-id must be 1 to 64 ASCII letters, digits, '-', '_' or '.' (it is part of every version, event id and log line; got {0:?})"
+    )]
     BadNodeId(String),
     #[error("--mqtt-max-packet-bytes ({packet}) must exceed --max-value-bytes ({value}) plus the key and envelope")]
     PacketTooSmall { packet: u32, value: usize },
@@ -305,7 +307,9 @@ impl Default for Config {
 
 impl Config {
     pub fn from_args(a: ServeArgs) -> Result<Config, ConfigError> {
-        if a.node_id.is_empty() || a.node_id.contains(':') {
+        let node_ok = (1..=64).contains(&a.node_id.len())
+            && a.node_id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+        if !node_ok {
             return Err(ConfigError::BadNodeId(a.node_id));
         }
         if (a.mqtt_max_packet_bytes as usize) < a.max_value_bytes + a.max_key_bytes + 1024 {
@@ -522,6 +526,17 @@ mod tests {
         let mut a = ServeArgs::default();
         a.node_id = "a:b".into();
         assert!(matches!(Config::from_args(a), Err(ConfigError::BadNodeId(_))));
+        // What would break a version, an SSE event id (a newline) or a log line is refused.
+        for bad in ["", "a\nb", "a b", "é", "a/b", &"n".repeat(65)] {
+            let mut a = ServeArgs::default();
+            a.node_id = bad.into();
+            assert!(matches!(Config::from_args(a), Err(ConfigError::BadNodeId(_))), "{bad:?}");
+        }
+        for good in ["n1", "edge-gw_01.site", &"n".repeat(64)] {
+            let mut a = ServeArgs::default();
+            a.node_id = good.into();
+            assert!(Config::from_args(a).is_ok(), "{good:?}");
+        }
         let mut a = ServeArgs::default();
         a.mqtt_max_packet_bytes = 1024;
         assert!(matches!(Config::from_args(a), Err(ConfigError::PacketTooSmall { .. })));

@@ -231,6 +231,12 @@ impl Engine {
         self.0.hlc.wall_ms()
     }
 
+    /// Makes the expiry driver look at the deadlines now (after the clock moved, in tests; when
+    /// another replica may have added an earlier deadline).
+    pub fn wake_expiry(&self) {
+        self.0.deadline_added.notify_one();
+    }
+
     /// A reader of every change applied from now on.
     pub fn subscribe(&self) -> FeedReader {
         self.0.feed.reader()
