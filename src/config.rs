@@ -308,7 +308,9 @@ impl Default for Config {
 impl Config {
     pub fn from_args(a: ServeArgs) -> Result<Config, ConfigError> {
         let node_ok = (1..=64).contains(&a.node_id.len())
-            && a.node_id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+            && a.node_id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
         if !node_ok {
             return Err(ConfigError::BadNodeId(a.node_id));
         }
@@ -530,7 +532,10 @@ mod tests {
         for bad in ["", "a\nb", "a b", "é", "a/b", &"n".repeat(65)] {
             let mut a = ServeArgs::default();
             a.node_id = bad.into();
-            assert!(matches!(Config::from_args(a), Err(ConfigError::BadNodeId(_))), "{bad:?}");
+            assert!(
+                matches!(Config::from_args(a), Err(ConfigError::BadNodeId(_))),
+                "{bad:?}"
+            );
         }
         for good in ["n1", "edge-gw_01.site", &"n".repeat(64)] {
             let mut a = ServeArgs::default();
