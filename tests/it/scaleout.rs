@@ -84,11 +84,16 @@ impl Drop for Replica {
     }
 }
 
+/// `(status, payload, __ts)` of an answer.
+type Answer = (u16, Bytes, Option<String>);
+/// Requests waiting for their answer, by correlation data.
+type Pending = Arc<Mutex<HashMap<Bytes, oneshot::Sender<Answer>>>>;
+
 /// A state store client over MQTT whose requests may go unanswered (a replica died).
 struct Client {
     mqtt: AsyncClient,
     id: String,
-    pending: Arc<Mutex<HashMap<Bytes, oneshot::Sender<(u16, Bytes, Option<String>)>>>>,
+    pending: Pending,
     notes: tokio::sync::mpsc::UnboundedReceiver<(String, Option<String>)>,
     next: std::sync::atomic::AtomicU64,
     _task: tokio::task::JoinHandle<()>,
@@ -100,7 +105,7 @@ impl Client {
         let mut o = MqttOptions::new(id.clone(), "127.0.0.1", port);
         o.set_keep_alive(Duration::from_secs(30));
         let (mqtt, mut events) = AsyncClient::new(o, 256);
-        let pending: Arc<Mutex<HashMap<Bytes, oneshot::Sender<_>>>> = Default::default();
+        let pending: Pending = Default::default();
         let (note_tx, notes) = tokio::sync::mpsc::unbounded_channel();
         let (ready_tx, ready) = oneshot::channel();
         let mut ready_tx = Some(ready_tx);
@@ -160,7 +165,7 @@ impl Client {
     }
 
     /// `(status, payload, __ts)`, or `None` when no answer came within `patience`.
-    async fn request(&self, args: &[&[u8]], patience: Duration) -> Option<(u16, Bytes, Option<String>)> {
+    async fn request(&self, args: &[&[u8]], patience: Duration) -> Option<Answer> {
         let n = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let corr = Bytes::from(format!("{}-{n}", self.id));
         let (tx, rx) = oneshot::channel();

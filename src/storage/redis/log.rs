@@ -282,8 +282,11 @@ end
 return out
 "#;
 
+/// A stream entry: its id and its (field, value) pairs.
+type StreamEntry = (Bytes, Vec<(Bytes, Bytes)>);
+
 /// `[[id, [field, value, ...]], ...]` (XRANGE), or nil.
-fn stream_entries(v: Value) -> Result<Vec<(Bytes, Vec<(Bytes, Bytes)>)>, StorageError> {
+fn stream_entries(v: Value) -> Result<Vec<StreamEntry>, StorageError> {
     if matches!(v, Value::Nil) {
         return Ok(Vec::new());
     }
@@ -304,7 +307,7 @@ fn stream_entries(v: Value) -> Result<Vec<(Bytes, Vec<(Bytes, Bytes)>)>, Storage
 
 /// XREAD's answer for one stream: `[[name, entries]]` (RESP2) or `{name: entries}` (RESP3),
 /// nil when nothing came within the block time.
-fn xread_entries(v: Value) -> Result<Vec<(Bytes, Vec<(Bytes, Bytes)>)>, StorageError> {
+fn xread_entries(v: Value) -> Result<Vec<StreamEntry>, StorageError> {
     match v {
         Value::Nil => Ok(Vec::new()),
         Value::Array(streams) => match streams.into_iter().next() {
