@@ -484,8 +484,12 @@ impl Engine {
             None => Ok(None),
             Some(r) if r.is_expired(self.0.hlc.wall_ms()) => {
                 let _guard = self.lock(key).await;
-                self.load_live(key).await?;
-                Ok(None)
+                match self.load_live(key).await {
+                    // The key is absent either way; a full disk only delays its removal (the
+                    // expiry driver retries), and reads go on while writes are refused.
+                    Ok(_) | Err(EngineError::StorageFull) => Ok(None),
+                    Err(e) => Err(e),
+                }
             }
             Some(r) => Ok(Some(Entry {
                 value: r.value,

@@ -82,6 +82,22 @@ pub enum StorageError {
     Full(String),
 }
 
+/// Whether a backend takes writes right now ([`Backend::health`]). Readiness probes and metrics
+/// report it; the doors learn of it from the errors of the calls themselves.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum StorageHealth {
+    /// Reads and writes work.
+    #[default]
+    Ok,
+    /// The disk is full (or over quota): reads work, writes are refused with
+    /// [`StorageError::Full`]. The backend retries by itself and returns to `Ok` once a write
+    /// fits again.
+    Full { cause: String },
+    /// A fault the backend cannot recover from (an I/O error while logging): every call fails
+    /// until a restart recovers from disk.
+    Failed { cause: String },
+}
+
 /// The contract every backend implements. All methods are atomic per call.
 #[async_trait]
 #[allow(clippy::len_without_is_empty)] // `len` is the key count for quotas, not a collection API
@@ -113,6 +129,17 @@ pub trait Backend: Send + Sync + 'static {
 
     /// The highest version stored anywhere (to seed the clock after a restart).
     async fn max_version(&self) -> Result<Option<Hlc>, StorageError>;
+
+    /// Whether writes work right now; cheap (no I/O). Backends that cannot tell say `Ok`.
+    fn health(&self) -> StorageHealth {
+        StorageHealth::Ok
+    }
+
+    /// Changes of [`Backend::health`] as they happen, for those who wait for one (`None`: the
+    /// backend's health never changes).
+    fn health_changes(&self) -> Option<tokio::sync::watch::Receiver<StorageHealth>> {
+        None
+    }
 }
 
 /// Which backend stores the records (`--storage`). Every backend is listed whatever cargo

@@ -19,28 +19,30 @@
 //!   loads the newest snapshot and replays segments `seq..` on top of it.
 //! - `LOCK`: held (advisory lock) while a process has the directory open.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::oneshot;
 
 use super::memory::MemoryBackend;
-use super::{Backend, KeyPage, Record, StorageError, Swap, SwapOutcome};
+use super::{Backend, KeyPage, Record, StorageError, StorageHealth, Swap, SwapOutcome};
 use crate::hlc::{Clock, Hlc, SystemClock};
 
 mod format;
 mod recovery;
+mod shared;
 mod snapshot;
 mod writer;
+
+use shared::{Refused, Shared, lock};
 
 /// When a write is acknowledged, and what a crash can take back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -104,6 +106,8 @@ pub struct DurableOptions {
     /// The service's clock: records are stamped with its wall time (the floor for versions
     /// after a restart), so tests that move the engine's clock move this one too.
     pub clock: Arc<dyn Clock>,
+    /// While the disk is full: how often the commit thread checks whether a write fits again.
+    pub full_retry: Duration,
 }
 
 impl fmt::Debug for DurableOptions {
@@ -113,6 +117,7 @@ impl fmt::Debug for DurableOptions {
             .field("fsync", &self.fsync)
             .field("segment_bytes", &self.segment_bytes)
             .field("batch_interval", &self.batch_interval)
+            .field("full_retry", &self.full_retry)
             .finish_non_exhaustive()
     }
 }
@@ -125,6 +130,7 @@ impl DurableOptions {
             segment_bytes: 64 * 1024 * 1024,
             batch_interval: Duration::from_millis(50),
             clock: Arc::new(SystemClock),
+            full_retry: Duration::from_secs(1),
         }
     }
 }
@@ -132,142 +138,8 @@ impl DurableOptions {
 /// Log sequence numbers: the n-th frame queued since open has lsn n (starting at 1).
 type Lsn = u64;
 
-/// What the commit thread has done, as seen by writers and readers.
-#[derive(Debug, Clone, Default)]
-struct Progress {
-    /// Every frame up to this one has been handed to the OS (`write`).
-    written: Lsn,
-    /// Every frame up to this one is acknowledged (per the fsync mode).
-    acked: Lsn,
-    /// The log failed: nothing is acknowledged any more.
-    failed: Option<Arc<str>>,
-}
-
-/// A writer's wait for its frame's acknowledgement (or the log's failure).
-type Ack = oneshot::Sender<Result<(), Arc<str>>>;
-
-/// Frames waiting for the commit thread.
-#[derive(Debug, Default)]
-struct Queue {
-    buf: Vec<u8>,
-    /// One per frame in `buf`: woken exactly when that frame's group is acknowledged (no
-    /// thundering herd of every writer on every group).
-    acks: Vec<Ack>,
-    /// The lsn of the last frame queued.
-    last: Lsn,
-    /// The log failed: nothing more is queued.
-    failed: Option<Arc<str>>,
-    /// The commit thread waits for work: the next frame queued must wake it (only that one:
-    /// a busy commit thread finds the frame when it comes back for more).
-    idle: bool,
-    shutdown: bool,
-}
-
-/// State shared by callers, the commit thread and the snapshot thread.
-#[derive(Debug, Default)]
-struct Shared {
-    queue: Mutex<Queue>,
-    /// Wakes the commit thread.
-    work: Condvar,
-    progress: Mutex<Progress>,
-    /// Wakes threads waiting for progress (the snapshot thread).
-    progressed: Condvar,
-    /// Wakes tasks waiting for progress.
-    progressed_async: Notify,
-    /// Keys with a write in flight, and the lsn of their latest write.
-    in_flight: Mutex<HashMap<Bytes, Lsn>>,
-    /// A snapshot thread is running.
-    snapshotting: AtomicBool,
-    /// Bytes of the last snapshot written or loaded: the size of the live data.
-    live_bytes: AtomicU64,
-    /// Tests: the commit thread panics at its next group.
-    #[cfg(test)]
-    panic_next: AtomicBool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Shared {
-    fn publish(&self, written: Lsn, acked: Lsn) {
-        {
-            let mut p = lock(&self.progress);
-            p.written = written;
-            p.acked = acked;
-        }
-        lock(&self.in_flight).retain(|_, lsn| *lsn > acked);
-        self.progressed.notify_all();
-        self.progressed_async.notify_waiters();
-    }
-
-    /// Fails the writers of `group` and of everything queued, and every later call.
-    fn fail(&self, cause: &std::io::Error, group: Vec<Ack>) {
-        let cause: Arc<str> = cause.to_string().into();
-        lock(&self.progress).failed = Some(cause.clone());
-        let queued = {
-            let mut q = lock(&self.queue);
-            q.failed = Some(cause.clone());
-            std::mem::take(&mut q.acks)
-        };
-        for ack in group.into_iter().chain(queued) {
-            let _ = ack.send(Err(cause.clone()));
-        }
-        self.progressed.notify_all();
-        self.progressed_async.notify_waiters();
-    }
-
-    fn last_queued(&self) -> Lsn {
-        lock(&self.queue).last
-    }
-
-    /// Waits (blocking the thread) until `lsn` has been written.
-    fn wait_written(&self, lsn: Lsn) -> Result<(), StorageError> {
-        let mut p = lock(&self.progress);
-        loop {
-            if let Some(f) = &p.failed {
-                return Err(failed(f));
-            }
-            if p.written >= lsn {
-                return Ok(());
-            }
-            p = self.progressed.wait(p).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    /// Waits until `lsn` is acknowledged (readers; writers have their own [`Ack`]).
-    async fn wait_acked(&self, lsn: Lsn) -> Result<(), StorageError> {
-        loop {
-            let notified = self.progressed_async.notified();
-            tokio::pin!(notified);
-            // Registered before the check, so a publish between the check and the await wakes us.
-            notified.as_mut().enable();
-            {
-                let p = lock(&self.progress);
-                if let Some(f) = &p.failed {
-                    return Err(failed(f));
-                }
-                if p.acked >= lsn {
-                    return Ok(());
-                }
-            }
-            notified.await;
-        }
-    }
-
-    fn check(&self) -> Result<(), StorageError> {
-        match &lock(&self.progress).failed {
-            Some(f) => Err(failed(f)),
-            None => Ok(()),
-        }
-    }
-}
-
-fn failed(cause: &str) -> StorageError {
-    StorageError::Io(std::io::Error::other(format!(
-        "the log failed earlier ({cause}); restart to recover from disk"
-    )))
-}
+/// Reads retried because the writes they saw were taken back (disk full) before giving up.
+const READ_ATTEMPTS: usize = 16;
 
 /// The durable backend. Opening it recovers the directory; dropping it flushes, syncs and
 /// releases the directory.
@@ -332,6 +204,7 @@ impl DurableBackend {
 
         let shared = Arc::new(Shared::default());
         shared.live_bytes.store(recovered.snapshot_bytes, Ordering::Relaxed);
+        shared.at_segment(recovered.seq, recovered.seg_bytes);
         let snapshot = Arc::new(Mutex::new(None));
         let clock = options.clock.clone();
         let writer = writer::Writer {
@@ -345,7 +218,12 @@ impl DurableBackend {
             seg_bytes: recovered.seg_bytes,
             written: 0,
             synced: 0,
+            synced_len: recovered.seg_bytes,
             last_sync: std::time::Instant::now(),
+            full: false,
+            next_probe: std::time::Instant::now(),
+            refused_bytes: 0,
+            next_rotation: std::time::Instant::now(),
         };
         let on_panic = shared.clone();
         let writer = std::thread::Builder::new()
@@ -386,6 +264,19 @@ impl DurableBackend {
             None => Ok(()),
         }
     }
+
+    /// After a read of the index: waits until what it read is acknowledged (`key`, or every
+    /// write in flight), and says whether the read stands. It does not if writes were taken
+    /// back since the count `rollbacks` was read (the disk was full): what it read may have
+    /// been one of them, and the caller reads again.
+    async fn settled(&self, key: Option<&[u8]>, rollbacks: u64) -> Result<bool, StorageError> {
+        self.settle(key).await?;
+        Ok(self.shared.rollbacks.load(Ordering::SeqCst) == rollbacks)
+    }
+}
+
+fn retries_exhausted() -> StorageError {
+    shared::full("writes kept being taken back during a read")
 }
 
 #[cfg(test)]
@@ -419,31 +310,41 @@ fn with_path(e: std::io::Error, path: &Path) -> StorageError {
 impl Backend for DurableBackend {
     async fn get(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {
         self.shared.check()?;
-        let rec = self.index.get(key).await?;
-        self.settle(Some(key)).await?;
-        Ok(rec)
+        for _ in 0..READ_ATTEMPTS {
+            let rollbacks = self.shared.rollbacks.load(Ordering::SeqCst);
+            let rec = self.index.get(key).await?;
+            if self.settled(Some(key), rollbacks).await? {
+                return Ok(rec);
+            }
+        }
+        Err(retries_exhausted())
     }
 
     async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError> {
         if swaps.is_empty() {
             return Ok(SwapOutcome::Done);
         }
-        self.shared.check()?;
+        // Refused up front while the disk is full; a write that races with the disk filling up
+        // is queued, and taken back by the commit thread if it does not fit.
+        self.shared.check_writable()?;
         let mut frame = Vec::new();
         format::encode_batch(&mut frame, swaps, self.clock.now_ms());
         if frame.len() > format::MAX_PAYLOAD {
             return Err(StorageError::Backend("a write of more than 1 GiB".into()));
         }
-        let (outcome, queued) = self.index.swap_then(swaps, max_keys, || {
+        let (outcome, queued) = self.index.swap_then(swaps, max_keys, |undo| {
             let (tx, rx) = oneshot::channel();
             let lsn = {
                 let mut q = lock(&self.shared.queue);
                 if let Some(f) = &q.failed {
-                    return Err(f.clone());
+                    // Dropping `undo` leaves the index changed, which does not matter: the
+                    // log has failed, every call fails from now on.
+                    return Err(Refused::Failed(f.clone()));
                 }
                 q.last += 1;
                 q.buf.extend_from_slice(&frame);
                 q.acks.push(tx);
+                q.undos.push(undo);
                 if std::mem::take(&mut q.idle) {
                     self.shared.work.notify_one();
                 }
@@ -457,11 +358,11 @@ impl Backend for DurableBackend {
         });
         match queued {
             None => Ok(outcome),
-            Some(Err(cause)) => Err(failed(&cause)),
+            Some(Err(refused)) => Err(refused.into()),
             Some(Ok(ack)) => match ack.await {
                 Ok(Ok(())) => Ok(outcome),
-                Ok(Err(cause)) => Err(failed(&cause)),
-                Err(_) => Err(failed("the log thread stopped")),
+                Ok(Err(refused)) => Err(refused.into()),
+                Err(_) => Err(shared::failed("the log thread stopped")),
             },
         }
     }
@@ -474,9 +375,14 @@ impl Backend for DurableBackend {
         keep: &(dyn for<'k> Fn(&'k [u8]) -> bool + Sync),
     ) -> Result<KeyPage, StorageError> {
         self.shared.check()?;
-        let page = self.index.scan(after, examine, now_ms, keep).await?;
-        self.settle(None).await?;
-        Ok(page)
+        for _ in 0..READ_ATTEMPTS {
+            let rollbacks = self.shared.rollbacks.load(Ordering::SeqCst);
+            let page = self.index.scan(after, examine, now_ms, keep).await?;
+            if self.settled(None, rollbacks).await? {
+                return Ok(page);
+            }
+        }
+        Err(retries_exhausted())
     }
 
     async fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<(Bytes, Hlc)>, StorageError> {
@@ -497,6 +403,14 @@ impl Backend for DurableBackend {
     async fn max_version(&self) -> Result<Option<Hlc>, StorageError> {
         self.shared.check()?;
         self.index.max_version().await
+    }
+
+    fn health(&self) -> StorageHealth {
+        self.shared.health.borrow().clone()
+    }
+
+    fn health_changes(&self) -> Option<tokio::sync::watch::Receiver<StorageHealth>> {
+        Some(self.shared.health.subscribe())
     }
 }
 

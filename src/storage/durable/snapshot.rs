@@ -53,6 +53,9 @@ fn write_tmp(
     shared: &Shared,
     clock: &dyn Clock,
 ) -> Result<u64, StorageError> {
+    // Writes taken back (disk full) after this may be in the chunks: then the snapshot is
+    // given up (`wait_written` fails).
+    let rollbacks = shared.rollbacks.load(std::sync::atomic::Ordering::SeqCst);
     let mut out = BufWriter::with_capacity(1 << 20, File::create(tmp)?);
     out.write_all(&format::header(format::SNAP_MAGIC, seq))?;
     let mut after: Option<Bytes> = None;
@@ -79,7 +82,7 @@ fn write_tmp(
     file.sync_all()?;
     let bytes = file.metadata()?.len();
 
-    shared.wait_written(reflected)?;
+    shared.wait_written(reflected, rollbacks)?;
     // Any handle syncs the file; the commit thread may be appending to it meanwhile.
     File::open(tmp.with_file_name(segment_name(seq)))?.sync_data()?;
     Ok(bytes)

@@ -664,3 +664,5 @@ async fn records_are_stamped_with_the_injected_clock() {
     let floor = store.backend().max_version().await.unwrap().unwrap();
     assert!(floor.ms > future, "{floor:?}");
 }
+
+mod full;
