@@ -80,6 +80,10 @@ pub enum StorageError {
     /// No space left for a write; the write changed nothing and reads still work.
     #[error("storage full: {0}")]
     Full(String),
+    /// Encryption at rest: a key file that cannot be used, a store written in the other mode
+    /// (encrypted, opened without a key, or the reverse) or under another key.
+    #[error("{0}")]
+    Encryption(String),
 }
 
 /// Whether a backend takes writes right now ([`Backend::health`]). Readiness probes and metrics
@@ -260,6 +264,8 @@ pub struct StorageConfig {
     pub kind: StorageKind,
     pub data_dir: std::path::PathBuf,
     pub fsync: durable::FsyncMode,
+    /// The durable store's encryption key file (`--encryption-key-file`), read at open.
+    pub encryption_key_file: Option<std::path::PathBuf>,
     /// See [`durable::DurableOptions::segment_bytes`].
     pub segment_bytes: u64,
     pub redis: RedisOptions,
@@ -303,6 +309,10 @@ impl Store {
                 options.fsync = config.fsync;
                 options.segment_bytes = config.segment_bytes;
                 options.clock = clock;
+                options.encryption = match &config.encryption_key_file {
+                    Some(path) => Some(durable::EncryptionKey::from_file(path)?),
+                    None => None,
+                };
                 let backend = tokio::task::spawn_blocking(move || durable::DurableBackend::open(options))
                     .await
                     .map_err(|e| StorageError::Backend(format!("the opening thread failed: {e}")))??;

@@ -36,12 +36,15 @@ use super::memory::MemoryBackend;
 use super::{Backend, KeyPage, Record, StorageError, StorageHealth, Swap, SwapOutcome};
 use crate::hlc::{Clock, Hlc, SystemClock};
 
+mod crypt;
 mod format;
 mod recovery;
 mod shared;
 mod snapshot;
 mod writer;
 
+pub use crypt::EncryptionKey;
+use format::Codec;
 use shared::{Refused, Shared, lock};
 
 /// When a write is acknowledged, and what a crash can take back.
@@ -108,6 +111,8 @@ pub struct DurableOptions {
     pub clock: Arc<dyn Clock>,
     /// While the disk is full: how often the commit thread checks whether a write fits again.
     pub full_retry: Duration,
+    /// Seal every record and snapshot chunk under this key (`--encryption-key-file`).
+    pub encryption: Option<EncryptionKey>,
 }
 
 impl fmt::Debug for DurableOptions {
@@ -118,6 +123,7 @@ impl fmt::Debug for DurableOptions {
             .field("segment_bytes", &self.segment_bytes)
             .field("batch_interval", &self.batch_interval)
             .field("full_retry", &self.full_retry)
+            .field("encryption", &self.encryption)
             .finish_non_exhaustive()
     }
 }
@@ -131,6 +137,7 @@ impl DurableOptions {
             batch_interval: Duration::from_millis(50),
             clock: Arc::new(SystemClock),
             full_retry: Duration::from_secs(1),
+            encryption: None,
         }
     }
 }
@@ -145,6 +152,7 @@ const READ_ATTEMPTS: usize = 16;
 /// releases the directory.
 pub struct DurableBackend {
     index: Arc<MemoryBackend>,
+    codec: Arc<Codec>,
     shared: Arc<Shared>,
     writer: Option<JoinHandle<()>>,
     snapshot: Arc<Mutex<Option<JoinHandle<()>>>>,
@@ -185,9 +193,13 @@ impl DurableBackend {
             Err(std::fs::TryLockError::Error(e)) => return Err(with_path(e, &lock_path)),
         }
 
+        let codec = Arc::new(codec_for(options.encryption.as_ref())?);
         let index = Arc::new(MemoryBackend::default());
         let started = std::time::Instant::now();
-        let recovered = recovery::recover(&dir, &index)?;
+        let recovered = recovery::recover(&dir, &index, &codec, recovery::Mode::ReadWrite)?;
+        let Some(file) = recovered.file else {
+            return Err(StorageError::Backend("recovery left no segment to append to".into()));
+        };
         if let Some(floor) = clock_floor(index.max_version_now(), recovered.wall_ms) {
             index.observe_version(&floor);
         }
@@ -199,6 +211,7 @@ impl DurableBackend {
             segments = recovered.segments_replayed,
             elapsed_ms = started.elapsed().as_millis() as u64,
             fsync = %options.fsync,
+            encrypted = options.encryption.is_some(),
             "durable storage recovered"
         );
 
@@ -213,7 +226,8 @@ impl DurableBackend {
             snapshot: snapshot.clone(),
             dir: dir.clone(),
             options,
-            file: recovered.file,
+            codec: codec.clone(),
+            file,
             seq: recovered.seq,
             seg_bytes: recovered.seg_bytes,
             written: 0,
@@ -239,6 +253,7 @@ impl DurableBackend {
             .map_err(StorageError::Io)?;
         Ok(DurableBackend {
             index,
+            codec,
             shared,
             writer: Some(writer),
             snapshot,
@@ -328,7 +343,7 @@ impl Backend for DurableBackend {
         // is queued, and taken back by the commit thread if it does not fit.
         self.shared.check_writable()?;
         let mut frame = Vec::new();
-        format::encode_batch(&mut frame, swaps, self.clock.now_ms());
+        format::encode_batch(&self.codec, &mut frame, swaps, self.clock.now_ms());
         if frame.len() > format::MAX_PAYLOAD {
             return Err(StorageError::Backend("a write of more than 1 GiB".into()));
         }
@@ -431,6 +446,14 @@ fn clock_floor(max_version: Option<Hlc>, wall_ms: u64) -> Option<Hlc> {
         None => (wall_ms, Arc::from("stategate")),
     };
     Some(Hlc::new(ms.saturating_add(1), 0, node))
+}
+
+/// Plain, or sealed under `key`.
+fn codec_for(key: Option<&EncryptionKey>) -> Result<Codec, StorageError> {
+    Ok(match key {
+        Some(k) => Codec::sealed(crypt::Cipher::new(k)?),
+        None => Codec::plain(),
+    })
 }
 
 fn segment_name(seq: u64) -> String {

@@ -13,8 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use super::format::{Codec, FileType};
 use super::shared::{Ack, Refused, Shared, lock};
-use super::{DurableOptions, FsyncMode, Lsn, format, segment_name, snapshot, sync_dir};
+use super::{DurableOptions, FsyncMode, Lsn, segment_name, snapshot, sync_dir};
 use crate::storage::memory::{MemoryBackend, Undo};
 
 /// How many times the commit thread yields before sleeping when the queue is empty.
@@ -46,6 +47,7 @@ pub(super) struct Writer {
     pub snapshot: Arc<Mutex<Option<JoinHandle<()>>>>,
     pub dir: PathBuf,
     pub options: DurableOptions,
+    pub codec: Arc<Codec>,
     /// The open segment, positioned at its end.
     pub file: File,
     pub seq: u64,
@@ -322,11 +324,10 @@ impl Writer {
                 .snapshotting
                 .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
+            && let Err(e) = self.rotate()
         {
-            if let Err(e) = self.rotate() {
-                self.shared.snapshotting.store(false, Ordering::Release);
-                return Err(e);
-            }
+            self.shared.snapshotting.store(false, Ordering::Release);
+            return Err(e);
         }
         Ok(())
     }
@@ -348,7 +349,7 @@ impl Writer {
             self.shared.publish(self.written, self.written);
         }
         let seq = self.seq + 1;
-        let file = match create_segment(&self.dir, seq) {
+        let file = match create_segment(&self.dir, seq, &self.codec) {
             Ok(f) => f,
             Err(e) if is_full(&e) => {
                 // Not fatal: the current segment goes on; the rotation is tried again later.
@@ -363,17 +364,17 @@ impl Writer {
         };
         self.file = file;
         self.seq = seq;
-        self.seg_bytes = format::HEADER_LEN as u64;
+        self.seg_bytes = self.codec.header_len() as u64;
         self.synced_len = self.seg_bytes;
         self.shared.at_segment(seq, self.seg_bytes);
         tracing::debug!(segment = %segment_name(seq), "started a log segment");
 
         let (dir, index, shared) = (self.dir.clone(), self.index.clone(), self.shared.clone());
-        let clock = self.options.clock.clone();
+        let (clock, codec) = (self.options.clock.clone(), self.codec.clone());
         let spawned = std::thread::Builder::new()
             .name("stategate-snapshot".into())
             .spawn(move || {
-                match snapshot::write(&dir, seq, &index, &shared, &*clock) {
+                match snapshot::write(&dir, seq, &index, &shared, &*clock, &codec) {
                     Ok(bytes) => {
                         shared.live_bytes.store(bytes, Ordering::Relaxed);
                         tracing::debug!(seq, bytes, "snapshot written");
@@ -401,12 +402,12 @@ impl Writer {
 }
 
 /// Creates segment `seq` with its header, durable (file and directory entry) before use.
-pub(super) fn create_segment(dir: &std::path::Path, seq: u64) -> std::io::Result<File> {
+pub(super) fn create_segment(dir: &std::path::Path, seq: u64, codec: &Codec) -> std::io::Result<File> {
     let mut file = File::options()
         .create_new(true)
         .append(true)
         .open(dir.join(segment_name(seq)))?;
-    file.write_all(&format::header(format::LOG_MAGIC, seq))?;
+    file.write_all(&codec.header(FileType::Log, seq))?;
     file.sync_all()?;
     sync_dir(dir)?;
     Ok(file)
