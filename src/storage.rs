@@ -102,6 +102,40 @@ pub enum StorageHealth {
     Failed { cause: String },
 }
 
+/// Which file of an online backup some bytes belong to (see [`OnlineBackup`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackupFile {
+    /// `snap-<seq>.snap`: sent first, whole.
+    Snapshot { seq: u64 },
+    /// `log-<seq>.log`: sent after the snapshot.
+    Log { seq: u64 },
+}
+
+/// Where an online backup goes, in order: every byte of the snapshot, then of the log.
+pub trait BackupSink {
+    fn write(&mut self, file: BackupFile, bytes: &[u8]) -> std::io::Result<()>;
+}
+
+/// What an online backup holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackupInfo {
+    pub seq: u64,
+    /// Keys in the snapshot.
+    pub keys: u64,
+    /// Log records replayed over the snapshot at restore.
+    pub log_records: u64,
+    pub snapshot_bytes: u64,
+    pub log_bytes: u64,
+}
+
+/// A consistent copy of a store as of one moment, taken while it serves (durable backend:
+/// `durable/backup.rs`). Blocks the calling thread while it copies.
+pub trait OnlineBackup {
+    /// Sends the copy to `sink`: a data directory of one snapshot and one log segment that
+    /// recovery turns into the store's state at one point of its log.
+    fn backup(&self, sink: &mut dyn BackupSink) -> Result<BackupInfo, StorageError>;
+}
+
 /// The contract every backend implements. All methods are atomic per call.
 #[async_trait]
 #[allow(clippy::len_without_is_empty)] // `len` is the key count for quotas, not a collection API
@@ -142,6 +176,12 @@ pub trait Backend: Send + Sync + 'static {
     /// Changes of [`Backend::health`] as they happen, for those who wait for one (`None`: the
     /// backend's health never changes).
     fn health_changes(&self) -> Option<tokio::sync::watch::Receiver<StorageHealth>> {
+        None
+    }
+
+    /// The backend's online backup, if it has one (durable only: Redis has its own, and memory
+    /// has nothing to keep; `stategate export` works with every backend).
+    fn online_backup(&self) -> Option<&dyn OnlineBackup> {
         None
     }
 }

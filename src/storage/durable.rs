@@ -36,6 +36,7 @@ use super::memory::MemoryBackend;
 use super::{Backend, KeyPage, Record, StorageError, StorageHealth, Swap, SwapOutcome};
 use crate::hlc::{Clock, Hlc, SystemClock};
 
+mod backup;
 mod crypt;
 mod format;
 mod recovery;
@@ -426,6 +427,10 @@ impl Backend for DurableBackend {
 
     fn health_changes(&self) -> Option<tokio::sync::watch::Receiver<StorageHealth>> {
         Some(self.shared.health.subscribe())
+    }
+
+    fn online_backup(&self) -> Option<&dyn super::OnlineBackup> {
+        Some(self)
     }
 }
 

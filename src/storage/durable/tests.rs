@@ -669,5 +669,6 @@ async fn records_are_stamped_with_the_injected_clock() {
     assert!(floor.ms > future, "{floor:?}");
 }
 
+mod backup;
 mod crypt;
 mod full;
