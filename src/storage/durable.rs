@@ -39,6 +39,7 @@ use crate::hlc::{Clock, Hlc, SystemClock};
 mod backup;
 mod crypt;
 mod format;
+mod offline;
 mod recovery;
 mod shared;
 mod snapshot;
@@ -46,6 +47,7 @@ mod writer;
 
 pub use crypt::EncryptionKey;
 use format::Codec;
+pub use offline::{RekeyReport, load_read_only, rekey};
 use shared::{Refused, Shared, lock};
 
 /// When a write is acknowledged, and what a crash can take back.
@@ -176,23 +178,7 @@ impl DurableBackend {
     pub fn open(options: DurableOptions) -> Result<DurableBackend, StorageError> {
         let dir = options.dir.clone();
         std::fs::create_dir_all(&dir).map_err(|e| with_path(e, &dir))?;
-        let lock_path = dir.join("LOCK");
-        let lock_file = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| with_path(e, &lock_path))?;
-        match lock_file.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(StorageError::Backend(format!(
-                    "{} is in use by another process",
-                    dir.display()
-                )));
-            }
-            Err(std::fs::TryLockError::Error(e)) => return Err(with_path(e, &lock_path)),
-        }
+        let lock_file = lock_dir(&dir)?;
 
         let codec = Arc::new(codec_for(options.encryption.as_ref())?);
         let index = Arc::new(MemoryBackend::default());
@@ -315,6 +301,32 @@ impl Drop for DurableBackend {
         if let Some(s) = pending {
             let _ = s.join();
         }
+    }
+}
+
+/// Takes the directory's advisory lock (held while the file stays open): one process at a time.
+fn lock_dir(dir: &Path) -> Result<File, StorageError> {
+    let lock_path = dir.join("LOCK");
+    let lock_file = match File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+    {
+        Ok(f) => f,
+        // A read-only directory (a mounted backup, say): an existing lock file still locks.
+        Err(e) if e.kind() == std::io::ErrorKind::ReadOnlyFilesystem => {
+            File::open(&lock_path).map_err(|e| with_path(e, &lock_path))?
+        }
+        Err(e) => return Err(with_path(e, &lock_path)),
+    };
+    match lock_file.try_lock() {
+        Ok(()) => Ok(lock_file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StorageError::Backend(format!(
+            "{} is in use by another process",
+            dir.display()
+        ))),
+        Err(std::fs::TryLockError::Error(e)) => Err(with_path(e, &lock_path)),
     }
 }
 

@@ -292,3 +292,78 @@ fn key_files_are_checked() {
         .to_string();
     assert!(e.contains("missing"), "{e}");
 }
+
+/// `stategate rekey`: plain to encrypted, to another key, back to plain; every record stays.
+#[tokio::test]
+async fn rekey_moves_a_store_between_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open(dir.path());
+        for i in 0..50u64 {
+            put(
+                &store,
+                format!("rk-{i}").as_bytes(),
+                rec(b"rekeyed-value", v(100 + i, 0)),
+            )
+            .await;
+        }
+        del(&store, b"rk-0").await;
+    }
+    let check = async |o: DurableOptions| {
+        let store = open_with(o);
+        assert_eq!(get(&store, b"rk-0").await, None);
+        assert_eq!(get(&store, b"rk-7").await, Some(rec(b"rekeyed-value", v(107, 0))));
+        assert_eq!(store.backend().len().await.unwrap(), 49);
+        let max = store.backend().max_version().await.unwrap().unwrap();
+        assert!(max > v(149, 0), "the clock floor survives: {max}");
+    };
+    let report = rekey(dir.path(), None, Some(&key(1))).unwrap();
+    assert_eq!(report.keys, 49);
+    check(encrypted(dir.path(), 1)).await;
+    assert!(open_err(dir.path()).to_string().contains("is encrypted"));
+    let mut all = Vec::new();
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        all.extend(std::fs::read(entry.unwrap().path()).unwrap());
+    }
+    assert!(!all.windows(8).any(|w| w == b"rekeyed-"), "no plaintext after a rekey");
+
+    rekey(dir.path(), Some(&key(1)), Some(&key(2))).unwrap();
+    check(encrypted(dir.path(), 2)).await;
+    assert!(
+        open_err_with(encrypted(dir.path(), 1))
+            .to_string()
+            .contains("wrong key")
+    );
+    // The wrong old key is refused and changes nothing.
+    assert!(rekey(dir.path(), Some(&key(1)), None).is_err());
+    check(encrypted(dir.path(), 2)).await;
+
+    rekey(dir.path(), Some(&key(2)), None).unwrap();
+    check(options(dir.path())).await;
+}
+
+/// Reading a stopped store changes nothing, not even a torn tail.
+#[tokio::test]
+async fn a_read_only_load_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open_with(encrypted(dir.path(), 5));
+        put(&store, b"a", rec(b"1", v(1, 0))).await;
+        put(&store, b"b", rec(b"2", v(2, 0))).await;
+    }
+    let seg = last_segment(dir.path());
+    let mut data = std::fs::read(&seg).unwrap();
+    data.extend_from_slice(&[0u8; 100]);
+    std::fs::write(&seg, &data).unwrap();
+    let index = load_read_only(dir.path(), Some(&key(5))).unwrap();
+    assert_eq!(index.key_count(), 2);
+    assert_eq!(std::fs::read(&seg).unwrap(), data, "the torn tail is still there");
+    assert!(
+        load_read_only(dir.path(), None).is_err(),
+        "an encrypted store needs its key"
+    );
+    let held = open_with(encrypted(dir.path(), 5));
+    let busy = load_read_only(dir.path(), Some(&key(5))).unwrap_err().to_string();
+    assert!(busy.contains("in use"), "{busy}");
+    drop(held);
+}
