@@ -473,11 +473,13 @@ fn codec_for(key: Option<&EncryptionKey>) -> Result<Codec, StorageError> {
     })
 }
 
-fn segment_name(seq: u64) -> String {
+/// The file name of log segment `seq`.
+pub fn segment_name(seq: u64) -> String {
     format!("log-{seq:020}.log")
 }
 
-fn snapshot_name(seq: u64) -> String {
+/// The file name of snapshot `seq`.
+pub fn snapshot_name(seq: u64) -> String {
     format!("snap-{seq:020}.snap")
 }
 

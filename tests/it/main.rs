@@ -13,3 +13,4 @@ mod mqtt;
 mod openapi;
 mod redis;
 mod support;
+mod transfer;

@@ -14,7 +14,7 @@ use stategate::storage::{StorageKind, Store};
 use crate::support::{Broker, RawClient, TestEnv, WAIT, free_port, now_ts, prop, unique_id};
 
 #[path = "../../src/storage/redis/server.rs"]
-mod server;
+pub mod server;
 
 use server::{Flavor, TestServer};
 
