@@ -4,6 +4,7 @@ mod aio;
 mod cli;
 mod console;
 mod dapr_conformance;
+mod disk_full;
 mod durability;
 mod grpc;
 mod http;
