@@ -5,6 +5,10 @@
 //!
 //! Memory stays bounded: the export holds one page of records at a time, the backup a few
 //! chunks (the producer waits while the client reads).
+//!
+//! Access rules (`--acl-file`) apply: the export holds only the keys the caller may read, an
+//! import needs write access to every key it holds, and a backup (the whole store, keys to come
+//! included) needs read access to every key (a `*` read rule).
 
 use axum::body::Body as RawBody;
 use axum::extract::State;
@@ -14,7 +18,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::stream;
 
 use super::error::{ApiError, ErrorBody, Op};
-use super::{AppState, DaprQuery, dto};
+use super::{AppState, Caller, DaprQuery, dto};
+use crate::access::Op as Access;
 use crate::dump;
 use crate::storage::{BackupFile, BackupSink};
 
@@ -37,12 +42,12 @@ const BACKUP_CHUNK_BYTES: usize = 256 * 1024;
                         short (no final newline, or the connection reset) means the export failed."),
     )
 )]
-pub async fn export(State(st): State<AppState>) -> Response {
+pub async fn export(State(st): State<AppState>, Caller(grant): Caller) -> Response {
     let engine = st.engine.clone();
     let page = engine.limits().scan_page.max(1);
     // (key to continue after, done)
     let pages = stream::unfold((None::<Bytes>, false), move |(after, done)| {
-        let engine = engine.clone();
+        let (engine, grant) = (engine.clone(), grant.clone());
         async move {
             if done {
                 return None;
@@ -50,7 +55,7 @@ pub async fn export(State(st): State<AppState>) -> Response {
             match engine.export_page(after.as_deref(), page).await {
                 Ok((records, next)) => {
                     let mut out = Vec::new();
-                    for (k, r) in &records {
+                    for (k, r) in records.iter().filter(|(k, _)| grant.may(Access::Read, k)) {
                         dump::encode_line(k, r, &mut out);
                     }
                     let done = next.is_none();
@@ -92,11 +97,13 @@ fn import_limit(st: &AppState) -> usize {
         (status = 400, body = ErrorBody, description = "a line that is not a record, or a record the \
                                                         store refuses (size, version too far ahead): \
                                                         nothing was imported"),
+        (status = 403, body = ErrorBody, description = "the caller may not write one of the keys: nothing was imported"),
         (status = 507, body = ErrorBody, description = "--max-keys reached, or the disk is full"),
     )
 )]
 pub async fn import(
     State(st): State<AppState>,
+    Caller(grant): Caller,
     DaprQuery(params): DaprQuery,
     body: RawBody,
 ) -> Result<Response, ApiError> {
@@ -118,6 +125,9 @@ pub async fn import(
         )
     })?;
     let records = dump::decode_lines(&bytes, 1).map_err(|e| ApiError::malformed(e.to_string()))?;
+    grant
+        .check_all(Access::Write, records.iter().map(|(k, _)| &k[..]))
+        .map_err(|e| ApiError::from_engine(Op::Import, e))?;
     st.engine.check_import(&records).map_err(|(i, e)| {
         let mut err = ApiError::from_engine(Op::Import, e);
         err.message = format!(
@@ -212,9 +222,16 @@ impl BackupSink for StreamSink {
                         log segment), then `0:u8 keys:u64 log_records:u64`. `stategate backup --to \
                         DIR` writes it as a data directory. A stream without the end part failed."),
         (status = 400, body = ErrorBody, description = "the storage is not durable (use the export)"),
+        (status = 403, body = ErrorBody, description = "the caller may not read every key"),
     )
 )]
-pub async fn backup(State(st): State<AppState>) -> Result<Response, ApiError> {
+pub async fn backup(State(st): State<AppState>, Caller(grant): Caller) -> Result<Response, ApiError> {
+    if !grant.may_every_key(Access::Read) {
+        return Err(ApiError::from_engine(
+            Op::Import,
+            crate::engine::EngineError::NotAuthorized,
+        ));
+    }
     if !st.engine.can_backup() {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,

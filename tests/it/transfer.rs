@@ -14,7 +14,7 @@ use stategate::storage::{Record, StorageKind, Store};
 use tokio::process::Command as Process;
 
 use crate::redis::server::{Flavor, TestServer};
-use crate::support::{Broker, TestEnv, WAIT};
+use crate::support::{Broker, Storage, TestEnv, WAIT};
 
 const BIN: &str = env!("CARGO_BIN_EXE_stategate");
 
@@ -92,7 +92,7 @@ fn durable_config(dir: &Path) -> stategate::storage::StorageConfig {
 async fn export_then_import_into_memory_durable_and_redis_keeps_records_and_versions() {
     let tmp = tempfile::tempdir().unwrap();
     let source_store = Store::memory();
-    let source = TestEnv::start_on(Broker::Embedded, source_store.clone(), |c| {
+    let source = TestEnv::start_on(Broker::Embedded, Storage::Shared(source_store.clone()), |c| {
         c.http.api_token = Some("admin-token".into());
     })
     .await;
@@ -133,7 +133,7 @@ async fn export_then_import_into_memory_durable_and_redis_keeps_records_and_vers
 
     // Into a fresh memory service, over HTTP.
     let memory = Store::memory();
-    let target = TestEnv::start_on(Broker::Embedded, memory.clone(), |_| {}).await;
+    let target = TestEnv::start_on(Broker::Embedded, Storage::Shared(memory.clone()), |_| {}).await;
     let (code, err) = stategate(&["import", file, "--http", &target.http()]).await;
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("303 imported"), "{err}");
@@ -230,7 +230,7 @@ async fn a_backup_under_write_load_restores_to_one_point_of_the_log() {
     config.fsync = stategate::storage::durable::FsyncMode::Never;
     config.encryption_key_file = Some(key.clone());
     let store = Store::open(&config).await.unwrap();
-    let env = TestEnv::start_on(Broker::Embedded, store, |_| {}).await;
+    let env = TestEnv::start_on(Broker::Embedded, Storage::Shared(store), |_| {}).await;
     let engine = env.engine().clone();
     // Padding: the pairs' keys land in different snapshot chunks.
     for i in 0..1500u32 {
@@ -392,4 +392,84 @@ async fn rekey_a_stopped_store() {
     config.encryption_key_file = Some(new);
     let store = Store::open(&config).await.unwrap();
     assert_eq!(&store.backend().get(b"k").await.unwrap().unwrap().value[..], b"v");
+}
+
+/// Access rules apply to the admin routes: the export holds only readable keys, an import
+/// needs write access to every key, a backup read access to every key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_rules_bound_export_import_and_backup() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(
+        tmp.path().join("acl.toml"),
+        "[[rule]]\ntokens = [\"viewer\"]\nallow = [\"read\"]\nkeys = [\"app/*\"]\n\n\
+         [[rule]]\ntokens = [\"admin\"]\nallow = [\"read\", \"write\"]\nkeys = [\"*\"]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        tmp.path().join("tokens"),
+        "viewer:viewer-token-0123456789\nadmin:admin-token-0123456789\n",
+    )
+    .unwrap();
+    let (acl, tokens) = (tmp.path().join("acl.toml"), tmp.path().join("tokens"));
+    let env = TestEnv::start_on(Broker::Embedded, Storage::Durable, |c| {
+        c.access.acl_file = Some(acl);
+        c.access.api_token_file = Some(tokens);
+    })
+    .await;
+    for k in ["app/1", "app/2", "secret/1"] {
+        env.engine()
+            .execute(Command::Set(set(k.as_bytes(), b"v")))
+            .await
+            .unwrap();
+    }
+    let http = env.http();
+    let file = tmp.path().join("viewer.jsonl");
+    let (code, err) = stategate(&[
+        "export",
+        "--http",
+        &http,
+        "--api-token",
+        "viewer-token-0123456789",
+        "-o",
+        file.to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(text.lines().count(), 2, "{text}");
+    assert!(!text.contains("secret"), "{text}");
+    let (code, err) = stategate(&[
+        "import",
+        file.to_str().unwrap(),
+        "--http",
+        &http,
+        "--api-token",
+        "viewer-token-0123456789",
+    ])
+    .await;
+    assert_eq!(code, 4, "the viewer may not write: {err}");
+    let to = tmp.path().join("b");
+    let (code, err) = stategate(&[
+        "backup",
+        "--to",
+        to.to_str().unwrap(),
+        "--http",
+        &http,
+        "--api-token",
+        "viewer-token-0123456789",
+    ])
+    .await;
+    assert_eq!(code, 4, "the viewer may not read every key: {err}");
+    let (code, err) = stategate(&[
+        "backup",
+        "--to",
+        to.to_str().unwrap(),
+        "--http",
+        &http,
+        "--api-token",
+        "admin-token-0123456789",
+    ])
+    .await;
+    assert_eq!(code, 0, "the admin may: {err}");
+    env.stop().await;
 }
