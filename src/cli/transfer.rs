@@ -497,8 +497,7 @@ async fn receive_backup(
     let mut buf: Vec<u8> = Vec::new();
     loop {
         // Parse every whole part in the buffer.
-        loop {
-            let Some(&kind) = buf.first() else { break };
+        while let Some(&kind) = buf.first() {
             if kind == 0 {
                 if buf.len() < 17 {
                     break;

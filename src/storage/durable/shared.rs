@@ -142,10 +142,20 @@ impl Default for Shared {
 
 impl Shared {
     pub fn publish(&self, written: Lsn, acked: Lsn) {
+        self.publish_at(written, acked, None);
+    }
+
+    /// [`Shared::publish`], with where the segment being appended to ends after `written`:
+    /// both change under one lock, so a backup never sees a length without its lsn.
+    pub fn publish_at(&self, written: Lsn, acked: Lsn, segment: Option<(u64, u64)>) {
         {
             let mut p = lock(&self.progress);
             p.written = written;
             p.acked = acked;
+            if let Some((seq, len)) = segment {
+                p.segment = seq;
+                p.segment_len = len;
+            }
         }
         lock(&self.in_flight).retain(|_, lsn| *lsn > acked);
         self.wake();

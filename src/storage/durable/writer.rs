@@ -230,8 +230,8 @@ impl Writer {
             FsyncMode::Always => self.synced,
             FsyncMode::Batch | FsyncMode::Never => self.written,
         };
-        self.shared.at_segment(self.seq, self.seg_bytes);
-        self.shared.publish(self.written, acked);
+        self.shared
+            .publish_at(self.written, acked, Some((self.seq, self.seg_bytes)));
         Ok(())
     }
 
@@ -271,8 +271,7 @@ impl Writer {
         if self.options.fsync == FsyncMode::Always {
             self.synced = last;
         }
-        self.shared.at_segment(self.seq, self.seg_bytes);
-        self.shared.publish(last, last);
+        self.shared.publish_at(last, last, Some((self.seq, self.seg_bytes)));
         let refused = group.len() + queued.len();
         for ack in group.drain(..).chain(queued) {
             let _ = ack.send(Err(Refused::Full(cause.clone())));
