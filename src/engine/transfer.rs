@@ -20,8 +20,8 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 
-use super::{ChangeKind, Engine, EngineError, MAX_TTL_MS, contended};
-use crate::storage::{Record, Swap, SwapOutcome};
+use super::{Change, ChangeKind, Engine, EngineError, MAX_TTL_MS, contended};
+use crate::storage::{Record, Swap, Written};
 
 /// Keys per storage swap (one log record, one stripe-lock set) during an import.
 const IMPORT_BATCH: usize = 256;
@@ -169,23 +169,25 @@ impl Engine {
                     self.0.hlc.observe(&r.version);
                 }
             }
-            match self.0.store.backend().swap_many(&swaps, self.0.limits.max_keys).await? {
-                SwapOutcome::Done => {
-                    if swaps
-                        .iter()
-                        .any(|s| s.new.as_ref().is_some_and(|r| r.expires_at_ms.is_some()))
-                    {
-                        self.0.deadline_added.notify_one();
-                    }
-                    for s in swaps {
-                        if let Some(r) = s.new {
-                            self.publish(s.key, r.version, ChangeKind::Set(r.value));
-                        }
-                    }
-                    return Ok(report);
-                }
-                SwapOutcome::TooManyKeys => return Err(EngineError::QuotaExceeded),
-                SwapOutcome::Conflict => continue,
+            // Published once applied: here, or through the shared log of replicas on Redis.
+            let changes = swaps
+                .iter()
+                .filter_map(|s| {
+                    let r = s.new.as_ref()?;
+                    let change = Change {
+                        key: s.key.clone(),
+                        version: r.version.clone(),
+                        kind: ChangeKind::Set(r.value.clone()),
+                    };
+                    Some((change, r.expires_at_ms))
+                })
+                .collect();
+            match self.commit(&swaps, self.0.limits.max_keys, changes, None).await? {
+                Written::Done { .. } => return Ok(report),
+                Written::TooManyKeys => return Err(EngineError::QuotaExceeded),
+                Written::Conflict => continue,
+                // Only a write that carries a request mark can be a repeat.
+                Written::Repeated(_) => return Err(contended()),
             }
         }
         Err(contended())

@@ -16,5 +16,6 @@ mod mqtt_auth;
 mod openapi;
 mod redis;
 mod resources;
+mod scaleout;
 mod support;
 mod transfer;
