@@ -187,7 +187,14 @@ impl RedisBackend {
                     other => other,
                 })?;
         }
-        Ok(RedisBackend(Arc::new(backend)))
+        let backend = Arc::new(backend);
+        if url.is_sentinel() {
+            let every = options
+                .timeout
+                .clamp(Duration::from_millis(100), Duration::from_secs(1));
+            tokio::spawn(Shared::watch_primary(Arc::downgrade(&backend), every));
+        }
+        Ok(RedisBackend(backend))
     }
 }
 

@@ -16,15 +16,23 @@ use redis::{Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisError, Serv
 use super::{LuaScript, Shared};
 use crate::storage::{RedisUrl, RoundTrips, StorageError};
 
-/// Where the primary is.
+/// Where the primary is. One per backend, so the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Target {
     Direct(redis::Client),
-    /// Asked of the sentinels each time a connection is made.
-    Sentinel {
-        sentinel: tokio::sync::Mutex<Sentinel>,
-        service: String,
-        node: SentinelNodeConnectionInfo,
-    },
+    /// Asked of the sentinels each time a connection is made, and watched (see
+    /// [`Shared::watch_primary`]).
+    Sentinel(SentinelTarget),
+}
+
+/// The sentinels and what is needed to connect to the primary they name.
+pub(super) struct SentinelTarget {
+    sentinel: tokio::sync::Mutex<Sentinel>,
+    service: String,
+    node: SentinelNodeConnectionInfo,
+    /// A client per sentinel, and the connection the watcher asks on.
+    sentinels: Vec<redis::Client>,
+    asking: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
 }
 
 /// The connection in use and the client it came from (the log reader opens its own).
@@ -82,6 +90,15 @@ impl Target {
             let spec = SentinelSpec::parse(url)?;
             let sentinel =
                 Sentinel::build(spec.sentinels.clone()).map_err(|e| StorageError::Backend(format!("{url}: {e}")))?;
+            let sentinels = spec
+                .sentinels
+                .iter()
+                .map(|s| {
+                    let info = s.as_str().into_connection_info()?.set_tcp_settings(tcp.clone());
+                    redis::Client::open(info)
+                })
+                .collect::<Result<_, _>>()
+                .map_err(|e| StorageError::Backend(format!("{url}: {e}")))?;
             let mut redis = redis::RedisConnectionInfo::default().set_db(spec.db);
             if let Some(user) = &spec.username {
                 redis = redis.set_username(user);
@@ -95,11 +112,13 @@ impl Target {
             if spec.tls {
                 node = node.set_tls_mode(redis::TlsMode::Secure);
             }
-            return Ok(Target::Sentinel {
+            return Ok(Target::Sentinel(SentinelTarget {
                 sentinel: tokio::sync::Mutex::new(sentinel),
                 service: spec.service,
                 node,
-            });
+                sentinels,
+                asking: Default::default(),
+            }));
         }
         let info = url.expose().into_connection_info().map_err(|e| {
             // The parser's message can quote the URL: name the URL ourselves, password hidden.
@@ -117,11 +136,13 @@ impl Target {
     async fn resolve(&self) -> Result<redis::Client, StorageError> {
         match self {
             Target::Direct(client) => Ok(client.clone()),
-            Target::Sentinel {
-                sentinel,
-                service,
-                node,
-            } => {
+            Target::Sentinel(s) => {
+                let SentinelTarget {
+                    sentinel,
+                    service,
+                    node,
+                    ..
+                } = s;
                 let client = sentinel
                     .lock()
                     .await
@@ -140,6 +161,46 @@ impl Target {
 }
 
 impl Shared {
+    /// With Sentinel, checks every `every` that the connection is to the primary the sentinels
+    /// name, for as long as the backend lives. A failover whose old primary still runs (a
+    /// forced one, or a network split) makes no call fail until Sentinel demotes it, which can
+    /// take seconds; writes acknowledged there meanwhile would be lost when it resyncs as a
+    /// replica. So the connection is replaced as soon as a sentinel names another primary.
+    pub(super) async fn watch_primary(backend: std::sync::Weak<Shared>, every: Duration) {
+        loop {
+            tokio::time::sleep(every).await;
+            let Some(shared) = backend.upgrade() else { return };
+            let Target::Sentinel(target) = &shared.target else {
+                return;
+            };
+            let SentinelTarget {
+                service,
+                sentinels,
+                asking,
+                ..
+            } = target;
+            let Some(current) = shared.slot.current.read().unwrap_or_else(|e| e.into_inner()).clone() else {
+                continue;
+            };
+            let (host, port) = match current.client.get_connection_info().addr() {
+                redis::ConnectionAddr::Tcp(h, p) | redis::ConnectionAddr::TcpTls { host: h, port: p, .. } => {
+                    (h.clone(), *p)
+                }
+                _ => continue,
+            };
+            let named = tokio::time::timeout(shared.timeout, ask_primary(service, sentinels, asking)).await;
+            shared.counters.add(Purpose::Background, 1);
+            match named {
+                Ok(Some((h, p))) if (h.as_str(), p) != (host.as_str(), port) => {
+                    tracing::warn!(service, from = %format!("{host}:{port}"), to = %format!("{h}:{p}"), "sentinel names another redis primary: reconnecting");
+                    shared.replace_connection(current.generation);
+                }
+                Ok(_) => {}
+                Err(_) => *asking.lock().await = None,
+            }
+        }
+    }
+
     /// The connection to use, made when the slot is empty. A call that fails as unavailable
     /// (timed out, refused, loading, read-only...) empties the slot, once per generation
     /// however many calls fail together: a manager can stay stuck on a connection that died
@@ -242,6 +303,33 @@ impl Shared {
         })
         .await
     }
+}
+
+/// The primary's address as the first sentinel that answers names it.
+async fn ask_primary(
+    service: &str,
+    sentinels: &[redis::Client],
+    asking: &tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
+) -> Option<(String, u16)> {
+    let mut slot = asking.lock().await;
+    let mut cmd = redis::cmd("SENTINEL");
+    cmd.arg("get-master-addr-by-name").arg(service);
+    if let Some(c) = slot.as_mut() {
+        match cmd.query_async::<Option<(String, u16)>>(c).await {
+            Ok(named) => return named,
+            Err(_) => *slot = None,
+        }
+    }
+    for sentinel in sentinels {
+        let Ok(mut c) = sentinel.get_multiplexed_async_connection().await else {
+            continue;
+        };
+        if let Ok(named) = cmd.query_async::<Option<(String, u16)>>(&mut c).await {
+            *slot = Some(c);
+            return named;
+        }
+    }
+    None
 }
 
 /// The parts of a `redis+sentinel://` URL.
