@@ -9,8 +9,9 @@ use clap::{Args, Parser, Subcommand};
 use crate::dapr::{StoreSpec, Stores};
 use crate::engine::{FeedLimits, Limits, ObserverLimits};
 use crate::http::HttpSettings;
+use crate::listener::ListenerLimits;
 use crate::mqtt::door::DoorLimits;
-use crate::mqtt::service::MqttSettings;
+use crate::mqtt::service::{MqttClientTls, MqttSettings};
 use crate::storage::durable::FsyncMode;
 use crate::storage::{RedisOptions, StorageConfig, StorageKind};
 
@@ -167,6 +168,176 @@ pub struct ServeArgs {
     /// `/tmp/dapr-components-sockets/stategate.sock` (daprd's component type `state.stategate`).
     #[arg(long, env = "STATEGATE_DAPR_COMPONENT_SOCKET")]
     pub dapr_component_socket: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub net: NetArgs,
+}
+
+/// TLS and listener limits of `stategate serve`.
+#[derive(Debug, Clone, Args)]
+pub struct NetArgs {
+    /// PEM certificate chain (leaf first) of every TLS listener: with --tls-key, the HTTP and
+    /// gRPC doors serve only TLS, and the embedded broker opens --mqtt-tls-listen. Reloaded on
+    /// SIGHUP and when the file changes.
+    #[arg(long, env = "STATEGATE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "STATEGATE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Where the embedded broker's TLS (MQTTS) listener listens, with --tls-cert; `off`
+    /// disables it.
+    #[arg(long, env = "STATEGATE_MQTT_TLS_LISTEN", default_value = "127.0.0.1:8883")]
+    pub mqtt_tls_listen: String,
+    /// PEM CA certificates: the MQTTS listener then requires a client certificate signed by
+    /// one of them, and the certificate's identity becomes the client's MQTT username.
+    #[arg(long, env = "STATEGATE_MQTT_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub mqtt_tls_client_ca: Option<PathBuf>,
+    /// Which part of a client certificate is the MQTT username: `cn` (the subject's common
+    /// name) or `subject` (the whole subject, e.g. `CN=sensor-1, O=Plant`).
+    #[arg(long, env = "STATEGATE_MQTT_TLS_IDENTITY", default_value = "cn")]
+    pub mqtt_tls_identity: CertIdentity,
+    /// PEM CA certificates that verify the external broker of an `mqtts://` --mqtt-url
+    /// (default: the system's trusted roots).
+    #[arg(long, env = "STATEGATE_MQTT_CA_FILE")]
+    pub mqtt_ca_file: Option<PathBuf>,
+    /// Allow plain (non-TLS) MQTT, HTTP or gRPC listeners on addresses other than loopback.
+    /// Without it such a listener stops the service at startup (exit status 64).
+    #[arg(long, env = "STATEGATE_ALLOW_INSECURE_LISTEN")]
+    pub allow_insecure_listen: bool,
+    /// Most MQTT sessions of the embedded broker (connected clients plus sessions kept for
+    /// disconnected ones); past it a CONNECT is refused with CONNACK "server unavailable".
+    #[arg(long, env = "STATEGATE_MQTT_MAX_CONNECTIONS", default_value_t = 10_000)]
+    pub mqtt_max_connections: usize,
+    /// Seconds an MQTT connection to the embedded broker has for its TLS handshake and its
+    /// CONNECT packet; past it the connection is closed.
+    #[arg(long, env = "STATEGATE_MQTT_CONNECT_TIMEOUT_SECS", default_value_t = 10)]
+    pub mqtt_connect_timeout_secs: u64,
+    /// Most HTTP connections open at once; past it a new connection is closed right away.
+    #[arg(long, env = "STATEGATE_HTTP_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub http_max_connections: usize,
+    /// Most HTTP requests executing at once (event streams excepted); past it a request is
+    /// answered 503 `ERR_TOO_MANY_REQUESTS`.
+    #[arg(long, env = "STATEGATE_HTTP_MAX_INFLIGHT", default_value_t = 1024)]
+    pub http_max_inflight: usize,
+    /// Most server-sent event streams open at once; past it a subscribe is answered 503
+    /// `ERR_TOO_MANY_REQUESTS`.
+    #[arg(long, env = "STATEGATE_HTTP_MAX_STREAMS", default_value_t = 1024)]
+    pub http_max_streams: usize,
+    /// Seconds an HTTP connection has to send a request's headers, counted from when it is
+    /// ready for a request: for a kept-alive connection this is also its idle timeout.
+    #[arg(long, env = "STATEGATE_HTTP_HEADER_TIMEOUT_SECS", default_value_t = 10)]
+    pub http_header_timeout_secs: u64,
+    /// Most gRPC connections open at once; past it a new connection is closed right away.
+    #[arg(long, env = "STATEGATE_GRPC_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub grpc_max_connections: usize,
+    /// Most gRPC calls executing at once (streams excepted); past it RESOURCE_EXHAUSTED.
+    #[arg(long, env = "STATEGATE_GRPC_MAX_INFLIGHT", default_value_t = 1024)]
+    pub grpc_max_inflight: usize,
+    /// Most gRPC streams (Watch, health Watch, reflection) open at once; past it
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, env = "STATEGATE_GRPC_MAX_STREAMS", default_value_t = 1024)]
+    pub grpc_max_streams: usize,
+    /// HTTP/2 streams one gRPC connection may have open (SETTINGS_MAX_CONCURRENT_STREAMS).
+    #[arg(long, env = "STATEGATE_GRPC_MAX_STREAMS_PER_CONNECTION", default_value_t = 256)]
+    pub grpc_max_streams_per_connection: u32,
+    /// Seconds between HTTP/2 keep-alive pings on a gRPC connection; a peer that does not
+    /// answer one within as many seconds again is disconnected. A new connection must send
+    /// its first bytes within this time too.
+    #[arg(long, env = "STATEGATE_GRPC_KEEPALIVE_SECS", default_value_t = 30)]
+    pub grpc_keepalive_secs: u64,
+    /// Seconds a TLS handshake may take on the HTTP and gRPC doors; past it the connection is
+    /// closed.
+    #[arg(long, env = "STATEGATE_TLS_HANDSHAKE_TIMEOUT_SECS", default_value_t = 10)]
+    pub tls_handshake_timeout_secs: u64,
+}
+
+/// Which part of a client certificate names an MQTT client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CertIdentity {
+    /// The subject's common name.
+    Cn,
+    /// The whole subject distinguished name.
+    Subject,
+}
+
+/// The embedded broker's TLS listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MqttTlsListener {
+    pub listen: SocketAddr,
+    /// Client certificates required, verified against these CAs.
+    pub client_ca: Option<PathBuf>,
+    pub identity: CertIdentity,
+}
+
+/// The TLS and connection settings of the listeners.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetSettings {
+    /// Certificate and key of every TLS listener (`None`: no TLS listener).
+    pub tls: Option<TlsFiles>,
+    /// The embedded broker's TLS listener (needs `tls`).
+    pub mqtt_tls: Option<MqttTlsListener>,
+    pub mqtt_max_connections: usize,
+    pub mqtt_connect_timeout: Duration,
+    pub http: ListenerLimits,
+    pub http_max_inflight: usize,
+    pub http_max_streams: usize,
+    pub http_header_timeout: Duration,
+    pub grpc: ListenerLimits,
+    pub grpc_max_inflight: usize,
+    pub grpc_max_streams: usize,
+    pub grpc_max_streams_per_connection: u32,
+    pub grpc_keepalive: Duration,
+}
+
+/// A certificate chain and its key, as PEM files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl NetSettings {
+    fn from_args(n: &NetArgs) -> Result<NetSettings, ConfigError> {
+        let tls = match (&n.tls_cert, &n.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            _ => None,
+        };
+        let mqtt_tls = match (&tls, parse_listen("--mqtt-tls-listen", &n.mqtt_tls_listen)?) {
+            (Some(_), Some(listen)) => Some(MqttTlsListener {
+                listen,
+                client_ca: n.mqtt_tls_client_ca.clone(),
+                identity: n.mqtt_tls_identity,
+            }),
+            _ => None,
+        };
+        let handshake_timeout = Duration::from_secs(n.tls_handshake_timeout_secs.max(1));
+        let grpc_keepalive = Duration::from_secs(n.grpc_keepalive_secs.max(1));
+        Ok(NetSettings {
+            tls,
+            mqtt_tls,
+            mqtt_max_connections: n.mqtt_max_connections.max(1),
+            mqtt_connect_timeout: Duration::from_secs(n.mqtt_connect_timeout_secs.max(1)),
+            http: ListenerLimits {
+                max_connections: n.http_max_connections.max(1),
+                handshake_timeout,
+                first_byte_timeout: None,
+            },
+            http_max_inflight: n.http_max_inflight.max(1),
+            http_max_streams: n.http_max_streams.max(1),
+            http_header_timeout: Duration::from_secs(n.http_header_timeout_secs.max(1)),
+            grpc: ListenerLimits {
+                max_connections: n.grpc_max_connections.max(1),
+                handshake_timeout,
+                first_byte_timeout: Some(grpc_keepalive),
+            },
+            grpc_max_inflight: n.grpc_max_inflight.max(1),
+            grpc_max_streams: n.grpc_max_streams.max(1),
+            grpc_max_streams_per_connection: n.grpc_max_streams_per_connection.max(1),
+            grpc_keepalive,
+        })
+    }
 }
 
 impl Default for ServeArgs {
@@ -193,10 +364,21 @@ pub enum BrokerChoice {
 /// A bad flag value.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("--mqtt-url must look like mqtt://host:port (got {0:?})")]
+    #[error("--mqtt-url must look like mqtt[s]://[user[:password]@]host[:port] (got {0})")]
     BadMqttUrl(String),
-    #[error("--mqtt-url {0:?}: TLS (mqtts://) is not supported yet")]
+    #[error("--mqtt-url {0}: TLS (mqtts://) needs the cargo feature `mqtt-client-tls`")]
     TlsUnsupported(String),
+    #[error(
+        "{flag} {addr} is a plain (non-TLS) listener beyond loopback: anyone who can reach it could read and \
+         write every key. Use TLS ({tls_hint}), bind it to 127.0.0.1, or pass --allow-insecure-listen"
+    )]
+    InsecureListen {
+        flag: &'static str,
+        addr: SocketAddr,
+        tls_hint: &'static str,
+    },
+    #[error("--mqtt-tls-client-ca needs the embedded broker's TLS listener (--tls-cert, --mqtt-tls-listen)")]
+    ClientCaWithoutListener,
     #[error("--node-id must be non-empty and contain no ':' (got {0:?})")]
     BadNodeId(String),
     #[error("--mqtt-max-packet-bytes ({packet}) must exceed --max-value-bytes ({value}) plus the key and envelope")]
@@ -224,6 +406,8 @@ pub struct Config {
     pub grpc_listen: Option<SocketAddr>,
     /// Unix socket of the Dapr pluggable state component (`None`: off).
     pub dapr_component_socket: Option<std::path::PathBuf>,
+    /// TLS and listener limits.
+    pub net: NetSettings,
 }
 
 impl Default for Config {
@@ -252,6 +436,10 @@ impl Config {
             None => return Err(ConfigError::NoEmbeddedBroker),
             Some(url) => parse_mqtt_url(url)?,
         };
+        let broker_url = match &a.mqtt_url {
+            Some(url) => Some(parse_broker_url(url)?),
+            None => None,
+        };
         let external = matches!(broker, BrokerChoice::External { .. });
         let mqtt = MqttSettings {
             client_id: a.mqtt_client_id,
@@ -265,6 +453,13 @@ impl Config {
                 response_cache_bytes: a.mqtt_response_cache_bytes,
                 ..DoorLimits::default()
             },
+            tls: match &broker_url {
+                Some(u) if u.tls => Some(MqttClientTls {
+                    ca_file: a.net.mqtt_ca_file.clone(),
+                }),
+                _ => None,
+            },
+            credentials: broker_url.and_then(|u| u.credentials),
             ..MqttSettings::default()
         };
         let limits = Limits {
@@ -315,7 +510,27 @@ impl Config {
                 startup_wait: Duration::from_secs(a.redis_startup_wait_secs),
             },
         };
+        let net = NetSettings::from_args(&a.net)?;
+        if net.mqtt_tls.is_none() && a.net.mqtt_tls_client_ca.is_some() {
+            return Err(ConfigError::ClientCaWithoutListener);
+        }
+        if !a.net.allow_insecure_listen {
+            let tls = net.tls.is_some();
+            let mut plain: Vec<(&'static str, SocketAddr, &'static str)> = Vec::new();
+            if let BrokerChoice::Embedded { listen, .. } = &broker {
+                plain.push(("--mqtt-listen", *listen, "--tls-cert/--tls-key and --mqtt-tls-listen"));
+            }
+            if !tls {
+                let hint = "--tls-cert/--tls-key";
+                plain.extend(http_listen.map(|addr| ("--http-listen", addr, hint)));
+                plain.extend(grpc_listen.map(|addr| ("--grpc-listen", addr, hint)));
+            }
+            if let Some((flag, addr, tls_hint)) = plain.into_iter().find(|(_, addr, _)| !addr.ip().is_loopback()) {
+                return Err(ConfigError::InsecureListen { flag, addr, tls_hint });
+            }
+        }
         Ok(Config {
+            net,
             node_id: a.node_id,
             broker,
             mqtt,
@@ -339,29 +554,110 @@ fn parse_listen(flag: &'static str, value: &str) -> Result<Option<SocketAddr>, C
     }
 }
 
-/// `mqtt://host[:port]` (or `tcp://`); the port defaults to 1883.
+/// `mqtt[s]://[user[:password]@]host[:port]` (or `tcp://`, `ssl://`) as an external broker.
 pub fn parse_mqtt_url(url: &str) -> Result<BrokerChoice, ConfigError> {
-    let bad = || ConfigError::BadMqttUrl(url.to_owned());
-    let rest = if let Some(r) = url.strip_prefix("mqtt://").or_else(|| url.strip_prefix("tcp://")) {
-        r
-    } else if url.starts_with("mqtts://") || url.starts_with("ssl://") {
-        return Err(ConfigError::TlsUnsupported(url.to_owned()));
+    let u = parse_broker_url(url)?;
+    Ok(BrokerChoice::External { host: u.host, port: u.port })
+}
+
+/// An MQTT broker URL, parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerUrl {
+    pub host: String,
+    pub port: u16,
+    /// `mqtts://`: TLS, verified.
+    pub tls: bool,
+    pub credentials: Option<MqttCredentials>,
+}
+
+/// A username and password for an MQTT CONNECT (the password never shows in `Debug`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct MqttCredentials {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for MqttCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MqttCredentials")
+            .field("username", &self.username)
+            .field("password", &"***")
+            .finish()
+    }
+}
+
+/// The URL with any password masked, for messages.
+pub fn mask_url_password(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// `mqtt[s]://[user[:password]@]host[:port]`; the port defaults to 1883 (8883 with TLS).
+/// User and password are percent-decoded.
+pub fn parse_broker_url(url: &str) -> Result<BrokerUrl, ConfigError> {
+    let bad = || ConfigError::BadMqttUrl(mask_url_password(url));
+    let (rest, tls) = if let Some(r) = url.strip_prefix("mqtt://").or_else(|| url.strip_prefix("tcp://")) {
+        (r, false)
+    } else if let Some(r) = url.strip_prefix("mqtts://").or_else(|| url.strip_prefix("ssl://")) {
+        if !cfg!(feature = "mqtt-client-tls") {
+            return Err(ConfigError::TlsUnsupported(mask_url_password(url)));
+        }
+        (r, true)
     } else {
         return Err(bad());
     };
     let rest = rest.trim_end_matches('/');
+    let (credentials, rest) = match rest.rsplit_once('@') {
+        Some((userinfo, hostport)) => {
+            let (user, pass) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+            let user = percent_decode(user).ok_or_else(bad)?;
+            if user.is_empty() {
+                return Err(bad());
+            }
+            let password = percent_decode(pass).ok_or_else(bad)?;
+            (Some(MqttCredentials { username: user, password }), hostport)
+        }
+        None => (None, rest),
+    };
+    let default_port = if tls { 8883 } else { 1883 };
     let (host, port) = match rest.rsplit_once(':') {
-        Some((h, p)) => (h, p.parse::<u16>().map_err(|_| bad())?),
-        None => (rest, 1883),
+        // An IPv6 address without a port: `[::1]`.
+        Some((h, p)) if !(h.starts_with('[') && !h.ends_with(']')) => (h, p.parse::<u16>().map_err(|_| bad())?),
+        _ => (rest, default_port),
     };
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    if host.is_empty() || host.contains('/') {
+    if host.is_empty() || host.contains('/') || host.contains('@') {
         return Err(bad());
     }
-    Ok(BrokerChoice::External {
+    Ok(BrokerUrl {
         host: host.to_owned(),
         port,
+        tls,
+        credentials,
     })
+}
+
+/// `%XX` escapes decoded (a password may hold `@`, `:` or `/`); `None` if malformed.
+fn percent_decode(s: &str) -> Option<String> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut bytes = s.bytes();
+    while let Some(b) = bytes.next() {
+        if b == b'%' {
+            let hex = [bytes.next()?, bytes.next()?];
+            out.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
+        } else {
+            out.push(b);
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]
@@ -393,13 +689,54 @@ mod tests {
         assert_eq!(parse_mqtt_url("mqtt://localhost:1884").unwrap(), ext("localhost", 1884));
         assert_eq!(parse_mqtt_url("mqtt://10.0.0.1").unwrap(), ext("10.0.0.1", 1883));
         assert_eq!(parse_mqtt_url("tcp://[::1]:1883/").unwrap(), ext("::1", 1883));
-        assert!(matches!(
-            parse_mqtt_url("mqtts://h:8883"),
-            Err(ConfigError::TlsUnsupported(_))
-        ));
-        for bad in ["http://h:1", "mqtt://", "mqtt://h:x", "mqtt://h:70000", "h:1883"] {
+        for bad in ["http://h:1", "mqtt://", "mqtt://h:x", "mqtt://h:70000", "h:1883", "mqtt://@h", "mqtt://u:%zz@h"] {
             assert!(matches!(parse_mqtt_url(bad), Err(ConfigError::BadMqttUrl(_))), "{bad}");
         }
+    }
+
+    #[test]
+    fn broker_urls_with_tls_and_credentials() {
+        let u = parse_broker_url("mqtts://svc:p%40ss:w@broker.example:8884").unwrap();
+        assert_eq!((u.host.as_str(), u.port, u.tls), ("broker.example", 8884, true));
+        let c = u.credentials.unwrap();
+        assert_eq!((c.username.as_str(), c.password.as_str()), ("svc", "p@ss:w"));
+        assert!(!format!("{c:?}").contains("p@ss"), "no password in Debug");
+        assert_eq!(parse_broker_url("mqtts://[::1]").unwrap().port, 8883, "TLS default port");
+        assert_eq!(parse_broker_url("mqtt://u@h").unwrap().credentials.unwrap().password, "");
+        let err = parse_broker_url("mqtts://u:secret@h:x").unwrap_err().to_string();
+        assert!(!err.contains("secret") && err.contains("u:***@h:x"), "{err}");
+    }
+
+    #[test]
+    fn plain_listeners_beyond_loopback_are_refused() {
+        let refused = |args: &[&str]| {
+            let mut all = vec!["stategate"];
+            all.extend_from_slice(args);
+            Config::from_args(Cli::try_parse_from(all).unwrap().serve)
+        };
+        for (args, flag) in [
+            (&["--http-listen", "0.0.0.0:3500"][..], "--http-listen"),
+            (&["--grpc-listen", "192.0.2.1:50001"][..], "--grpc-listen"),
+            (&["--mqtt-listen", "[::]:1883"][..], "--mqtt-listen"),
+        ] {
+            match refused(args) {
+                Err(ConfigError::InsecureListen { flag: f, .. }) => assert_eq!(f, flag),
+                other => panic!("{args:?}: {other:?}"),
+            }
+        }
+        assert!(refused(&["--http-listen", "0.0.0.0:3500", "--allow-insecure-listen"]).is_ok());
+        // TLS doors may bind anywhere; the plain MQTT listener still may not.
+        let tls = ["--tls-cert", "c.pem", "--tls-key", "k.pem"];
+        let mut a = tls.to_vec();
+        a.extend(["--http-listen", "0.0.0.0:3500", "--grpc-listen", "0.0.0.0:50001"]);
+        assert!(refused(&a).is_ok());
+        let mut a = tls.to_vec();
+        a.extend(["--mqtt-listen", "0.0.0.0:1883"]);
+        assert!(matches!(refused(&a), Err(ConfigError::InsecureListen { .. })));
+        assert!(Cli::try_parse_from(["stategate", "--mqtt-tls-client-ca", "ca.pem"]).is_err());
+        let mut a = tls.to_vec();
+        a.extend(["--mqtt-tls-client-ca", "ca.pem", "--mqtt-tls-listen", "off"]);
+        assert!(matches!(refused(&a), Err(ConfigError::ClientCaWithoutListener)));
     }
 
     #[test]

@@ -7,6 +7,8 @@ use tracing_subscriber::EnvFilter;
 const EXIT_USAGE: i32 = 64;
 
 fn main() {
+    // One rustls crypto provider for the whole process, before anything builds a TLS config.
+    stategate::tls::install_provider();
     let cli = Cli::parse();
     let args = match cli.command {
         Some(CliCommand::Client(cmd)) => std::process::exit(stategate::cli::run(cmd)),
