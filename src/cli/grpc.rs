@@ -252,7 +252,7 @@ fn to_event(ev: pb::WatchEvent) -> Option<Event> {
 }
 
 /// An error with its causes (a TLS verification failure sits a few levels down).
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut source = e.source();
     while let Some(cause) = source {

@@ -78,7 +78,9 @@ fn transport(e: reqwest::Error, base: &str, timeout: Duration) -> CliError {
             humantime::format_duration(timeout)
         ))
     } else if e.is_connect() {
-        CliError::unavailable(format!("cannot reach {base}: {e}"))
+        // The cause (a refused connection, a certificate that does not verify) is a few
+        // sources down.
+        CliError::unavailable(format!("cannot reach {base}: {}", super::grpc::error_chain(&e)))
     } else {
         CliError::unavailable(format!("request to {base} failed: {e}"))
     }

@@ -222,6 +222,11 @@ impl EmbeddedBroker {
         self.tls.as_ref().map(|t| t.local_addr)
     }
 
+    /// Times the MQTTS listener was rebound with a reloaded certificate (changes on each).
+    pub fn tls_rebinds(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.tls.as_ref().map(|t| t.rebinds.clone())
+    }
+
     /// (client id, username) of every session the broker holds; the username is the one the
     /// broker authenticated: with client certificates, the certificate's identity.
     pub async fn clients(&self) -> Vec<(String, Option<String>)> {

@@ -11,5 +11,7 @@ mod http_fuzz;
 mod inbroker;
 mod mqtt;
 mod openapi;
+mod pki;
 mod redis;
 mod support;
+mod tls;

@@ -56,6 +56,8 @@ fn settings(base: &Builder, tls: &BrokerTls, laddr: SocketAddr) -> Builder {
 pub(super) struct TlsListener {
     pub(super) local_addr: SocketAddr,
     task: JoinHandle<()>,
+    /// Times the listener was rebound with reloaded files.
+    pub(super) rebinds: watch::Receiver<u64>,
 }
 
 impl TlsListener {
@@ -63,6 +65,7 @@ impl TlsListener {
     pub(super) fn start(scx: &ServerContext, base: &Builder, tls: BrokerTls) -> Result<TlsListener, BrokerError> {
         let (server, local_addr, id) = bind(scx, base, &tls, tls.listen)?;
         let mtls = tls.client_ca.is_some();
+        let (rebound, rebinds) = watch::channel(0u64);
         let scx = scx.clone();
         let base = base.clone();
         let task = tokio::spawn(async move {
@@ -79,6 +82,7 @@ impl TlsListener {
                         // Dropping the old accept loop aborts it, which closes its socket.
                         drop(previous.0);
                         scx.listen_cfgs.remove(&previous.1);
+                        rebound.send_modify(|n| *n += 1);
                         tracing::info!(%local_addr, "embedded broker: MQTTS listener serves the reloaded certificate");
                     }
                     Err(e) => tracing::warn!(
@@ -91,7 +95,11 @@ impl TlsListener {
             std::future::pending::<()>().await;
         });
         tracing::info!(%local_addr, mtls, "embedded broker MQTTS listener");
-        Ok(TlsListener { local_addr, task })
+        Ok(TlsListener {
+            local_addr,
+            task,
+            rebinds,
+        })
     }
 
     pub(super) fn stop(&self) {
