@@ -9,6 +9,7 @@ mod grpc;
 mod http;
 mod http_fuzz;
 mod inbroker;
+mod limits;
 mod mqtt;
 mod openapi;
 mod pki;
