@@ -257,9 +257,11 @@ impl CertReloader {
     /// Reloads on SIGHUP and whenever a file changes, until `stop` changes.
     pub fn spawn_watcher(self: &Arc<Self>, mut stop: watch::Receiver<bool>) -> tokio::task::JoinHandle<()> {
         let this = self.clone();
+        // Registered before returning, so a SIGHUP sent once the service runs never meets the
+        // default action (which would end the process).
+        #[cfg(unix)]
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
         tokio::spawn(async move {
-            #[cfg(unix)]
-            let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
             let mut tick = tokio::time::interval(FILE_CHECK_INTERVAL);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {

@@ -368,11 +368,13 @@ async fn the_real_binary_stays_within_its_budgets_under_load_and_recovers() {
     let exhausted = watches.iter().filter(|w| matches!(w, Err(Code::ResourceExhausted))).count();
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
     // What the budgets allow: per connection 64 KiB of buffers and task state, per request in
-    // flight twice the body limit, per stream 64 KiB, plus 64 MiB for the runtime and allocator.
+    // flight twice the body limit, per open stream hyper's HTTP/2 send buffer (400 KiB: these
+    // watchers never read, and every save is an event for each of them) plus 64 KiB, and 64 MiB
+    // for the runtime and the allocator.
     let bound = baseline
         + ((HTTP_CONNECTIONS + GRPC_CONNECTIONS) as u64 * 64 * 1024)
         + (HTTP_INFLIGHT as u64 * 2 * BODY_LIMIT as u64)
-        + (GRPC_STREAMS as u64 * 64 * 1024)
+        + (GRPC_STREAMS as u64 * (400 + 64) * 1024)
         + 64 * 1024 * 1024;
     println!(
         "resource test: rss baseline {:.1} MiB, peak {:.1} MiB, bound {:.1} MiB; saves ok {ok} / 503 {busy} / refused {refused}; \

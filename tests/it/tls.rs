@@ -453,3 +453,51 @@ async fn a_plain_listener_beyond_loopback_stops_the_service_at_startup() {
         assert!(err.contains(flags[0]) && err.contains("--allow-insecure-listen"), "{err}");
     }
 }
+
+#[tokio::test]
+async fn sighup_reloads_the_certificate_of_the_real_binary() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("stategate test CA");
+    let ca_file = ca.write(dir.path(), "ca");
+    let first = ca.server(dir.path(), "live");
+    let http_port = crate::support::free_port();
+    let mut child = tokio::process::Command::new(BIN)
+        .args(["--storage", "memory", "--mqtt-listen", "127.0.0.1:0", "--mqtt-tls-listen", "127.0.0.1:0"])
+        .args(["--grpc-listen", "off", "--http-listen", &format!("127.0.0.1:{http_port}")])
+        .arg("--tls-cert")
+        .arg(&first.cert)
+        .arg("--tls-key")
+        .arg(&first.key)
+        .env("RUST_LOG", "stategate=info")
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap() as i32;
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut wait_for = async |needle: &str| {
+        within(needle, async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if line.contains(needle) {
+                    return line;
+                }
+            }
+            panic!("the service ended before logging {needle:?}");
+        })
+        .await
+    };
+    wait_for("stategate is serving").await;
+    let (mut old, leaf) = tls_connect(http_port, &ca_file, &[b"http/1.1"]).await.unwrap();
+    assert_eq!(leaf, pki::der_of(&first.cert_pem));
+    // SIGHUP with the files unchanged: a reload all the same, and the process lives on.
+    // SAFETY: kill(2) on the child's pid; no memory is involved.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGHUP) }, 0);
+    let line = wait_for("TLS certificate reloaded").await;
+    assert!(line.contains("SIGHUP"), "{line}");
+    assert_eq!(health_on(&mut old).await, 204, "the open connection keeps working");
+    let (_, leaf) = tls_connect(http_port, &ca_file, &[b"http/1.1"]).await.unwrap();
+    assert_eq!(leaf, pki::der_of(&first.cert_pem));
+    let _ = child.start_kill();
+}
