@@ -459,7 +459,9 @@ fn base_url(url: &str, flag: &str) -> Result<String, CliError> {
     } else if let Some(rest) = url.strip_prefix("https://") {
         ("https", rest)
     } else if url.contains("://") {
-        return Err(CliError::usage(format!("{flag} must be an http:// or https:// URL (got {url:?})")));
+        return Err(CliError::usage(format!(
+            "{flag} must be an http:// or https:// URL (got {url:?})"
+        )));
     } else {
         ("http", url)
     };

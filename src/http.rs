@@ -232,10 +232,13 @@ async fn limit_in_flight(State(inflight): State<InFlight>, req: Request, next: N
         Kind::Request
     };
     match inflight.try_admit(kind) {
-        Ok(slot) => next.run(req).await.map(|body| axum::body::Body::new(SlotBody::new(body, slot))),
+        Ok(slot) => next
+            .run(req)
+            .await
+            .map(|body| axum::body::Body::new(SlotBody::new(body, slot))),
         Err(refused) => {
-            let mut resp = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, TOO_MANY_REQUESTS, refused.to_string())
-                .into_response();
+            let mut resp =
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, TOO_MANY_REQUESTS, refused.to_string()).into_response();
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
             resp

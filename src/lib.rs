@@ -213,7 +213,10 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
             let bound = listener
                 .local_addr()
                 .map_err(|source| StartError::HttpBind { addr, source })?;
-            Some((listener::Listener::new("http", listener, http_tls, config.net.http), bound))
+            Some((
+                listener::Listener::new("http", listener, http_tls, config.net.http),
+                bound,
+            ))
         }
     };
     let grpc_listener = match config.grpc_listen {
@@ -225,7 +228,10 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
             let bound = listener
                 .local_addr()
                 .map_err(|source| StartError::GrpcBind { addr, source })?;
-            Some((listener::Listener::new("grpc", listener, grpc_tls, config.net.grpc), bound))
+            Some((
+                listener::Listener::new("grpc", listener, grpc_tls, config.net.grpc),
+                bound,
+            ))
         }
     };
     let limits = DoorLimits {
@@ -262,8 +268,14 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
                 let scheme = if tls { "https" } else { "http" };
                 tracing::info!(url = %format!("{scheme}://{bound}{}", http::ui::BASE), "web console");
             }
-            let router = http::router_with_limits(engine.clone(), config.http.clone(), info, limits.http_inflight.clone());
-            let task = tokio::spawn(http::serve(listener, router, config.net.http_header_timeout, stop_rx.clone()));
+            let router =
+                http::router_with_limits(engine.clone(), config.http.clone(), info, limits.http_inflight.clone());
+            let task = tokio::spawn(http::serve(
+                listener,
+                router,
+                config.net.http_header_timeout,
+                stop_rx.clone(),
+            ));
             (Some(bound), Some(task))
         }
     };

@@ -164,19 +164,21 @@ impl Listener {
             tasks.spawn(async move {
                 let io = match tls {
                     None => Io::Plain(tcp),
-                    Some(acceptor) => match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
-                        Ok(Ok(tls)) => Io::Tls(Box::new(tls)),
-                        Ok(Err(e)) => {
-                            stats.failed_handshakes.fetch_add(1, Ordering::Relaxed);
-                            tracing::debug!(door, %peer, cause = %e, "TLS handshake failed");
-                            return;
+                    Some(acceptor) => {
+                        match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
+                            Ok(Ok(tls)) => Io::Tls(Box::new(tls)),
+                            Ok(Err(e)) => {
+                                stats.failed_handshakes.fetch_add(1, Ordering::Relaxed);
+                                tracing::debug!(door, %peer, cause = %e, "TLS handshake failed");
+                                return;
+                            }
+                            Err(_) => {
+                                stats.failed_handshakes.fetch_add(1, Ordering::Relaxed);
+                                tracing::debug!(door, %peer, "TLS handshake timed out");
+                                return;
+                            }
                         }
-                        Err(_) => {
-                            stats.failed_handshakes.fetch_add(1, Ordering::Relaxed);
-                            tracing::debug!(door, %peer, "TLS handshake timed out");
-                            return;
-                        }
-                    },
+                    }
                 };
                 let first_byte = limits.first_byte_timeout.map(|t| Box::pin(tokio::time::sleep(t)));
                 serve(Connection {

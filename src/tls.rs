@@ -291,7 +291,9 @@ impl CertReloader {
                         why,
                         "TLS certificate reloaded"
                     ),
-                    Err(e) => tracing::warn!(cause = %e, why, "TLS certificate not reloaded; the previous one stays in use"),
+                    Err(e) => {
+                        tracing::warn!(cause = %e, why, "TLS certificate not reloaded; the previous one stays in use")
+                    }
                 }
             }
         })

@@ -271,7 +271,9 @@ fn tls_connector(
     http::Uri,
     Response = hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
     Error = std::io::Error,
-    Future = impl Future<Output = std::io::Result<hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>>> + Send,
+    Future = impl Future<
+        Output = std::io::Result<hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>>,
+    > + Send,
 > + Send
 + Clone
 + 'static {

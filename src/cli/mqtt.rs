@@ -103,7 +103,10 @@ impl MqttDoor {
                 let tls = crate::mqtt::service::MqttClientTls {
                     ca_file: c.ca_file.clone(),
                 };
-                o.set_transport(tls.transport().map_err(|e| CliError::usage(format!("--ca-file: {e}")))?);
+                o.set_transport(
+                    tls.transport()
+                        .map_err(|e| CliError::usage(format!("--ca-file: {e}")))?,
+                );
             }
         }
         o.set_keep_alive(Duration::from_secs(30));

@@ -82,7 +82,10 @@ pub struct SlotBody<B> {
 
 impl<B> SlotBody<B> {
     pub fn new(inner: B, slot: Slot) -> SlotBody<B> {
-        SlotBody { inner, slot: Some(slot) }
+        SlotBody {
+            inner,
+            slot: Some(slot),
+        }
     }
 }
 
@@ -133,7 +136,10 @@ mod tests {
     async fn a_body_holds_its_slot_until_it_ends() {
         use http_body_util::BodyExt;
         let f = InFlight::new(1, 1);
-        let body = SlotBody::new(http_body_util::Full::new(Bytes::from_static(b"hi")), f.try_admit(Kind::Request).unwrap());
+        let body = SlotBody::new(
+            http_body_util::Full::new(Bytes::from_static(b"hi")),
+            f.try_admit(Kind::Request).unwrap(),
+        );
         assert_eq!(f.in_flight(), (1, 0));
         let bytes = body.collect().await.unwrap().to_bytes();
         assert_eq!(&bytes[..], b"hi");

@@ -68,7 +68,9 @@ impl MqttClientTls {
     #[cfg(feature = "mqtt-client-tls")]
     pub fn transport(&self) -> Result<rumqttc::Transport, crate::tls::TlsError> {
         let config = crate::tls::client_config(self.ca_file.as_deref(), &[])?;
-        Ok(rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(config)))
+        Ok(rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(
+            config,
+        )))
     }
 }
 

@@ -31,13 +31,18 @@ async fn until_closed(s: &mut TcpStream) -> Vec<u8> {
 }
 
 async fn health(http: &str) -> Result<u16, reqwest::Error> {
-    reqwest::get(format!("{http}/v1.0/healthz")).await.map(|r| r.status().as_u16())
+    reqwest::get(format!("{http}/v1.0/healthz"))
+        .await
+        .map(|r| r.status().as_u16())
 }
 
 async fn native(env: &TestEnv) -> npb::state_store_client::StateStoreClient<tonic::transport::Channel> {
-    within("a gRPC connection", npb::state_store_client::StateStoreClient::connect(env.grpc()))
-        .await
-        .unwrap()
+    within(
+        "a gRPC connection",
+        npb::state_store_client::StateStoreClient::connect(env.grpc()),
+    )
+    .await
+    .unwrap()
 }
 
 #[tokio::test]
@@ -50,10 +55,16 @@ async fn slow_headers_are_cut_by_the_header_timeout_while_others_are_served() {
     let mut slow = Vec::new();
     for _ in 0..50 {
         let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"GET /v1.0/healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ").await.unwrap();
+        s.write_all(b"GET /v1.0/healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            .await
+            .unwrap();
         slow.push(s);
     }
-    assert_eq!(health(&env.http()).await.unwrap(), 204, "another client is served meanwhile");
+    assert_eq!(
+        health(&env.http()).await.unwrap(),
+        204,
+        "another client is served meanwhile"
+    );
     for s in &mut slow {
         let answered = within("the header timeout to close a slow connection", until_closed(s)).await;
         assert!(!answered.starts_with(b"HTTP/1.1 2"), "a slow request is never served");
@@ -91,7 +102,7 @@ async fn a_connection_flood_past_the_limit_is_refused_at_once() {
     }
     assert!(stats.refused.load(std::sync::atomic::Ordering::Relaxed) >= 200);
     // Other doors keep serving meanwhile.
-    let got = native(&env).await.get(npb::GetRequest { key: b"k".to_vec().into() }).await;
+    let got = native(&env).await.get(npb::GetRequest { key: b"k".to_vec() }).await;
     assert!(got.is_ok(), "{got:?}");
     // A holder leaves: its slot serves a new client.
     holders.pop();
@@ -132,15 +143,24 @@ async fn http_requests_and_streams_past_their_limits_get_503_in_daprs_shape() {
     .unwrap();
     let mut buf = [0u8; 256];
     let n = within("100 Continue", held.read(&mut buf)).await.unwrap();
-    assert!(buf[..n].starts_with(b"HTTP/1.1 100"), "{}", String::from_utf8_lossy(&buf[..n]));
+    assert!(
+        buf[..n].starts_with(b"HTTP/1.1 100"),
+        "{}",
+        String::from_utf8_lossy(&buf[..n])
+    );
     assert_eq!(inflight.in_flight(), (1, 0));
 
-    let refused = reqwest::get(format!("{}/v1.0/state/statestore/k", env.http())).await.unwrap();
+    let refused = reqwest::get(format!("{}/v1.0/state/statestore/k", env.http()))
+        .await
+        .unwrap();
     assert_eq!(refused.status(), 503);
     assert_eq!(refused.headers()["retry-after"], "1");
     let body_json: serde_json::Value = refused.json().await.unwrap();
     assert_eq!(body_json["errorCode"], "ERR_TOO_MANY_REQUESTS");
-    assert!(body_json["message"].as_str().unwrap().contains("limit 1"), "{body_json}");
+    assert!(
+        body_json["message"].as_str().unwrap().contains("limit 1"),
+        "{body_json}"
+    );
 
     // Streams have their own limit: one is open while the request slot is taken...
     let stream = reqwest::get(format!("{}/v1.0-alpha1/state/statestore/subscribe", env.http()))
@@ -156,8 +176,14 @@ async fn http_requests_and_streams_past_their_limits_get_503_in_daprs_shape() {
     // The held save completes; its slot serves the next request.
     held.write_all(body).await.unwrap();
     let n = within("the held save's answer", held.read(&mut buf)).await.unwrap();
-    assert!(buf[..n].starts_with(b"HTTP/1.1 204"), "{}", String::from_utf8_lossy(&buf[..n]));
-    let got = reqwest::get(format!("{}/v1.0/state/statestore/held", env.http())).await.unwrap();
+    assert!(
+        buf[..n].starts_with(b"HTTP/1.1 204"),
+        "{}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    let got = reqwest::get(format!("{}/v1.0/state/statestore/held", env.http()))
+        .await
+        .unwrap();
     assert_eq!(got.status(), 200);
     drop(stream);
     env.stop().await;
@@ -177,21 +203,21 @@ async fn grpc_calls_and_streams_past_their_limits_get_resource_exhausted() {
     // One Watch holds the only stream slot once its response has started.
     let watch = client
         .watch(npb::WatchRequest {
-            keys: vec![b"w".to_vec().into()],
+            keys: vec![b"w".to_vec()],
             patterns: vec![],
         })
         .await
         .expect("the first watch is admitted");
     let second = client
         .watch(npb::WatchRequest {
-            keys: vec![b"w".to_vec().into()],
+            keys: vec![b"w".to_vec()],
             patterns: vec![],
         })
         .await
         .unwrap_err();
     assert_eq!(second.code(), Code::ResourceExhausted, "{second:?}");
     // Calls are counted apart from streams.
-    client.get(npb::GetRequest { key: b"k".to_vec().into() }).await.unwrap();
+    client.get(npb::GetRequest { key: b"k".to_vec() }).await.unwrap();
 
     // A call whose request message never comes holds the only call slot (a raw HTTP/2 request
     // with an open body).
@@ -201,11 +227,14 @@ async fn grpc_calls_and_streams_past_their_limits_get_resource_exhausted() {
         .await
         .unwrap();
     tokio::spawn(conn);
-    let (body_tx, body_rx) = tokio::sync::mpsc::channel::<Result<http_body::Frame<bytes::Bytes>, std::convert::Infallible>>(1);
+    let (body_tx, body_rx) =
+        tokio::sync::mpsc::channel::<Result<http_body::Frame<bytes::Bytes>, std::convert::Infallible>>(1);
     let req = http::Request::post(format!("http://{addr}/statestore.v1.StateStore/Get"))
         .header("content-type", "application/grpc")
         .header("te", "trailers")
-        .body(http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(body_rx)))
+        .body(http_body_util::StreamBody::new(
+            tokio_stream::wrappers::ReceiverStream::new(body_rx),
+        ))
         .unwrap();
     let pending = tokio::spawn(sender.send_request(req));
     within("the held call to take its slot", async {
@@ -214,7 +243,7 @@ async fn grpc_calls_and_streams_past_their_limits_get_resource_exhausted() {
         }
     })
     .await;
-    let refused = client.get(npb::GetRequest { key: b"k".to_vec().into() }).await.unwrap_err();
+    let refused = client.get(npb::GetRequest { key: b"k".to_vec() }).await.unwrap_err();
     assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
     assert!(refused.message().contains("limit 1"), "{refused:?}");
     drop(body_tx);
@@ -225,7 +254,7 @@ async fn grpc_calls_and_streams_past_their_limits_get_resource_exhausted() {
         }
     })
     .await;
-    client.get(npb::GetRequest { key: b"k".to_vec().into() }).await.unwrap();
+    client.get(npb::GetRequest { key: b"k".to_vec() }).await.unwrap();
     drop(watch);
     env.stop().await;
 }
@@ -331,7 +360,13 @@ async fn the_real_binary_stays_within_its_budgets_under_load_and_recovers() {
     let saves = futures_util::future::join_all((0..3000).map(|i| raw_save(http_addr, i)));
     let channels: Vec<_> = futures_util::future::join_all((0..16).map(|_| {
         let url = grpc_url.clone();
-        async move { tonic::transport::Endpoint::from_shared(url).unwrap().connect().await.unwrap() }
+        async move {
+            tonic::transport::Endpoint::from_shared(url)
+                .unwrap()
+                .connect()
+                .await
+                .unwrap()
+        }
     }))
     .await;
     let watches = futures_util::future::join_all((0..2000).map(|i| {
@@ -346,12 +381,15 @@ async fn the_real_binary_stays_within_its_budgets_under_load_and_recovers() {
         }
     }));
     let other = async {
-        let mut c = within("another gRPC client", npb::state_store_client::StateStoreClient::connect(grpc_url.clone()))
-            .await
-            .unwrap();
+        let mut c = within(
+            "another gRPC client",
+            npb::state_store_client::StateStoreClient::connect(grpc_url.clone()),
+        )
+        .await
+        .unwrap();
         let mut served = 0;
         for _ in 0..20 {
-            if c.get(npb::GetRequest { key: b"k".to_vec().into() }).await.is_ok() {
+            if c.get(npb::GetRequest { key: b"k".to_vec() }).await.is_ok() {
                 served += 1;
             }
         }
@@ -365,7 +403,10 @@ async fn the_real_binary_stays_within_its_budgets_under_load_and_recovers() {
     let busy = saves.iter().filter(|&&c| c == 503).count();
     let refused = saves.iter().filter(|&&c| c == 0).count();
     let open_watches = watches.iter().filter(|w| w.is_ok()).count();
-    let exhausted = watches.iter().filter(|w| matches!(w, Err(Code::ResourceExhausted))).count();
+    let exhausted = watches
+        .iter()
+        .filter(|w| matches!(w, Err(Code::ResourceExhausted)))
+        .count();
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
     // What the budgets allow: per connection 64 KiB of buffers and task state, per request in
     // flight twice the body limit, per open stream hyper's HTTP/2 send buffer (400 KiB: these
@@ -383,9 +424,21 @@ async fn the_real_binary_stays_within_its_budgets_under_load_and_recovers() {
         mib(peak),
         mib(bound)
     );
-    assert!(peak <= bound, "peak RSS {:.1} MiB over the bound {:.1} MiB", mib(peak), mib(bound));
-    assert!(open_watches <= GRPC_STREAMS, "{open_watches} streams open past the limit");
-    assert_eq!(open_watches + exhausted, 2000, "every Watch is admitted or refused at once");
+    assert!(
+        peak <= bound,
+        "peak RSS {:.1} MiB over the bound {:.1} MiB",
+        mib(peak),
+        mib(bound)
+    );
+    assert!(
+        open_watches <= GRPC_STREAMS,
+        "{open_watches} streams open past the limit"
+    );
+    assert_eq!(
+        open_watches + exhausted,
+        2000,
+        "every Watch is admitted or refused at once"
+    );
     assert_eq!(ok + busy + refused, 3000);
     assert!(ok > 0, "the HTTP door kept serving");
     assert_eq!(served, 20, "another client kept being served");
@@ -402,7 +455,11 @@ async fn the_real_binary_stays_within_its_budgets_under_load_and_recovers() {
         all_ok &= raw_save(http_addr, 10_000 + i).await == 204;
     }
     assert!(all_ok, "every save is served after the load");
-    let channel = tonic::transport::Endpoint::from_shared(grpc_url).unwrap().connect().await.unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(grpc_url)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let mut c = npb::state_store_client::StateStoreClient::new(channel);
     let mut streams = Vec::new();
     for _ in 0..GRPC_STREAMS.min(200) {

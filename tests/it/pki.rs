@@ -91,7 +91,10 @@ fn write_pair(dir: &Path, stem: &str, cert_pem: String, key_pem: String) -> Pair
     let (cert, key) = (dir.join(format!("{stem}.crt")), dir.join(format!("{stem}.key")));
     // Written aside and renamed, as a certificate manager replaces files: a reader never sees
     // half a file.
-    let (tmp_c, tmp_k) = (dir.join(format!(".{stem}.crt.tmp")), dir.join(format!(".{stem}.key.tmp")));
+    let (tmp_c, tmp_k) = (
+        dir.join(format!(".{stem}.crt.tmp")),
+        dir.join(format!(".{stem}.key.tmp")),
+    );
     std::fs::write(&tmp_c, &cert_pem).unwrap();
     std::fs::write(&tmp_k, key_pem).unwrap();
     std::fs::rename(&tmp_k, &key).unwrap();

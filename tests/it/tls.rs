@@ -69,7 +69,8 @@ async fn cli(args: &[&str]) -> (i32, String, String) {
         }
     }
     // No system roots to fall back on: only --ca-file can make a certificate trusted.
-    c.env("SSL_CERT_FILE", "/nonexistent").env("SSL_CERT_DIR", "/nonexistent");
+    c.env("SSL_CERT_FILE", "/nonexistent")
+        .env("SSL_CERT_DIR", "/nonexistent");
     c.args(args).args(["--timeout", "5s"]).kill_on_drop(true);
     let out = within("the command-line client", c.output()).await.unwrap();
     (
@@ -115,7 +116,11 @@ async fn health_on<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(s: &
 
 /// An MQTT5 client over TLS, optionally with a client certificate; the CONNACK code or the
 /// connection error.
-async fn mqtts_connect(port: u16, ca: &Path, client: Option<&Pair>) -> Result<(AsyncClient, tokio::task::JoinHandle<()>), String> {
+async fn mqtts_connect(
+    port: u16,
+    ca: &Path,
+    client: Option<&Pair>,
+) -> Result<(AsyncClient, tokio::task::JoinHandle<()>), String> {
     let roots = stategate::tls::load_roots(ca).unwrap();
     let builder = rustls::ClientConfig::builder_with_provider(stategate::tls::provider())
         .with_safe_default_protocol_versions()
@@ -177,7 +182,10 @@ async fn https_grpc_tls_and_mqtts_are_served_and_verified_by_the_cli() {
     for door in [["--mqtt-url", &mqtts], ["--http", &https], ["--grpc", &grpcs]] {
         let (code, _, err) = cli(&["get", "tls-k", door[0], door[1]]).await;
         assert_eq!(code, 5, "{door:?} must fail verification: {err}");
-        assert!(err.to_lowercase().contains("certificate") || err.contains("UnknownIssuer"), "{door:?}: {err}");
+        assert!(
+            err.to_lowercase().contains("certificate") || err.contains("UnknownIssuer"),
+            "{door:?}: {err}"
+        );
     }
     // The TLS doors speak only TLS.
     let plain = reqwest::get(format!("http://127.0.0.1:{}/v1.0/healthz", p.http)).await;
@@ -199,7 +207,13 @@ async fn the_aio_sdk_connects_over_tls() {
         .ca_file(Some(ca_file.display().to_string()))
         .build()
         .unwrap();
-    let session = Session::new(SessionOptionsBuilder::default().connection_settings(settings).build().unwrap()).unwrap();
+    let session = Session::new(
+        SessionOptionsBuilder::default()
+            .connection_settings(settings)
+            .build()
+            .unwrap(),
+    )
+    .unwrap();
     let client = state_store::Client::new(
         ApplicationContextBuilder::default().build().unwrap(),
         session.create_managed_client(),
@@ -212,15 +226,23 @@ async fn the_aio_sdk_connects_over_tls() {
     let run = tokio::spawn(session.run());
     within("the SDK session to connect over TLS", monitor.connected()).await;
     let t = Duration::from_secs(5);
-    let set = within("SET", client.set(b"aio-tls".to_vec(), b"v".to_vec(), t, None, Default::default()))
-        .await
-        .unwrap();
+    let set = within(
+        "SET",
+        client.set(b"aio-tls".to_vec(), b"v".to_vec(), t, None, Default::default()),
+    )
+    .await
+    .unwrap();
     assert!(set.response && set.version.is_some());
     let got = within("GET", client.get(b"aio-tls".to_vec(), t)).await.unwrap();
     assert_eq!(got.response, Some(b"v".to_vec()));
     let version = got.version.expect("a version");
     // The same key and version through the engine (the in-broker door served the SDK).
-    let entry = env.engine().read(&bytes::Bytes::from_static(b"aio-tls")).await.unwrap().unwrap();
+    let entry = env
+        .engine()
+        .read(&bytes::Bytes::from_static(b"aio-tls"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(entry.version.to_string(), version.to_string());
     drop(client);
     let _ = exit.try_exit();
@@ -244,7 +266,9 @@ async fn client_certificates_are_required_and_their_cn_is_the_username() {
     let broker = env.service.as_ref().unwrap().embedded_broker().unwrap();
 
     let good = clients_ca.client(dir.path(), "sensor", "sensor-17");
-    let (client, poller) = mqtts_connect(port, &ca_file, Some(&good)).await.expect("the right certificate is accepted");
+    let (client, poller) = mqtts_connect(port, &ca_file, Some(&good))
+        .await
+        .expect("the right certificate is accepted");
     let clients = broker.clients().await;
     assert!(
         clients.iter().any(|(_, user)| user.as_deref() == Some("sensor-17")),
@@ -286,7 +310,11 @@ async fn a_new_certificate_is_served_to_new_connections_and_old_ones_keep_workin
     for port in [p.http, p.grpc] {
         let alpn: &[&[u8]] = if port == p.http { &[b"http/1.1"] } else { &[b"h2"] };
         let (_, leaf) = tls_connect(port, &ca_file, alpn).await.unwrap();
-        assert_eq!(leaf, pki::der_of(&second.cert_pem), "port {port} serves the new certificate");
+        assert_eq!(
+            leaf,
+            pki::der_of(&second.cert_pem),
+            "port {port} serves the new certificate"
+        );
     }
     let (_, leaf) = tls_connect(p.mqtts, &ca_file, &[]).await.unwrap();
     assert_eq!(leaf, pki::der_of(&second.cert_pem), "MQTTS serves the new certificate");
@@ -316,7 +344,10 @@ async fn expired_and_self_signed_certificates_are_refused_by_verifying_clients()
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("stategate test CA");
     let ca_file = ca.write(dir.path(), "ca");
-    for pair in [ca.expired_server(dir.path(), "expired"), pki::self_signed_server(dir.path(), "self")] {
+    for pair in [
+        ca.expired_server(dir.path(), "expired"),
+        pki::self_signed_server(dir.path(), "self"),
+    ] {
         let env = TestEnv::start_with(Broker::Embedded, tls(&pair, None)).await;
         let p = ports(&env);
         let err = https_client(&ca_file)
@@ -404,16 +435,28 @@ async fn the_service_reaches_an_external_broker_over_mqtts_with_a_password() {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::new("broker CA");
     let ca_file = ca.write(dir.path(), "ca");
-    let broker = secure_mosquitto(dir.path(), &ca.server(dir.path(), "broker"), &ca_file, "svc", "p@ss word");
+    let broker = secure_mosquitto(
+        dir.path(),
+        &ca.server(dir.path(), "broker"),
+        &ca_file,
+        "svc",
+        "p@ss word",
+    );
     let url = format!("mqtts://svc:p%40ss%20word@localhost:{}", broker.port);
     let (url_for_service, ca_for_service) = (url.clone(), ca_file.clone());
     let env = TestEnv::start_with(Broker::Embedded, move |c| {
-        let mut args = stategate::config::ServeArgs::default();
-        args.mqtt_url = Some(url_for_service);
-        args.net.mqtt_ca_file = Some(ca_for_service);
-        args.storage = stategate::storage::StorageKind::Memory;
-        args.http_listen = "127.0.0.1:0".into();
-        args.grpc_listen = "127.0.0.1:0".into();
+        let defaults = stategate::config::ServeArgs::default();
+        let args = stategate::config::ServeArgs {
+            mqtt_url: Some(url_for_service),
+            net: stategate::config::NetArgs {
+                mqtt_ca_file: Some(ca_for_service),
+                ..defaults.net.clone()
+            },
+            storage: stategate::storage::StorageKind::Memory,
+            http_listen: "127.0.0.1:0".into(),
+            grpc_listen: "127.0.0.1:0".into(),
+            ..defaults
+        };
         *c = Config::from_args(args).unwrap();
     })
     .await;
@@ -450,7 +493,10 @@ async fn a_plain_listener_beyond_loopback_stops_the_service_at_startup() {
         .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(64), "{flags:?}: {err}");
-        assert!(err.contains(flags[0]) && err.contains("--allow-insecure-listen"), "{err}");
+        assert!(
+            err.contains(flags[0]) && err.contains("--allow-insecure-listen"),
+            "{err}"
+        );
     }
 }
 
@@ -463,8 +509,20 @@ async fn sighup_reloads_the_certificate_of_the_real_binary() {
     let first = ca.server(dir.path(), "live");
     let http_port = crate::support::free_port();
     let mut child = tokio::process::Command::new(BIN)
-        .args(["--storage", "memory", "--mqtt-listen", "127.0.0.1:0", "--mqtt-tls-listen", "127.0.0.1:0"])
-        .args(["--grpc-listen", "off", "--http-listen", &format!("127.0.0.1:{http_port}")])
+        .args([
+            "--storage",
+            "memory",
+            "--mqtt-listen",
+            "127.0.0.1:0",
+            "--mqtt-tls-listen",
+            "127.0.0.1:0",
+        ])
+        .args([
+            "--grpc-listen",
+            "off",
+            "--http-listen",
+            &format!("127.0.0.1:{http_port}"),
+        ])
         .arg("--tls-cert")
         .arg(&first.cert)
         .arg("--tls-key")
