@@ -1,11 +1,13 @@
 //! Command line and configuration. Every flag is also an environment variable `STATEGATE_*`.
 
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::access::{AccessSettings, LimitSettings};
 use crate::dapr::{StoreSpec, Stores};
 use crate::engine::{FeedLimits, Limits, ObserverLimits};
 use crate::http::HttpSettings;
@@ -46,6 +48,9 @@ pub struct Cli {
 pub enum CliCommand {
     /// Run the service (the default).
     Serve(ServeArgs),
+    /// Add, replace (or with --delete remove) a user in an MQTT password file
+    /// (--mqtt-auth-file); the password is read from standard input.
+    Passwd(crate::access::passwd::PasswdArgs),
     /// The client commands (`get`, `set`, ...).
     #[command(flatten)]
     Client(crate::cli::args::ClientCommand),
@@ -189,6 +194,34 @@ pub struct ServeArgs {
     /// Do not serve the web console at `/ui` on the HTTP door.
     #[arg(long, env = "STATEGATE_NO_UI")]
     pub no_ui: bool,
+    /// MQTT users and password hashes (`user:$argon2id$...` lines; write them with `stategate
+    /// passwd`). Set: the embedded broker refuses clients without a valid username and password.
+    /// Reloaded on SIGHUP.
+    #[arg(long, env = "STATEGATE_MQTT_AUTH_FILE")]
+    pub mqtt_auth_file: Option<PathBuf>,
+    /// Per-key access rules (TOML: who may read, write, observe which keys). Absent: everyone
+    /// who can connect may do everything. Reloaded on SIGHUP.
+    #[arg(long, env = "STATEGATE_ACL_FILE")]
+    pub acl_file: Option<PathBuf>,
+    /// Named HTTP/gRPC tokens, `name:token` per line (each name a principal for the rules).
+    /// Set: every HTTP/gRPC call needs one of them in `dapr-api-token`. Reloaded on SIGHUP.
+    #[arg(long, env = "STATEGATE_API_TOKEN_FILE")]
+    pub api_token_file: Option<PathBuf>,
+    /// External broker only: take a request's `__srcId` as the caller's client id for the
+    /// rules. Only safe when the broker's own ACLs make every client publish its real id.
+    #[arg(long, env = "STATEGATE_MQTT_TRUST_SRC_ID")]
+    pub mqtt_trust_src_id: bool,
+    /// Requests per second one principal may make (MQTT, HTTP, gRPC together); past it MQTT
+    /// `__stat=429`, HTTP 429, gRPC RESOURCE_EXHAUSTED. 0 = unlimited.
+    #[arg(long, env = "STATEGATE_RATE_LIMIT", default_value_t = 0)]
+    pub rate_limit: u32,
+    /// Requests one principal may make at once above --rate-limit (0 = the rate).
+    #[arg(long, env = "STATEGATE_RATE_LIMIT_BURST", default_value_t = 0)]
+    pub rate_limit_burst: u32,
+    /// Change streams (SSE, gRPC Watch) one principal may hold open; past it HTTP 429, gRPC
+    /// RESOURCE_EXHAUSTED. 0 = unlimited.
+    #[arg(long, env = "STATEGATE_MAX_STREAMS_PER_PRINCIPAL", default_value_t = 64)]
+    pub max_streams_per_principal: usize,
     /// Serve the Dapr pluggable state component API on this Unix socket, e.g.
     /// `/tmp/dapr-components-sockets/stategate.sock` (daprd's component type `state.stategate`).
     #[arg(long, env = "STATEGATE_DAPR_COMPONENT_SOCKET")]
@@ -246,6 +279,16 @@ pub enum ConfigError {
     BadListen { flag: &'static str, value: String },
     #[error("--state-store: {0}")]
     BadStateStore(String),
+    #[error("{0}")]
+    Access(#[from] crate::access::FileError),
+    #[error("--mqtt-auth-file needs the embedded broker (an external broker authenticates its own clients)")]
+    AuthNeedsEmbeddedBroker,
+    #[error(
+        "--mqtt-auth-file cannot be combined with --mqtt-client-path (the service would need a password of its own)"
+    )]
+    AuthWithClientPath,
+    #[error("--mqtt-trust-src-id is for an external broker (the embedded one knows every client's id)")]
+    TrustNeedsExternalBroker,
 }
 
 /// The validated configuration of a running service.
@@ -265,6 +308,8 @@ pub struct Config {
     pub dapr_component_socket: Option<std::path::PathBuf>,
     /// TLS and listener limits.
     pub net: NetSettings,
+    /// Access files and per-principal limits (loaded by `lib::start`, with `http.api_token`).
+    pub access: AccessSettings,
 }
 
 impl Default for Config {
@@ -360,6 +405,29 @@ impl Config {
             ui: !a.no_ui,
             ..HttpSettings::default()
         };
+        let access = AccessSettings {
+            mqtt_auth_file: a.mqtt_auth_file,
+            acl_file: a.acl_file,
+            api_token_file: a.api_token_file,
+            trust_src_id: a.mqtt_trust_src_id,
+            limits: LimitSettings {
+                rate_per_sec: NonZeroU32::new(a.rate_limit),
+                burst: NonZeroU32::new(a.rate_limit_burst),
+                max_streams: (a.max_streams_per_principal > 0).then_some(a.max_streams_per_principal),
+            },
+        };
+        match &broker {
+            BrokerChoice::External { .. } if access.mqtt_auth_file.is_some() => {
+                return Err(ConfigError::AuthNeedsEmbeddedBroker);
+            }
+            BrokerChoice::Embedded { client_path: true, .. } if access.mqtt_auth_file.is_some() => {
+                return Err(ConfigError::AuthWithClientPath);
+            }
+            BrokerChoice::Embedded { .. } if access.trust_src_id => return Err(ConfigError::TrustNeedsExternalBroker),
+            _ => {}
+        }
+        // Malformed files are refused at startup (exit 64), naming the file and line.
+        crate::access::Access::load(&access, http.api_token.as_deref())?;
         let storage = StorageConfig {
             kind: a.storage,
             data_dir: a.data_dir,
@@ -403,6 +471,7 @@ impl Config {
             storage,
             grpc_listen,
             dapr_component_socket: a.dapr_component_socket,
+            access,
         })
     }
 }

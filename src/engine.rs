@@ -22,7 +22,7 @@ pub mod feed;
 pub mod notify;
 pub mod watch;
 
-pub use command::{Command, Del, DelCondition, Get, KeyNotify, Meta, Scan, Set, SetCondition, VDel};
+pub use command::{Command, Del, DelCondition, Get, KeyFilter, KeyNotify, Meta, Scan, Set, SetCondition, VDel};
 pub use error::EngineError;
 pub use feed::{FeedEvent, FeedLimits, FeedReader, Lagged};
 pub use notify::{Change, ChangeKind, KeyNotification, KeyNotifyReceiver, ObserverLimits};
@@ -696,9 +696,12 @@ impl Engine {
             None => None,
         };
         let now = self.0.hlc.wall_ms();
-        let keep = |k: &[u8]| match std::str::from_utf8(k) {
-            Ok(s) => pattern.matches(s),
-            Err(_) => pattern.matches(&String::from_utf8_lossy(k)),
+        let keep = |k: &[u8]| {
+            let matches = match std::str::from_utf8(k) {
+                Ok(s) => pattern.matches(s),
+                Err(_) => pattern.matches(&String::from_utf8_lossy(k)),
+            };
+            matches && c.filter.as_ref().is_none_or(|f| f.keeps(k))
         };
         let page = self
             .0

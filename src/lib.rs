@@ -53,6 +53,8 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{0}")]
+    Access(#[from] access::FileError),
     #[error("binding the HTTP door to {addr}: {source}")]
     HttpBind {
         addr: SocketAddr,
@@ -76,6 +78,7 @@ enum MqttDoor {
 /// A running service: its engine, its doors and their background tasks.
 pub struct Running {
     engine: Engine,
+    access: access::Access,
     mqtt_addr: (String, u16),
     mqtt: MqttDoor,
     #[cfg(feature = "embedded-broker")]
@@ -113,7 +116,15 @@ pub async fn start(config: Config, store: Store) -> Result<Running, StartError> 
 
 /// [`start`] with the clock every version, deadline and log record uses (open `store` with the
 /// same one: [`Store::open_with_clock`]). Tests move a manual clock instead of waiting.
-pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::Clock>) -> Result<Running, StartError> {
+pub async fn start_with_clock(
+    mut config: Config,
+    store: Store,
+    clock: Arc<dyn hlc::Clock>,
+) -> Result<Running, StartError> {
+    // One access handle for every door: tokens, rules and limits are decided in one place.
+    let access = access::Access::load(&config.access, config.http.api_token.as_deref())?;
+    config.http.access = access.clone();
+    config.mqtt.access = access.clone();
     tls::install_provider();
     let engine = Engine::open(store, &config.node_id, clock, config.limits.clone()).await?;
     let (stop, stop_rx) = watch::channel(false);
@@ -168,13 +179,18 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
                     },
                     max_connections: config.net.mqtt_max_connections,
                     connect_timeout: config.net.mqtt_connect_timeout,
+                    guard: Some(mqtt::brokerauth::BrokerGuard {
+                        access: access.clone(),
+                        service_id: config.mqtt.client_id.clone(),
+                        client_path: *client_path,
+                    }),
                 },
                 on_disconnect,
             )
             .await?;
             let addr = b.local_addr();
             if !addr.ip().is_loopback() {
-                tracing::warn!(%addr, "the embedded MQTT broker listens beyond loopback without TLS (--allow-insecure-listen)");
+                tracing::warn!(%addr, auth = access.mqtt_auth_required(), "the embedded MQTT broker listens beyond loopback without TLS (--allow-insecure-listen)");
             }
             tracing::info!(%addr, "embedded MQTT broker listening");
             if let Some(tls_addr) = b.tls_addr() {
@@ -266,7 +282,7 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
         Some((listener, bound)) => {
             let tls = listener.is_tls();
             if !bound.ip().is_loopback() {
-                tracing::warn!(%bound, tls, token = config.http.api_token.is_some(), "the HTTP door listens beyond loopback");
+                tracing::warn!(%bound, tls, token = access.tokens_required(), "the HTTP door listens beyond loopback");
             }
             tracing::info!(%bound, tls, "HTTP door (Dapr state API) listening");
             if config.http.ui {
@@ -292,7 +308,7 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
         Some((listener, bound)) => {
             let tls = listener.is_tls();
             if !bound.ip().is_loopback() {
-                tracing::warn!(%bound, tls, token = config.http.api_token.is_some(), "the gRPC door listens beyond loopback");
+                tracing::warn!(%bound, tls, token = access.tokens_required(), "the gRPC door listens beyond loopback");
             }
             tracing::info!(%bound, tls, "gRPC door (statestore.v1, Dapr runtime) listening");
             let (engine, settings, stop_rx) = (engine.clone(), dapr_settings.clone(), stop_rx.clone());
@@ -328,11 +344,10 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
         #[cfg(feature = "embedded-broker")]
         match &broker {
             Some(b) => {
-                let door = Arc::new(mqtt::door::Door::new(
-                    engine.clone(),
-                    config.mqtt.client_id.clone(),
-                    config.mqtt.door.clone(),
-                ));
+                let door = Arc::new(
+                    mqtt::door::Door::new(engine.clone(), config.mqtt.client_id.clone(), config.mqtt.door.clone())
+                        .with_access(access.clone()),
+                );
                 tracing::info!("serving the state store inside the embedded broker");
                 MqttDoor::InBroker(b.serve_in_broker(door).await)
             }
@@ -351,6 +366,7 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
     drop(stop_rx);
     Ok(Running {
         engine,
+        access,
         mqtt_addr: (host, port),
         mqtt,
         #[cfg(feature = "embedded-broker")]
@@ -446,6 +462,12 @@ fn connect_host(addr: SocketAddr) -> String {
 impl Running {
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// Tokens, rules and limits in force; [`access::Access::reload`] re-reads their files
+    /// (what SIGHUP does).
+    pub fn access(&self) -> &access::Access {
+        &self.access
     }
 
     /// The broker the MQTT door uses (the embedded one's real address when it runs).

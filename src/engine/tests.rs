@@ -136,6 +136,7 @@ impl Fx {
             let cmd = Command::Scan(Scan {
                 pattern: b(pattern),
                 token: token.take(),
+                filter: None,
             });
             let resp = self.engine.execute(cmd).await.unwrap();
             assert_eq!(resp.version, None);
@@ -1511,6 +1512,7 @@ async fn scan_bad_patterns_and_tokens_are_syntax_errors() {
     let bad_utf8 = Command::Scan(Scan {
         pattern: Bytes::from_static(b"\xff*"),
         token: None,
+        filter: None,
     });
     assert_err!(f.engine.execute(bad_utf8).await, EngineError::Syntax);
     for token in ["zz", "", "ABC", "6B 65", "0x6B"] {

@@ -39,6 +39,7 @@ use rmqtt::types::{
 };
 use tokio::task::{JoinHandle, JoinSet};
 
+use super::brokerauth::BrokerGuard;
 use super::door::Door;
 use super::inbroker::InBroker;
 
@@ -75,6 +76,8 @@ pub struct BrokerOptions {
     pub max_connections: usize,
     /// Time a connection has for its TLS handshake and its CONNECT packet.
     pub connect_timeout: Duration,
+    /// Authentication and topic ACLs (`None`: anyone may connect and use any topic).
+    pub guard: Option<BrokerGuard>,
 }
 
 impl Default for BrokerOptions {
@@ -87,6 +90,7 @@ impl Default for BrokerOptions {
             tls: None,
             max_connections: 10_000,
             connect_timeout: Duration::from_secs(10),
+            guard: None,
         }
     }
 }
@@ -160,6 +164,14 @@ impl EmbeddedBroker {
         hooks
             .add(Type::ClientDisconnected, Box::new(DisconnectHook { on_disconnect }))
             .await;
+        let allow_anonymous = match opts.guard {
+            Some(guard) => {
+                let anonymous = !guard.access.mqtt_auth_required();
+                guard.install(&*hooks).await;
+                anonymous
+            }
+            None => true,
+        };
         hooks.start().await;
 
         let bind_error = |source: rmqtt::Error| BrokerError::Bind {
@@ -171,7 +183,7 @@ impl EmbeddedBroker {
             .laddr(opts.listen)
             .reuseaddr(Some(true))
             .nodelay(true)
-            .allow_anonymous(true)
+            .allow_anonymous(allow_anonymous)
             .max_packet_size(opts.max_packet_bytes)
             .max_inflight(receive_maximum)
             .message_expiry_interval(message_expiry)

@@ -30,6 +30,7 @@ use tracing::{debug, info, warn};
 use super::INVOKE_TOPIC;
 use super::door::{self, Door, DoorLimits, Sink};
 use super::request::{CONTENT_TYPE, Caller, Outgoing, Request};
+use crate::access::Access;
 use crate::engine::Engine;
 
 /// How the service connects and behaves on MQTT.
@@ -50,6 +51,8 @@ pub struct MqttSettings {
     /// Session expiry asked of the broker, so requests queue while the service reconnects.
     pub session_expiry: Duration,
     pub keep_alive: Duration,
+    /// Who may do what (per-key rules, rate limits); `__srcId` is trusted only when it says so.
+    pub access: Access,
     /// `mqtts://`: connect over TLS, verifying the broker.
     pub tls: Option<MqttClientTls>,
     /// Username and password for CONNECT.
@@ -88,6 +91,7 @@ impl Default for MqttSettings {
             keep_alive: Duration::from_secs(30),
             tls: None,
             credentials: None,
+            access: Access::open(),
         }
     }
 }
@@ -154,11 +158,10 @@ impl MqttService {
         let (stop, stop_rx) = watch::channel(false);
         let (ready_tx, ready_rx) = oneshot::channel();
         let settings = Arc::new(settings);
-        let door = Arc::new(Door::new(
-            engine.clone(),
-            settings.client_id.clone(),
-            settings.door.clone(),
-        ));
+        let door = Arc::new(
+            Door::new(engine.clone(), settings.client_id.clone(), settings.door.clone())
+                .with_access(settings.access.clone()),
+        );
         let ctx = Arc::new(Ctx {
             door,
             client: client.clone(),

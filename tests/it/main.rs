@@ -1,5 +1,6 @@
 //! The one integration test binary: real brokers, real ports, real peer clients.
 
+mod access_rules;
 mod aio;
 mod cli;
 mod console;
@@ -11,8 +12,10 @@ mod http_fuzz;
 mod inbroker;
 mod limits;
 mod mqtt;
+mod mqtt_auth;
 mod openapi;
 mod pki;
 mod redis;
+mod resources;
 mod support;
 mod tls;

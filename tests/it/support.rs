@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
+use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, Publish, PublishProperties, SubscribeReasonCode};
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use stategate::config::{BrokerChoice, Config};
 use stategate::storage::Store;
@@ -340,14 +340,23 @@ pub struct RawClient {
     pub client: AsyncClient,
     pub id: String,
     incoming: mpsc::UnboundedReceiver<Publish>,
-    subacks: mpsc::UnboundedReceiver<()>,
+    subacks: mpsc::UnboundedReceiver<Vec<SubscribeReasonCode>>,
+    pubacks: mpsc::UnboundedReceiver<PubAckReason>,
     subscribed: Vec<String>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl RawClient {
     pub async fn connect(port: u16, id: &str) -> RawClient {
+        RawClient::connect_as(port, id, None).await.expect("connected")
+    }
+
+    /// Connects with a username and password (or none); `Err` with the CONNACK's refusal.
+    pub async fn connect_as(port: u16, id: &str, credentials: Option<(&str, &str)>) -> Result<RawClient, String> {
         let mut o = MqttOptions::new(id, "127.0.0.1", port);
+        if let Some((user, password)) = credentials {
+            o.set_credentials(user, password);
+        }
         o.set_max_packet_size(Some(16 * 1024 * 1024));
         o.set_keep_alive(Duration::from_secs(30));
         let mut net = rumqttc::NetworkOptions::new();
@@ -356,6 +365,7 @@ impl RawClient {
         let (client, mut eventloop) = AsyncClient::new(o, 1024);
         let (tx, incoming) = mpsc::unbounded_channel();
         let (sub_tx, subacks) = mpsc::unbounded_channel();
+        let (puback_tx, pubacks) = mpsc::unbounded_channel();
         let (conn_tx, mut conn_rx) = mpsc::unbounded_channel();
         let task = tokio::spawn(async move {
             loop {
@@ -363,38 +373,62 @@ impl RawClient {
                     Ok(Event::Incoming(Packet::Publish(p))) => {
                         let _ = tx.send(p);
                     }
-                    Ok(Event::Incoming(Packet::SubAck(_))) => {
-                        let _ = sub_tx.send(());
+                    Ok(Event::Incoming(Packet::SubAck(a))) => {
+                        let _ = sub_tx.send(a.return_codes);
+                    }
+                    Ok(Event::Incoming(Packet::PubAck(a))) => {
+                        let _ = puback_tx.send(a.reason);
                     }
                     Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                        let _ = conn_tx.send(());
+                        let _ = conn_tx.send(Ok(()));
                     }
                     Ok(_) => {}
-                    Err(_) => return,
+                    Err(e) => {
+                        let _ = conn_tx.send(Err(e.to_string()));
+                        return;
+                    }
                 }
             }
         });
         tokio::time::timeout(WAIT, conn_rx.recv())
             .await
             .expect("connack in time")
-            .expect("connected");
-        RawClient {
+            .expect("connection attempt reported")?;
+        Ok(RawClient {
             client,
             id: id.to_owned(),
             incoming,
             subacks,
+            pubacks,
             subscribed: Vec::new(),
             task,
-        }
+        })
     }
 
     /// Subscribes and waits for the SUBACK.
     pub async fn subscribe(&mut self, topic: &str) {
+        let codes = self.try_subscribe(topic).await;
+        assert!(
+            codes.iter().all(|c| matches!(c, SubscribeReasonCode::Success(_))),
+            "subscription to {topic} refused: {codes:?}"
+        );
+    }
+
+    /// Subscribes and returns the SUBACK's reason codes.
+    pub async fn try_subscribe(&mut self, topic: &str) -> Vec<SubscribeReasonCode> {
         self.client.subscribe(topic, QoS::AtLeastOnce).await.expect("subscribe");
         tokio::time::timeout(WAIT, self.subacks.recv())
             .await
             .expect("suback in time")
-            .expect("suback");
+            .expect("suback")
+    }
+
+    /// The reason code of the next PUBACK this client receives.
+    pub async fn next_puback(&mut self) -> PubAckReason {
+        tokio::time::timeout(WAIT, self.pubacks.recv())
+            .await
+            .expect("a puback in time")
+            .expect("connection alive")
     }
 
     /// The response topic this client uses.

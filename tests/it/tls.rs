@@ -283,6 +283,52 @@ async fn client_certificates_are_required_and_their_cn_is_the_username() {
     let _ = client.disconnect().await;
     poller.abort();
     env.stop().await;
+
+    // With a password file too: the certificate is the proof, no password needed; a client
+    // without a certificate cannot get in on the MQTTS listener, nor anonymously on the plain one.
+    let users = dir.path().join("users");
+    let mut passwd = tokio::process::Command::new(BIN)
+        .arg("passwd")
+        .arg(&users)
+        .arg("someone-else")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    passwd.stdin.take().unwrap().write_all(b"a-password\n").await.unwrap();
+    assert!(within("stategate passwd", passwd.wait()).await.unwrap().success());
+    let with_users = tls(
+        &ca.server(dir.path(), "server2"),
+        Some(clients_ca.write(dir.path(), "clients-ca")),
+    );
+    let env = TestEnv::start_with(Broker::Embedded, move |c| {
+        with_users(c);
+        c.access.mqtt_auth_file = Some(users);
+    })
+    .await;
+    let port = ports(&env).mqtts;
+    let (client, poller) = mqtts_connect(port, &ca_file, Some(&good))
+        .await
+        .expect("a verified certificate needs no password");
+    assert!(mqtts_connect(port, &ca_file, None).await.is_err());
+    let mut anonymous = MqttOptions::new(unique_id("anon"), "127.0.0.1", env.broker_port);
+    anonymous.set_keep_alive(Duration::from_secs(5));
+    let (_anon, mut events) = AsyncClient::new(anonymous, 4);
+    let refused = within("the anonymous CONNACK", async {
+        loop {
+            match events.poll().await {
+                Ok(Event::Incoming(Packet::ConnAck(c))) => return c.code,
+                Ok(_) => {}
+                Err(rumqttc::v5::ConnectionError::ConnectionRefused(code)) => return code,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    })
+    .await;
+    assert_ne!(refused, ConnectReturnCode::Success);
+    let _ = client.disconnect().await;
+    poller.abort();
+    env.stop().await;
 }
 
 #[tokio::test]
