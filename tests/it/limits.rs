@@ -440,7 +440,8 @@ async fn the_real_binary_stays_within_its_budgets_under_load_and_recovers() {
         "every Watch is admitted or refused at once"
     );
     assert_eq!(ok + busy + refused, 3000);
-    assert!(ok > 0, "the HTTP door kept serving");
+    // How many saves got a slot depends on how many slow connections took one first (under a
+    // parallel test run, possibly all): the HTTP door's recovery is checked below instead.
     assert_eq!(served, 20, "another client kept being served");
 
     // Recovery: drop everything; the slow connections are cut by the header timeout, then the
