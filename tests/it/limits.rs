@@ -316,6 +316,9 @@ async fn the_real_binary_stays_within_its_budgets_under_load_and_recovers() {
         .args(["--grpc-max-connections", &GRPC_CONNECTIONS.to_string()])
         .args(["--grpc-max-inflight", "64"])
         .args(["--grpc-max-streams", &GRPC_STREAMS.to_string()])
+        // Every caller here is the same anonymous principal: measure the door's limits, not
+        // the per-principal stream limit.
+        .args(["--max-streams-per-principal", "0"])
         .env("RUST_LOG", "stategate=info")
         .env("NO_COLOR", "1")
         .stdout(std::process::Stdio::piped())
@@ -369,12 +372,15 @@ async fn the_real_binary_stays_within_its_budgets_under_load_and_recovers() {
         }
     }))
     .await;
+    // Each watcher sees the saves of 100 keys (load-100 to load-199): enough to fill stream
+    // buffers of clients that never read, without drowning a 2-core machine shared with the
+    // rest of the suite in 3,000 x 256 events.
     let watches = futures_util::future::join_all((0..2000).map(|i| {
         let mut c = npb::state_store_client::StateStoreClient::new(channels[i % 16].clone());
         async move {
             c.watch(npb::WatchRequest {
                 keys: vec![],
-                patterns: vec!["*".into()],
+                patterns: vec!["load-1??".into()],
             })
             .await
             .map_err(|s| s.code())
