@@ -103,6 +103,20 @@ fn bad_values_are_refused() {
     let mut a = ServeArgs::default();
     a.node_id = "a:b".into();
     assert!(matches!(Config::from_args(a), Err(ConfigError::BadNodeId(_))));
+    // What would break a version, an SSE event id (a newline) or a log line is refused.
+    for bad in ["", "a\nb", "a b", "é", "a/b", &"n".repeat(65)] {
+        let mut a = ServeArgs::default();
+        a.node_id = bad.into();
+        assert!(
+            matches!(Config::from_args(a), Err(ConfigError::BadNodeId(_))),
+            "{bad:?}"
+        );
+    }
+    for good in ["n1", "edge-gw_01.site", &"n".repeat(64)] {
+        let mut a = ServeArgs::default();
+        a.node_id = good.into();
+        assert!(Config::from_args(a).is_ok(), "{good:?}");
+    }
     let mut a = ServeArgs::default();
     a.mqtt_max_packet_bytes = 1024;
     assert!(matches!(Config::from_args(a), Err(ConfigError::PacketTooSmall { .. })));

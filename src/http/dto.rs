@@ -29,6 +29,8 @@ pub struct SaveItem {
     pub metadata: HashMap<String, String>,
     #[serde(default)]
     pub options: StateOptions,
+    /// Accepted for daprd compatibility and type-checked as daprd's decoder does (a wrong type
+    /// is a 400); the stored bytes say what they are.
     #[serde(rename = "contentType")]
     pub content_type: Option<String>,
 }
@@ -37,7 +39,10 @@ pub struct SaveItem {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct BulkGetRequest {
     pub keys: Vec<String>,
+    /// Type-checked as daprd does (a wrong type is a 400), otherwise unused: every key is read
+    /// from one engine.
     pub parallelism: Option<i64>,
+    /// Type-checked as daprd does; no read takes metadata.
     #[serde(default)]
     pub metadata: HashMap<String, String>,
 }

@@ -123,9 +123,6 @@ impl MqttSettings {
         o.set_manual_acks(false);
         o.set_max_packet_size(Some(self.max_packet_bytes));
         o.set_receive_maximum(Some(self.receive_maximum.max(1)));
-        // Answers wait here for the connection: a small queue keeps their bytes bounded (the
-        // request tasks holding their admission wait instead).
-        o.set_request_channel_capacity(REQUEST_CHANNEL);
         let mut net = rumqttc::NetworkOptions::new();
         net.set_tcp_nodelay(true);
         net.set_connection_timeout(5);
@@ -134,7 +131,8 @@ impl MqttSettings {
     }
 }
 
-/// Outgoing packets queued for the connection (answers, notifications, subscriptions).
+/// Outgoing packets queued for the connection (answers, notifications, subscriptions): a small
+/// queue keeps their bytes bounded (the request tasks, holding their admission, wait instead).
 const REQUEST_CHANNEL: usize = 256;
 
 /// A running MQTT door.
@@ -351,7 +349,7 @@ async fn janitor(engine: Engine, mut stop: watch::Receiver<bool>) {
             _ = stop.changed() => return,
             _ = tokio::time::sleep(period) => {}
         }
-        let n = engine.sweep_idle_observers();
+        let n = engine.sweep_idle_observers().await;
         if n > 0 {
             info!(clients = n, "mqtt: dropped the registrations of idle clients");
         }

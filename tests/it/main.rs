@@ -17,5 +17,6 @@ mod openapi;
 mod pki;
 mod redis;
 mod resources;
+mod scaleout;
 mod support;
 mod tls;

@@ -4,6 +4,7 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -127,6 +128,22 @@ pub struct TestEnv {
     _mosquitto: Option<Mosquitto>,
     /// The durable store's directory; dropped after the service.
     data: Option<tempfile::TempDir>,
+    /// The service's clock (and its durable store's): real time plus what the test added.
+    clock: Arc<ShiftedClock>,
+}
+
+/// Wall-clock time plus an offset the test moves forward: clients that stamp their requests
+/// with real time stay within the clock-skew window, and a TTL passes without waiting for it.
+#[derive(Debug, Default)]
+pub struct ShiftedClock {
+    offset_ms: std::sync::atomic::AtomicU64,
+}
+
+impl stategate::hlc::Clock for ShiftedClock {
+    fn now_ms(&self) -> u64 {
+        let real = stategate::hlc::Clock::now_ms(&stategate::hlc::SystemClock);
+        real + self.offset_ms.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 impl TestEnv {
@@ -146,6 +163,7 @@ impl TestEnv {
             grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
             ..Config::default()
         };
+        let clock = Arc::new(ShiftedClock::default());
         // Say which storage runs, as the status route reports it.
         let (store, data) = match storage {
             Storage::Memory => {
@@ -154,7 +172,9 @@ impl TestEnv {
             }
             Storage::Durable => {
                 let dir = tempfile::tempdir().expect("tempdir");
-                let backend = DurableBackend::open(DurableOptions::new(dir.path())).expect("durable storage opens");
+                let mut options = DurableOptions::new(dir.path());
+                options.clock = clock.clone();
+                let backend = DurableBackend::open(options).expect("durable storage opens");
                 config.storage.kind = stategate::storage::StorageKind::Durable;
                 config.storage.data_dir = dir.path().to_owned();
                 (Store::new(backend), Some(dir))
@@ -179,14 +199,24 @@ impl TestEnv {
             }
         };
         tweak(&mut config);
-        let running = stategate::start(config, store).await.expect("service starts");
+        let running = stategate::start_with_clock(config, store, clock.clone())
+            .await
+            .expect("service starts");
         let broker_port = running.mqtt_broker().1;
         TestEnv {
             broker_port,
             service: Some(running),
             _mosquitto: mosquitto,
             data,
+            clock,
         }
+    }
+
+    /// Moves the service's clock forward (TTLs pass without waiting) and wakes its expiry
+    /// driver, so keys due by the new time are removed now.
+    pub fn advance(&self, ms: u64) {
+        self.clock.offset_ms.fetch_add(ms, std::sync::atomic::Ordering::SeqCst);
+        self.engine().wake_expiry();
     }
 
     /// Base URL of the HTTP door, e.g. `http://127.0.0.1:41234`.
