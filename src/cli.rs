@@ -467,20 +467,28 @@ async fn watch(
 /// `http://` is assumed when a URL has no scheme; only plain HTTP is supported so far.
 fn base_url(url: &str, flag: &str) -> Result<String, CliError> {
     let url = url.trim();
-    let rest = if let Some(rest) = url.strip_prefix("http://") {
-        rest
-    } else if url.starts_with("https://") {
-        return Err(CliError::usage(format!("{flag}: TLS (https://) is not supported yet")));
+    let (scheme, rest) = if let Some(rest) = url.strip_prefix("http://") {
+        ("http", rest)
+    } else if let Some(rest) = url.strip_prefix("https://") {
+        ("https", rest)
     } else if url.contains("://") {
-        return Err(CliError::usage(format!("{flag} must be an http:// URL (got {url:?})")));
+        return Err(CliError::usage(format!(
+            "{flag} must be an http:// or https:// URL (got {url:?})"
+        )));
     } else {
-        url
+        ("http", url)
     };
     let rest = rest.trim_end_matches('/');
     if rest.is_empty() || rest.starts_with('/') {
         return Err(CliError::usage(format!("{flag} has no host (got {url:?})")));
     }
-    Ok(format!("http://{rest}"))
+    Ok(format!("{scheme}://{rest}"))
+}
+
+/// The TLS client configuration of the HTTP and gRPC doors: servers verified against
+/// `--ca-file`, or the system's trusted roots.
+fn tls_client_config(c: &args::ConnectArgs, alpn: &[&[u8]]) -> Result<std::sync::Arc<rustls::ClientConfig>, CliError> {
+    crate::tls::client_config(c.ca_file.as_deref(), alpn).map_err(|e| CliError::usage(format!("--ca-file: {e}")))
 }
 
 /// Whole milliseconds of a TTL, rounded up (a TTL is never shortened).
@@ -502,7 +510,7 @@ mod tests {
     fn urls_and_ttls() {
         assert_eq!(base_url("127.0.0.1:3500/", "--http").unwrap(), "http://127.0.0.1:3500");
         assert_eq!(base_url("http://h:1", "--http").unwrap(), "http://h:1");
-        assert_eq!(base_url("https://h", "--http").unwrap_err().exit, Exit::Usage);
+        assert_eq!(base_url("https://h:1/", "--http").unwrap(), "https://h:1");
         assert_eq!(base_url("ftp://h", "--http").unwrap_err().exit, Exit::Usage);
         assert_eq!(base_url("http://", "--http").unwrap_err().exit, Exit::Usage);
         assert_eq!(ttl_ms(Duration::from_millis(1500)), 1500);

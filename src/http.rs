@@ -15,7 +15,7 @@ use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use tokio::net::TcpListener;
+use tokio::sync::watch;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -23,6 +23,8 @@ use utoipa_axum::routes;
 use crate::access::{Access, Grant};
 use crate::dapr::{StoreSpec, Stores};
 use crate::engine::Engine;
+use crate::listener::Listener;
+use crate::listener::inflight::{InFlight, Kind, SlotBody};
 
 pub mod dto;
 pub mod error;
@@ -56,6 +58,10 @@ pub struct HttpSettings {
     pub app_id: String,
     /// Serve the web console at `/ui`.
     pub ui: bool,
+    /// Most requests executing at once (event streams excepted); past it 503.
+    pub max_inflight: usize,
+    /// Most server-sent event streams open at once; past it 503.
+    pub max_streams: usize,
 }
 
 impl Default for HttpSettings {
@@ -70,6 +76,8 @@ impl Default for HttpSettings {
             max_bulk_keys: 10_000,
             app_id: "stategate".into(),
             ui: true,
+            max_inflight: 1024,
+            max_streams: 1024,
         }
     }
 }
@@ -186,6 +194,12 @@ pub fn openapi_json() -> String {
 
 /// The HTTP door's router. `info` is what the status route reports about the service.
 pub fn router(engine: Engine, settings: HttpSettings, info: ServiceInfo) -> Router {
+    let inflight = InFlight::new(settings.max_inflight, settings.max_streams);
+    router_with_limits(engine, settings, info, inflight)
+}
+
+/// [`router`] counting requests in `inflight` (tests read it to know a request is in flight).
+pub fn router_with_limits(engine: Engine, settings: HttpSettings, info: ServiceInfo, inflight: InFlight) -> Router {
     let settings = Arc::new(settings);
     let state = AppState {
         engine,
@@ -218,7 +232,35 @@ pub fn router(engine: Engine, settings: HttpSettings, info: ServiceInfo) -> Rout
             StatusCode::REQUEST_TIMEOUT,
             settings.request_timeout,
         ))
+        // Outermost: a request over the limit is refused before any other work.
+        .layer(middleware::from_fn_with_state(inflight, limit_in_flight))
         .with_state(state)
+}
+
+/// The Dapr error code of a request refused because the door is at its in-flight limit.
+pub const TOO_MANY_REQUESTS: &str = "ERR_TOO_MANY_REQUESTS";
+
+/// Takes a request or stream slot for the whole response (held by its body), or answers 503
+/// with Dapr's error body and `Retry-After: 1` at once.
+async fn limit_in_flight(State(inflight): State<InFlight>, req: Request, next: Next) -> Response {
+    let kind = if sse::is_subscribe(req.uri().path()) {
+        Kind::Stream
+    } else {
+        Kind::Request
+    };
+    match inflight.try_admit(kind) {
+        Ok(slot) => next
+            .run(req)
+            .await
+            .map(|body| axum::body::Body::new(SlotBody::new(body, slot))),
+        Err(refused) => {
+            let mut resp =
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, TOO_MANY_REQUESTS, refused.to_string()).into_response();
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            resp
+        }
+    }
 }
 
 async fn not_found() -> ApiError {
@@ -270,22 +312,42 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
     }
 }
 
-/// Serves `router` on an already bound listener until `shutdown` resolves.
-pub async fn serve(
-    listener: TcpListener,
-    router: Router,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+/// Serves `router` over HTTP/1.1 on `listener` (plain or TLS, with its connection limit) until
+/// `stop` changes; then open connections finish their current request and close.
+///
+/// hyper's `header_read_timeout` runs whenever a connection waits for a request head: it bounds
+/// a slow client's headers and a kept-alive connection's idle time alike (not an open response,
+/// so event streams are not cut).
+pub async fn serve(listener: Listener, router: Router, header_timeout: Duration, stop: watch::Receiver<bool>) {
     // Dapr ignores a trailing slash; trimming must happen before routing, so it wraps the router.
     let app = tower::Layer::layer(
         &tower_http::normalize_path::NormalizePathLayer::trim_trailing_slash(),
         router,
     );
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        // Small responses must not wait for Nagle's algorithm.
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, axum::ServiceExt::<Request>::into_make_service(app))
-        .with_graceful_shutdown(shutdown)
+    let conn_stop = stop.clone();
+    listener
+        .run(stop, move |conn| {
+            let service = hyper_util::service::TowerToHyperService::new(app.clone());
+            let mut stop = conn_stop.clone();
+            async move {
+                let peer = conn.peer();
+                let mut builder = hyper::server::conn::http1::Builder::new();
+                builder
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(header_timeout);
+                let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(conn), service);
+                let mut conn = std::pin::pin!(conn);
+                let result = tokio::select! {
+                    r = conn.as_mut() => r,
+                    _ = stop.changed() => {
+                        conn.as_mut().graceful_shutdown();
+                        conn.await
+                    }
+                };
+                if let Err(e) = result {
+                    tracing::debug!(%peer, cause = %e, "HTTP connection ended");
+                }
+            }
+        })
         .await
 }

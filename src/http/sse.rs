@@ -49,6 +49,14 @@ fn event(key: String, change: &Change, base64: bool) -> Event {
     Event::default().event(name).id(etag).data(json)
 }
 
+/// Whether `path` is the subscribe route (`/v1.0-alpha1/state/{store}/subscribe`): its
+/// requests take a stream slot, not a request slot.
+pub(super) fn is_subscribe(path: &str) -> bool {
+    path.strip_prefix("/v1.0-alpha1/state/")
+        .and_then(|rest| rest.strip_suffix("/subscribe"))
+        .is_some_and(|store| !store.is_empty() && !store.contains('/'))
+}
+
 /// Subscribe to changes: `?key=a&key=b` and/or `?pattern=<glob>`; none = every key of the store.
 #[utoipa::path(
     get,
