@@ -399,14 +399,26 @@ impl Engine {
         if !applies {
             return Ok(None);
         }
-        let floors: Vec<&Hlc> = c.timestamp.iter().chain(cur.map(|r| &r.version)).collect();
+        // No allocation: one or two floors live on the stack.
+        let (two, one);
+        let floors: &[&Hlc] = match (c.timestamp.as_ref(), cur.map(|r| &r.version)) {
+            (Some(a), Some(b)) => {
+                two = [a, b];
+                &two
+            }
+            (Some(a), None) | (None, Some(a)) => {
+                one = [a];
+                &one
+            }
+            (None, None) => &[],
+        };
         let fencing = match (cur.and_then(|r| r.fencing.clone()), c.fencing.clone()) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
         };
         Ok(Some(Record {
             value: c.value.clone(),
-            version: self.0.hlc.next_after(&floors),
+            version: self.0.hlc.next_after(floors),
             fencing,
             expires_at_ms: c.ttl_ms.map(|t| self.0.hlc.wall_ms().saturating_add(t)),
         }))

@@ -454,7 +454,7 @@ impl Backend for DurableBackend {
                 in_flight.insert(s.key.clone(), lsn);
             }
             Ok(rx)
-        });
+        })?;
         match queued {
             None => Ok(outcome),
             Some(Err(cause)) => Err(failed(&cause)),

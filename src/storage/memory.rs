@@ -1,200 +1,182 @@
-//! The volatile backend: one ordered set of compact entries behind a lock, plus an expiry index.
-//! The durable backend uses it as its in-memory index.
+//! The volatile backend: the records in a hash index for point reads and writes, with an
+//! ordered index beside it for scans, plus an expiry index. The durable backend uses it as its
+//! in-memory index.
 //!
-//! Memory per key is a target (at most 1.5x Redis for small keys), so an entry is one
-//! allocation holding the value (and the key, when it is longer than 16 bytes), plus a 72-byte
-//! header in the tree: node ids are interned, the rare fencing token is boxed, "no deadline" is
-//! 0. Keys of up to 16 bytes live inside the header, so a lookup compares keys without leaving
-//! the tree's nodes (a pointer chase per comparison made GET cost ~1.8 us at 100k keys). Reads
-//! copy the value out (one small copy; the doors copy it into their wire format anyway).
+//! Memory per key is a target (at most Redis's for small keys), so a key is one allocation
+//! (`entry.rs`: a 20-byte header, the key, the value; expiry and fencing boxed aside, since most
+//! keys have neither). The hash index owns the entries; the ordered index holds a pointer to
+//! each. GET and overwrites go through the hash index only (a B-tree descent cost more than
+//! half of GET); only creating or deleting a key touches the ordered index. An overwrite with
+//! a value of the same length is done in place. Reads copy the value out (one small copy; the
+//! doors copy it into their wire format anyway).
 
-use std::borrow::Borrow;
-use std::cmp::Ordering;
 use std::collections::BTreeSet;
+use std::hash::BuildHasher;
 use std::ops::Bound;
 use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use hashbrown::HashTable;
 
 use super::{Backend, KeyPage, Record, StorageError, Swap, SwapOutcome};
 use crate::hlc::Hlc;
+
+mod entry;
+
+use entry::{Entry, KeyRef};
 
 #[derive(Debug, Default)]
 pub struct MemoryBackend {
     inner: RwLock<Inner>,
 }
 
-/// Keys up to this long are kept inside the entry.
-const INLINE_KEY: usize = 16;
-
-/// One key as the index keeps it, ordered by its key bytes.
-#[derive(Debug)]
-struct Entry {
-    /// The key, when it is at most [`INLINE_KEY`] bytes.
-    inline: [u8; INLINE_KEY],
-    /// The value, preceded by the key when the key is longer than [`INLINE_KEY`].
-    data: Box<[u8]>,
-    key_len: u32,
-    counter: u32,
-    ms: u64,
-    /// 0 = no deadline.
-    expires_at_ms: u64,
-    /// Index into [`Inner::nodes`].
-    node: u32,
-    fencing: Option<Box<Hlc>>,
-}
-
-impl Entry {
-    fn key(&self) -> &[u8] {
-        let len = self.key_len as usize;
-        if len <= INLINE_KEY {
-            &self.inline[..len]
-        } else {
-            &self.data[..len]
-        }
-    }
-    fn value(&self) -> &[u8] {
-        let len = self.key_len as usize;
-        if len <= INLINE_KEY {
-            &self.data
-        } else {
-            &self.data[len..]
-        }
-    }
-    fn is_expired(&self, now_ms: u64) -> bool {
-        self.expires_at_ms != 0 && self.expires_at_ms <= now_ms
-    }
-    fn deadline(&self) -> Option<u64> {
-        (self.expires_at_ms != 0).then_some(self.expires_at_ms)
-    }
-}
-
-impl Borrow<[u8]> for Entry {
-    fn borrow(&self) -> &[u8] {
-        self.key()
-    }
-}
-
-impl PartialEq for Entry {
-    fn eq(&self, other: &Entry) -> bool {
-        self.key() == other.key()
-    }
-}
-
-impl Eq for Entry {}
-
-impl PartialOrd for Entry {
-    fn partial_cmp(&self, other: &Entry) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Entry {
-    fn cmp(&self, other: &Entry) -> Ordering {
-        self.key().cmp(other.key())
-    }
-}
-
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Inner {
-    set: BTreeSet<Entry>,
+    /// Every key in byte order: pointers into the entries `table` owns. Declared first so it
+    /// is dropped before the entries (it never reads them when dropped, but this keeps it honest).
+    order: BTreeSet<KeyRef>,
+    /// Owns every entry; found by key hash (a keyed SipHash, so keys from the network cannot
+    /// be chosen to collide).
+    table: HashTable<Entry>,
+    hasher: std::collections::hash_map::RandomState,
     deadlines: BTreeSet<(u64, Bytes)>,
     max_version: Option<Hlc>,
     /// Node ids seen in versions (a handful: one per service node that ever wrote).
     nodes: Vec<Arc<str>>,
 }
 
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("keys", &self.table.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn too_long() -> StorageError {
+    StorageError::Backend("a key or value of 4 GiB or more does not fit the memory index".into())
+}
+
+fn fits(s: &Swap) -> bool {
+    let small = |n: usize| u32::try_from(n).is_ok();
+    small(s.key.len()) && s.new.as_ref().is_none_or(|r| small(r.value.len()))
+}
+
 impl Inner {
-    fn intern(&mut self, node: &Arc<str>) -> u32 {
-        match self.nodes.iter().position(|n| **n == **node) {
-            Some(i) => i as u32,
+    fn intern(&mut self, node: &Arc<str>) -> usize {
+        match self.nodes.iter().position(|n| Arc::ptr_eq(n, node) || **n == **node) {
+            Some(i) => i,
             None => {
                 self.nodes.push(node.clone());
-                (self.nodes.len() - 1) as u32
+                self.nodes.len() - 1
             }
         }
     }
 
+    fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    fn get(&self, key: &[u8]) -> Option<&Entry> {
+        self.table.find(self.hash(key), |e| e.key() == key)
+    }
+
     fn version(&self, e: &Entry) -> Hlc {
-        let node = self
-            .nodes
-            .get(e.node as usize)
-            .cloned()
-            .unwrap_or_else(|| Arc::from("?"));
+        if let Some(v) = e.extra().and_then(|x| x.version.clone()) {
+            return v;
+        }
+        let node = self.nodes.get(e.node()).cloned().unwrap_or_else(|| Arc::from("?"));
         Hlc {
-            ms: e.ms,
-            counter: e.counter,
+            ms: e.ms(),
+            counter: e.counter(),
             node,
         }
     }
 
     fn version_is(&self, e: &Entry, v: &Hlc) -> bool {
-        e.ms == v.ms && e.counter == v.counter && self.nodes.get(e.node as usize).is_some_and(|n| **n == *v.node)
+        match e.extra().and_then(|x| x.version.as_ref()) {
+            Some(full) => full == v,
+            None => {
+                e.ms() == v.ms && e.counter() == v.counter && self.nodes.get(e.node()).is_some_and(|n| **n == *v.node)
+            }
+        }
     }
 
     fn record(&self, e: &Entry) -> Record {
+        let extra = e.extra();
         Record {
             value: Bytes::copy_from_slice(e.value()),
             version: self.version(e),
-            fencing: e.fencing.as_deref().cloned(),
-            expires_at_ms: e.deadline(),
+            fencing: extra.and_then(|x| x.fencing.clone()),
+            expires_at_ms: extra.map(|x| x.expires_at_ms).filter(|d| *d != 0),
         }
     }
 
-    fn entry(&mut self, key: &[u8], rec: Record) -> Entry {
-        let mut inline = [0u8; INLINE_KEY];
-        let data = if key.len() <= INLINE_KEY {
-            inline[..key.len()].copy_from_slice(key);
-            Box::<[u8]>::from(&rec.value[..])
-        } else {
-            let mut data = Vec::with_capacity(key.len() + rec.value.len());
-            data.extend_from_slice(key);
-            data.extend_from_slice(&rec.value);
-            data.into_boxed_slice()
-        };
-        Entry {
-            inline,
-            data,
-            key_len: key.len() as u32,
-            counter: rec.version.counter,
-            ms: rec.version.ms,
-            expires_at_ms: rec.expires_at_ms.map(|d| d.max(1)).unwrap_or(0),
-            node: self.intern(&rec.version.node),
-            fencing: rec.fencing.map(Box::new),
-        }
-    }
-
-    fn put(&mut self, key: Bytes, new: Option<Record>) {
-        let old = match new {
-            Some(rec) => {
-                if self.max_version.as_ref().is_none_or(|m| rec.version > *m) {
-                    self.max_version = Some(rec.version.clone());
-                }
-                let entry = self.entry(&key, rec);
-                if let Some(d) = entry.deadline() {
-                    // A compact copy: the caller's key may be a slice of a network buffer.
-                    self.deadlines.insert((d, Bytes::copy_from_slice(&key)));
-                }
-                self.set.replace(entry)
+    /// Applies one change. The caller checked that the key and value fit ([`fits`]).
+    fn put(&mut self, key: &[u8], new: Option<&Record>) -> Result<(), StorageError> {
+        let hash = self.hash(key);
+        let Some(rec) = new else {
+            if let Ok(found) = self.table.find_entry(hash, |e| e.key() == key) {
+                let (old, _) = found.remove();
+                self.order.remove(key);
+                self.forget_deadline(key, old.expires_at_ms());
             }
-            None => self.set.take(&key[..]),
+            return Ok(());
         };
-        if let Some(d) = old.and_then(|o| o.deadline()) {
-            // The same (deadline, key) may have just been inserted again for the new record.
-            let still = self.set.get(&key[..]).and_then(Entry::deadline) == Some(d);
-            if !still {
-                self.deadlines.remove(&(d, key));
+        if self.max_version.as_ref().is_none_or(|m| rec.version > *m) {
+            self.max_version = Some(rec.version.clone());
+        }
+        let node = self.intern(&rec.version.node);
+        let deadline = rec.expires_at_ms.map(|d| d.max(1)).unwrap_or(0);
+        let Inner {
+            order, table, hasher, ..
+        } = self;
+        let old_deadline = match table.find_mut(hash, |e| e.key() == key) {
+            Some(cur) => {
+                let old_deadline = cur.expires_at_ms();
+                let in_place = deadline == 0
+                    && rec.fencing.is_none()
+                    && cur.overwrite(&rec.value, rec.version.ms, rec.version.counter, node);
+                if !in_place {
+                    let fresh = Entry::new(key, &rec.value, &rec.version, node, deadline, rec.fencing.as_ref())
+                        .map_err(|_| too_long())?;
+                    // The ordered index now points at the new allocation; then the old one goes.
+                    order.replace(fresh.key_ref());
+                    *cur = fresh;
+                }
+                old_deadline
             }
+            None => {
+                let fresh = Entry::new(key, &rec.value, &rec.version, node, deadline, rec.fencing.as_ref())
+                    .map_err(|_| too_long())?;
+                order.insert(fresh.key_ref());
+                table.insert_unique(hash, fresh, |e| hasher.hash_one(e.key()));
+                0
+            }
+        };
+        if deadline != old_deadline {
+            if deadline != 0 {
+                // A compact copy: the caller's key may be a slice of a network buffer.
+                self.deadlines.insert((deadline, Bytes::copy_from_slice(key)));
+            }
+            self.forget_deadline(key, old_deadline);
+        }
+        Ok(())
+    }
+
+    fn forget_deadline(&mut self, key: &[u8], deadline: u64) {
+        if deadline != 0 {
+            self.deadlines.remove(&(deadline, Bytes::copy_from_slice(key)));
         }
     }
 
-    fn range_after<'a>(&'a self, after: Option<&'a [u8]>) -> impl Iterator<Item = &'a Entry> + 'a {
+    fn range_after<'a>(&'a self, after: Option<&'a [u8]>) -> impl Iterator<Item = &'a KeyRef> + 'a {
         let lower = match after {
             Some(a) => Bound::Excluded(a),
             None => Bound::Unbounded,
         };
-        self.set.range::<[u8], _>((lower, Bound::Unbounded))
+        self.order.range::<[u8], _>((lower, Bound::Unbounded))
     }
 }
 
@@ -207,8 +189,8 @@ impl MemoryBackend {
     }
 
     /// Loads records without checks (durable backends replay into this).
-    pub fn load(&self, key: Bytes, rec: Option<Record>) {
-        self.write().put(key, rec);
+    pub fn load(&self, key: Bytes, rec: Option<Record>) -> Result<(), StorageError> {
+        self.write().put(&key, rec.as_ref())
     }
 
     /// Raises the highest version ever stored (a durable backend restores it from a snapshot:
@@ -227,16 +209,20 @@ impl MemoryBackend {
         swaps: &[Swap],
         max_keys: Option<u64>,
         then: impl FnOnce() -> R,
-    ) -> (SwapOutcome, Option<R>) {
+    ) -> Result<(SwapOutcome, Option<R>), StorageError> {
+        if !swaps.iter().all(fits) {
+            return Err(too_long());
+        }
         let mut inner = self.write();
         let outcome = check_swaps(&inner, swaps, max_keys);
         if outcome != SwapOutcome::Done {
-            return (outcome, None);
+            return Ok((outcome, None));
         }
         for s in swaps {
-            inner.put(s.key.clone(), s.new.clone());
+            // Cannot fail: every key and value fits (checked above).
+            inner.put(&s.key, s.new.as_ref())?;
         }
-        (outcome, Some(then()))
+        Ok((outcome, Some(then())))
     }
 
     /// Up to `n` records strictly after `after`, in key order (for snapshots, a chunk at a time).
@@ -245,7 +231,7 @@ impl MemoryBackend {
         inner
             .range_after(after)
             .take(n)
-            .map(|e| (Bytes::copy_from_slice(e.key()), inner.record(e)))
+            .map(|k| (Bytes::copy_from_slice(k.key()), k.with_entry(|e| inner.record(e))))
             .collect()
     }
 
@@ -254,7 +240,7 @@ impl MemoryBackend {
     }
 
     pub(crate) fn key_count(&self) -> u64 {
-        self.read().set.len() as u64
+        self.read().table.len() as u64
     }
 }
 
@@ -262,7 +248,7 @@ impl MemoryBackend {
 fn check_swaps(inner: &Inner, swaps: &[Swap], max_keys: Option<u64>) -> SwapOutcome {
     let mut added: i64 = 0;
     for s in swaps {
-        let cur = inner.set.get(&s.key[..]);
+        let cur = inner.get(&s.key);
         let matches = match (cur, &s.expected) {
             (None, None) => true,
             (Some(e), Some(v)) => inner.version_is(e, v),
@@ -275,7 +261,7 @@ fn check_swaps(inner: &Inner, swaps: &[Swap], max_keys: Option<u64>) -> SwapOutc
     }
     if let Some(max) = max_keys
         && added > 0
-        && inner.set.len() as i64 + added > max as i64
+        && inner.table.len() as i64 + added > max as i64
     {
         return SwapOutcome::TooManyKeys;
     }
@@ -286,11 +272,11 @@ fn check_swaps(inner: &Inner, swaps: &[Swap], max_keys: Option<u64>) -> SwapOutc
 impl Backend for MemoryBackend {
     async fn get(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {
         let inner = self.read();
-        Ok(inner.set.get(key).map(|e| inner.record(e)))
+        Ok(inner.get(key).map(|e| inner.record(e)))
     }
 
     async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError> {
-        Ok(self.swap_then(swaps, max_keys, || ()).0)
+        Ok(self.swap_then(swaps, max_keys, || ())?.0)
     }
 
     async fn scan(
@@ -302,16 +288,18 @@ impl Backend for MemoryBackend {
     ) -> Result<KeyPage, StorageError> {
         let inner = self.read();
         let mut page = KeyPage::default();
-        let mut last: Option<&Entry> = None;
-        for (seen, e) in inner.range_after(after).enumerate() {
+        let mut last: Option<&KeyRef> = None;
+        for (seen, k) in inner.range_after(after).enumerate() {
             if seen == examine {
                 page.resume_after = last.map(|l| Bytes::copy_from_slice(l.key()));
                 return Ok(page);
             }
-            if !e.is_expired(now_ms) && keep(e.key()) {
-                page.keys.push(Bytes::copy_from_slice(e.key()));
+            let deadline = k.with_entry(Entry::expires_at_ms);
+            let expired = deadline != 0 && deadline <= now_ms;
+            if !expired && keep(k.key()) {
+                page.keys.push(Bytes::copy_from_slice(k.key()));
             }
-            last = Some(e);
+            last = Some(k);
         }
         Ok(page)
     }
@@ -322,7 +310,7 @@ impl Backend for MemoryBackend {
             .deadlines
             .iter()
             .take_while(|(d, _)| *d <= now_ms)
-            .filter_map(|(_, k)| inner.set.get(&k[..]).map(|e| (k.clone(), inner.version(e))))
+            .filter_map(|(_, k)| inner.get(k).map(|e| (k.clone(), inner.version(e))))
             .take(limit)
             .collect())
     }
@@ -332,7 +320,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn len(&self) -> Result<u64, StorageError> {
-        Ok(self.read().set.len() as u64)
+        Ok(self.read().table.len() as u64)
     }
 
     async fn max_version(&self) -> Result<Option<Hlc>, StorageError> {
