@@ -299,12 +299,24 @@ impl Engine {
         }
     }
 
+    /// Whether a record read now is past its deadline (the clock is read only for records
+    /// that have one).
+    fn is_expired(&self, r: &Record) -> bool {
+        r.expires_at_ms.is_some() && r.is_expired(self.0.hlc.wall_ms())
+    }
+
     /// Reads a key under its stripe lock; an expired record is removed (observers are told) and
-    /// reads as absent.
-    async fn load_live(&self, key: &Bytes) -> Result<Option<Record>, EngineError> {
-        let rec = self.0.store.backend().get(key).await?;
+    /// reads as absent. Without `value` the record's value may be left empty (for a write that
+    /// does not compare it).
+    async fn load_live(&self, key: &Bytes, value: bool) -> Result<Option<Record>, EngineError> {
+        let backend = self.0.store.backend();
+        let rec = if value {
+            backend.get(key).await?
+        } else {
+            backend.get_head(key).await?
+        };
         match rec {
-            Some(r) if r.is_expired(self.0.hlc.wall_ms()) => {
+            Some(r) if self.is_expired(&r) => {
                 self.remove(key, &r, ChangeKind::Expire).await?;
                 Ok(None)
             }
@@ -448,8 +460,10 @@ impl Engine {
     async fn set_once(&self, c: &Set) -> Result<Response, EngineError> {
         self.check_set(c)?;
         let _guard = self.lock(&c.key).await;
+        // Only NEX compares the stored value.
+        let value = matches!(c.condition, SetCondition::IfAbsentOrEqual);
         for _ in 0..MAX_SWAP_ATTEMPTS {
-            let cur = self.load_live(&c.key).await?;
+            let cur = self.load_live(&c.key, value).await?;
             let Some(new) = self.set_record(c, cur.as_ref())? else {
                 return Ok(Response::new(Reply::NotApplied, cur.map(|r| r.version)));
             };
@@ -494,9 +508,9 @@ impl Engine {
         }
         match self.0.store.backend().get(key).await? {
             None => Ok(None),
-            Some(r) if r.is_expired(self.0.hlc.wall_ms()) => {
+            Some(r) if self.is_expired(&r) => {
                 let _guard = self.lock(key).await;
-                self.load_live(key).await?;
+                self.load_live(key, false).await?;
                 Ok(None)
             }
             Some(r) => Ok(Some(Entry {
@@ -558,7 +572,7 @@ impl Engine {
             let mut view: std::collections::HashMap<Bytes, (Option<Hlc>, Option<Record>)> = Default::default();
             for op in ops {
                 if !view.contains_key(op.key()) {
-                    let cur = self.load_live(op.key()).await?;
+                    let cur = self.load_live(op.key(), true).await?;
                     view.insert(op.key().clone(), (cur.as_ref().map(|r| r.version.clone()), cur));
                 }
             }
@@ -642,7 +656,7 @@ impl Engine {
         self.check_skew(fencing.as_ref(), || EngineError::FencingTokenSkew)?;
         let _guard = self.lock(&key).await;
         for _ in 0..MAX_SWAP_ATTEMPTS {
-            let cur = self.load_live(&key).await?;
+            let cur = self.load_live(&key, if_value.is_some()).await?;
             if !Self::check_delete(cur.as_ref(), fencing.as_ref(), &condition)? {
                 return Ok(Response::new(Reply::Int(0), None));
             }

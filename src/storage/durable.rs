@@ -424,6 +424,13 @@ impl Backend for DurableBackend {
         Ok(rec)
     }
 
+    async fn get_head(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {
+        self.shared.check()?;
+        let rec = self.index.get_head(key).await?;
+        self.settle(Some(key)).await?;
+        Ok(rec)
+    }
+
     async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError> {
         if swaps.is_empty() {
             return Ok(SwapOutcome::Done);

@@ -79,7 +79,11 @@ impl Inner {
     }
 
     fn get(&self, key: &[u8]) -> Option<&Entry> {
-        self.table.find(self.hash(key), |e| e.key() == key)
+        self.get_hashed(self.hash(key), key)
+    }
+
+    fn get_hashed(&self, hash: u64, key: &[u8]) -> Option<&Entry> {
+        self.table.find(hash, |e| e.key() == key)
     }
 
     fn version(&self, e: &Entry) -> Hlc {
@@ -104,9 +108,17 @@ impl Inner {
     }
 
     fn record(&self, e: &Entry) -> Record {
-        let extra = e.extra();
         Record {
             value: Bytes::copy_from_slice(e.value()),
+            ..self.head(e)
+        }
+    }
+
+    /// The record without its value.
+    fn head(&self, e: &Entry) -> Record {
+        let extra = e.extra();
+        Record {
+            value: Bytes::new(),
             version: self.version(e),
             fencing: extra.and_then(|x| x.fencing.clone()),
             expires_at_ms: extra.map(|x| x.expires_at_ms).filter(|d| *d != 0),
@@ -115,7 +127,11 @@ impl Inner {
 
     /// Applies one change. The caller checked that the key and value fit ([`fits`]).
     fn put(&mut self, key: &[u8], new: Option<&Record>) -> Result<(), StorageError> {
-        let hash = self.hash(key);
+        self.put_hashed(self.hash(key), key, new)
+    }
+
+    /// [`Inner::put`] with the key's hash already computed.
+    fn put_hashed(&mut self, hash: u64, key: &[u8], new: Option<&Record>) -> Result<(), StorageError> {
         let Some(rec) = new else {
             if let Ok(found) = self.table.find_entry(hash, |e| e.key() == key) {
                 let (old, _) = found.remove();
@@ -214,13 +230,26 @@ impl MemoryBackend {
             return Err(too_long());
         }
         let mut inner = self.write();
-        let outcome = check_swaps(&inner, swaps, max_keys);
+        // Each key is hashed once, for the check and the write (SipHash is a visible part of SET).
+        let one;
+        let many: Vec<u64>;
+        let hashes: &[u64] = match swaps {
+            [s] => {
+                one = [inner.hash(&s.key)];
+                &one
+            }
+            _ => {
+                many = swaps.iter().map(|s| inner.hash(&s.key)).collect();
+                &many
+            }
+        };
+        let outcome = check_swaps(&inner, swaps, hashes, max_keys);
         if outcome != SwapOutcome::Done {
             return Ok((outcome, None));
         }
-        for s in swaps {
+        for (s, hash) in swaps.iter().zip(hashes) {
             // Cannot fail: every key and value fits (checked above).
-            inner.put(&s.key, s.new.as_ref())?;
+            inner.put_hashed(*hash, &s.key, s.new.as_ref())?;
         }
         Ok((outcome, Some(then())))
     }
@@ -245,10 +274,10 @@ impl MemoryBackend {
 }
 
 /// Checks swaps against the index: every expected version must be the stored one.
-fn check_swaps(inner: &Inner, swaps: &[Swap], max_keys: Option<u64>) -> SwapOutcome {
+fn check_swaps(inner: &Inner, swaps: &[Swap], hashes: &[u64], max_keys: Option<u64>) -> SwapOutcome {
     let mut added: i64 = 0;
-    for s in swaps {
-        let cur = inner.get(&s.key);
+    for (s, hash) in swaps.iter().zip(hashes) {
+        let cur = inner.get_hashed(*hash, &s.key);
         let matches = match (cur, &s.expected) {
             (None, None) => true,
             (Some(e), Some(v)) => inner.version_is(e, v),
@@ -273,6 +302,11 @@ impl Backend for MemoryBackend {
     async fn get(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {
         let inner = self.read();
         Ok(inner.get(key).map(|e| inner.record(e)))
+    }
+
+    async fn get_head(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {
+        let inner = self.read();
+        Ok(inner.get(key).map(|e| inner.head(e)))
     }
 
     async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError> {
