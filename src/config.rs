@@ -84,6 +84,24 @@ pub struct ServeArgs {
     /// after which a client's KEYNOTIFY registrations are dropped. 0 = never.
     #[arg(long, env = "STATEGATE_OBSERVER_IDLE_SECS", default_value_t = 86_400)]
     pub observer_idle_secs: u64,
+    /// Most KEYNOTIFY registrations of all clients together; past it a registration is refused
+    /// with the quota error.
+    #[arg(long, env = "STATEGATE_MAX_OBSERVERS_TOTAL", default_value_t = 1_000_000)]
+    pub max_observers_total: usize,
+    /// Bytes of KEYNOTIFY notifications waiting to be sent; past it new ones are dropped,
+    /// counted and logged (observers miss them).
+    #[arg(long, env = "STATEGATE_KEYNOTIFY_QUEUE_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub keynotify_queue_bytes: usize,
+    /// Changes the watch history keeps (what SSE and gRPC Watch readers are served from, and
+    /// resume from); a reader that falls further behind gets the `overflow` event.
+    #[arg(long, env = "STATEGATE_WATCH_HISTORY_EVENTS", default_value_t = 65_536)]
+    pub watch_history_events: usize,
+    /// Bytes of keys and values the watch history keeps (the newest change is always kept).
+    #[arg(long, env = "STATEGATE_WATCH_HISTORY_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub watch_history_bytes: usize,
+    /// Seconds the watch history keeps a change.
+    #[arg(long, env = "STATEGATE_WATCH_HISTORY_SECS", default_value_t = 600)]
+    pub watch_history_secs: u64,
     /// Where the HTTP door (Dapr state API) listens; `off` disables it. An address other than
     /// loopback opens the API to the network (set --api-token).
     #[arg(long, env = "STATEGATE_HTTP_LISTEN", default_value = "127.0.0.1:3500")]
@@ -277,9 +295,15 @@ impl Config {
                 per_client: a.max_observed_keys.max(1),
                 // The embedded broker reports disconnects; only an external one needs idle expiry.
                 idle: (external && a.observer_idle_secs > 0).then(|| Duration::from_secs(a.observer_idle_secs)),
+                total: a.max_observers_total.max(1),
+                queue_bytes: a.keynotify_queue_bytes.max(1),
                 ..ObserverLimits::default()
             },
-            feed: FeedLimits::default(),
+            feed: FeedLimits {
+                max_events: a.watch_history_events,
+                max_bytes: a.watch_history_bytes,
+                max_age: Duration::from_secs(a.watch_history_secs),
+            },
         };
         let http_listen = parse_listen("--http-listen", &a.http_listen)?;
         let grpc_listen = parse_listen("--grpc-listen", &a.grpc_listen)?;

@@ -145,6 +145,18 @@ struct Inner {
     deadline_added: Notify,
 }
 
+/// A handle that does not keep the engine alive (for callbacks that may outlive the service,
+/// such as hooks the embedded broker keeps after its shutdown).
+#[derive(Clone)]
+pub struct WeakEngine(std::sync::Weak<Inner>);
+
+impl WeakEngine {
+    /// The engine, if it still runs.
+    pub fn upgrade(&self) -> Option<Engine> {
+        self.0.upgrade().map(Engine)
+    }
+}
+
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine").field("node", self.0.hlc.node()).finish()
@@ -181,6 +193,11 @@ impl Engine {
 
     pub fn limits(&self) -> &Limits {
         &self.0.limits
+    }
+
+    /// A handle that does not keep the engine alive.
+    pub fn downgrade(&self) -> WeakEngine {
+        WeakEngine(Arc::downgrade(&self.0))
     }
 
     /// The service clock's wall time, ms since the epoch (what deadlines are compared with).

@@ -184,6 +184,14 @@ pub fn router(engine: Engine, settings: HttpSettings, info: ServiceInfo) -> Rout
         info: Arc::new(info),
     };
     let (mut router, _) = routes().split_for_parts();
+    // The keys named `bulk` and `transaction` are keys too: their GET and DELETE go with the
+    // POST/PUT routes that share their paths.
+    for path in ["/v1.0/state/{store}/bulk", "/v1.0/state/{store}/transaction"] {
+        router = router.route(
+            path,
+            axum::routing::get(state::get_reserved_key).delete(state::delete_reserved_key),
+        );
+    }
     if settings.ui {
         router = router.merge(ui::routes());
     }

@@ -107,8 +107,13 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
         #[cfg(feature = "embedded-broker")]
         BrokerChoice::Embedded { listen, client_path } => {
             let on_disconnect: mqtt::broker::OnDisconnect = {
-                let engine = engine.clone();
+                // rmqtt keeps its hooks after the broker stops: a strong handle here would keep
+                // the engine (and its storage, locked) alive after shutdown.
+                let engine = engine.downgrade();
                 Arc::new(move |client: &str, session: u64| {
+                    let Some(engine) = engine.upgrade() else {
+                        return;
+                    };
                     let n = engine.drop_client(client, Some(session));
                     if n > 0 {
                         tracing::debug!(

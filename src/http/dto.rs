@@ -187,8 +187,24 @@ pub struct Status {
     /// `embedded` or `external`.
     #[serde(rename = "mqttBroker")]
     pub mqtt_broker: String,
-    /// MQTT connections to the embedded broker (the service's own included); `null` when the
-    /// broker is external and cannot tell.
+    /// MQTT connections to the embedded broker; `null` when the broker is external and cannot
+    /// tell.
     #[serde(rename = "mqttConnectedClients")]
     pub mqtt_connected_clients: Option<u64>,
+    /// KEYNOTIFY registrations of all clients.
+    #[serde(rename = "keynotifyRegistrations")]
+    pub keynotify_registrations: u64,
+    /// KEYNOTIFY notifications dropped so far because the send queue was full.
+    #[serde(rename = "keynotifyDropped")]
+    pub keynotify_dropped: u64,
+    /// Changes and bytes the watch history holds.
+    #[serde(rename = "watchHistory")]
+    pub watch_history: HistoryStatus,
+}
+
+/// What the watch history holds (status).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct HistoryStatus {
+    pub changes: u64,
+    pub bytes: u64,
 }

@@ -28,6 +28,18 @@ fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
     params.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
+/// A body that must be a JSON object (serde would also read a struct from a JSON array, by
+/// position: `[[]]` must not pass for a transaction).
+fn parse_object<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        return Err(ApiError::malformed(
+            "failed to parse the request body: expected a JSON object",
+        ));
+    }
+    parse_json(body)
+}
+
 fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::malformed(format!("failed to parse the request body: {e}")))
 }
@@ -120,9 +132,43 @@ pub async fn get_state(
     DaprPath((store, key)): DaprPath<(String, String)>,
     DaprQuery(params): Params,
 ) -> Result<Response, ApiError> {
-    let store = st.store(&store, Op::Get)?;
-    dapr::check_consistency(param(&params, "consistency")).map_err(|e| ApiError::from_dapr(Op::Get, e))?;
-    let Some(entry) = dapr::get(&st.engine, store, &key)
+    get_one(&st, &store, &key, &params).await
+}
+
+/// GET of the keys named `bulk` and `transaction`, whose paths the POST routes of those names
+/// take: they are keys like any other.
+pub async fn get_reserved_key(
+    State(st): State<AppState>,
+    DaprPath(store): DaprPath<String>,
+    DaprQuery(params): Params,
+    uri: axum::http::Uri,
+) -> Result<Response, ApiError> {
+    get_one(&st, &store, reserved_key(&uri), &params).await
+}
+
+/// DELETE of the keys named `bulk` and `transaction` (see [`get_reserved_key`]).
+pub async fn delete_reserved_key(
+    State(st): State<AppState>,
+    DaprPath(store): DaprPath<String>,
+    DaprQuery(params): Params,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    delete_one(&st, &store, reserved_key(&uri).to_owned(), &params, &headers).await
+}
+
+fn reserved_key(uri: &axum::http::Uri) -> &'static str {
+    if uri.path().trim_end_matches('/').ends_with("/transaction") {
+        "transaction"
+    } else {
+        "bulk"
+    }
+}
+
+async fn get_one(st: &AppState, store: &str, key: &str, params: &[(String, String)]) -> Result<Response, ApiError> {
+    let store = st.store(store, Op::Get)?;
+    dapr::check_consistency(param(params, "consistency")).map_err(|e| ApiError::from_dapr(Op::Get, e))?;
+    let Some(entry) = dapr::get(&st.engine, store, key)
         .await
         .map_err(|e| ApiError::from_dapr(Op::Get, e))?
     else {
@@ -219,7 +265,7 @@ pub async fn bulk_get(
     body: Body,
 ) -> Result<axum::Json<Vec<dto::BulkItem>>, ApiError> {
     let store = st.store(&store, Op::BulkGet)?;
-    let req: dto::BulkGetRequest = parse_json(&body.0)?;
+    let req: dto::BulkGetRequest = parse_object(&body.0)?;
     let entries = dapr::bulk_get(&st.engine, store, req.keys, st.settings.max_bulk_keys)
         .await
         .map_err(|e| ApiError::from_dapr(Op::BulkGet, e))?;
@@ -274,7 +320,17 @@ pub async fn delete_state(
     DaprQuery(params): Params,
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
-    let store = st.store(&store, Op::Delete)?;
+    delete_one(&st, &store, key, &params, &headers).await
+}
+
+async fn delete_one(
+    st: &AppState,
+    store: &str,
+    key: String,
+    params: &[(String, String)],
+    headers: &HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    let store = st.store(store, Op::Delete)?;
     let etag = match headers.get(header::IF_MATCH) {
         None => None,
         Some(v) => Some(
@@ -286,9 +342,9 @@ pub async fn delete_state(
     let item = DeleteItem {
         key,
         etag,
-        metadata: query_metadata(&params),
-        concurrency: param(&params, "concurrency").map(str::to_owned),
-        consistency: param(&params, "consistency").map(str::to_owned),
+        metadata: query_metadata(params),
+        concurrency: param(params, "concurrency").map(str::to_owned),
+        consistency: param(params, "consistency").map(str::to_owned),
     };
     dapr::delete(&st.engine, store, &item)
         .await
@@ -316,7 +372,7 @@ pub async fn transaction(
     body: Body,
 ) -> Result<StatusCode, ApiError> {
     let store = st.store(&store, Op::Transaction)?;
-    let req: dto::TransactionRequest = parse_json(&body.0)?;
+    let req: dto::TransactionRequest = parse_object(&body.0)?;
     let mut meta = req.metadata;
     dapr::merge_request_metadata(&mut meta, &query_metadata(&params));
     let mut items = Vec::with_capacity(req.operations.len());
