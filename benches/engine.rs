@@ -1,5 +1,6 @@
-//! Engine micro-benchmarks (in process, memory storage, one core): GET, SET, SET NX, VDEL and
-//! notification fan-out to 1,000 observers. `cargo bench --bench engine`.
+//! Engine micro-benchmarks (in process, memory storage, one core): GET, SET (with and without
+//! the change history), SET NX, VDEL and notification fan-out to 1,000 observers.
+//! `cargo bench --bench engine`.
 //!
 //! Each benchmark drives the engine from a current-thread runtime, so the numbers are per core,
 //! and times the operations in CPU time of that thread (not wall time): on a shared machine a
@@ -12,7 +13,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group};
 use stategate::engine::{Command, Engine, Get, KeyNotify, Limits, Set, SetCondition, VDel};
 use stategate::hlc::SystemClock;
 use stategate::storage::Store;
@@ -31,8 +32,12 @@ fn key(i: usize) -> Bytes {
 }
 
 fn engine(rt: &tokio::runtime::Runtime) -> Engine {
+    engine_with(rt, Limits::default())
+}
+
+fn engine_with(rt: &tokio::runtime::Runtime, limits: Limits) -> Engine {
     rt.block_on(async {
-        let e = Engine::open(Store::memory(), "bench", Arc::new(SystemClock), Limits::default())
+        let e = Engine::open(Store::memory(), "bench", Arc::new(SystemClock), limits)
             .await
             .expect("engine");
         for i in 0..KEYS {
@@ -78,10 +83,15 @@ where
     })
 }
 
-/// `--profile VERB N`: N operations of one kind, no criterion (for a profiler).
+/// `--profile VERB N`: N operations of one kind, no criterion (for a profiler). `SET-NO-HISTORY`
+/// is SET with the change history off (what keeping it costs).
 fn profile(verb: &str, n: u64) {
     let rt = rt();
-    let e = engine(&rt);
+    let mut limits = Limits::default();
+    if verb == "SET-NO-HISTORY" {
+        limits.feed.max_events = 0;
+    }
+    let e = engine_with(&rt, limits);
     let keys: Vec<Bytes> = (0..KEYS).map(key).collect();
     let pick = |i: u64| keys[(i as usize * 7919) % KEYS].clone();
     let spent = timed(&rt, n, |i| {
@@ -127,6 +137,23 @@ fn bench(c: &mut Criterion) {
             })
         })
     });
+    let quiet = engine_with(&rt, {
+        let mut l = Limits::default();
+        l.feed.max_events = 0;
+        l
+    });
+    g.bench_function("SET (no change history)", |b| {
+        b.iter_custom(|n| {
+            timed(&rt, n, |i| {
+                let cmd = set(pick(i), SetCondition::Always);
+                let e = &quiet;
+                async move {
+                    black_box(e.execute(cmd).await.expect("set"));
+                }
+            })
+        })
+    });
+    drop(quiet);
     g.bench_function("SET NX (exists)", |b| {
         b.iter_custom(|n| {
             timed(&rt, n, |i| {
