@@ -401,10 +401,12 @@ struct MqttTarget {
 /// Starts stategate on `broker` with the echo responder and a load client beside it, and fills
 /// the GET keys.
 async fn mqtt_target(label: &'static str, broker: BrokerChoice, n: usize) -> MqttTarget {
-    let mut config = Config::default();
-    config.http_listen = None;
-    config.grpc_listen = None;
-    config.broker = broker;
+    let mut config = Config {
+        http_listen: None,
+        grpc_listen: None,
+        broker,
+        ..Config::default()
+    };
     config.mqtt.client_id = format!("stategate-bench-{n}");
     if std::env::var_os("BENCH_CLEAN_SESSION").is_some() {
         config.mqtt.session_expiry = Duration::ZERO;
@@ -443,8 +445,10 @@ async fn mqtt(o: &Opts) {
     let mut targets = Vec::new();
     match &o.mqtt_url {
         Some(url) => {
-            let mut a = stategate::config::ServeArgs::default();
-            a.mqtt_url = Some(url.clone());
+            let a = stategate::config::ServeArgs {
+                mqtt_url: Some(url.clone()),
+                ..Default::default()
+            };
             let broker = Config::from_args(a).expect("--mqtt-url").broker;
             targets.push(mqtt_target("client   ", broker, 0).await);
         }

@@ -205,7 +205,7 @@ impl Door {
             Ok(out) => {
                 let out = Arc::new(out);
                 if let Some(k) = &key {
-                    self.dedup.answered(k, out.clone());
+                    self.dedup.answered(k, &out);
                 }
                 Some(out)
             }
