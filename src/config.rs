@@ -1,11 +1,13 @@
 //! Command line and configuration. Every flag is also an environment variable `STATEGATE_*`.
 
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::access::{AccessSettings, LimitSettings};
 use crate::dapr::{StoreSpec, Stores};
 use crate::engine::{FeedLimits, Limits, ObserverLimits};
 use crate::http::HttpSettings;
@@ -38,6 +40,9 @@ pub struct Cli {
 pub enum CliCommand {
     /// Run the service (the default).
     Serve(ServeArgs),
+    /// Add, replace (or with --delete remove) a user in an MQTT password file
+    /// (--mqtt-auth-file); the password is read from standard input.
+    Passwd(crate::access::passwd::PasswdArgs),
     /// The client commands (`get`, `set`, ...).
     #[command(flatten)]
     Client(crate::cli::args::ClientCommand),
@@ -138,6 +143,11 @@ pub struct ServeArgs {
     /// Seconds to wait at startup for Redis to answer before giving up (exit status 1).
     #[arg(long, env = "STATEGATE_REDIS_STARTUP_WAIT_SECS", default_value_t = 60)]
     pub redis_startup_wait_secs: u64,
+    /// About how many entries the change log shared by replicas on Redis keeps (Redis trims it
+    /// approximately). A replica cut off from Redis for longer than these entries take to be
+    /// written ends its watchers' streams with `overflow` instead of skipping changes.
+    #[arg(long, env = "STATEGATE_REDIS_CHANGE_LOG_LEN", default_value_t = 100_000)]
+    pub redis_change_log_len: u64,
     /// The durable store's directory (created if missing; one process at a time).
     #[arg(long, env = "STATEGATE_DATA_DIR", default_value = "./stategate-data")]
     pub data_dir: PathBuf,
@@ -147,14 +157,22 @@ pub struct ServeArgs {
     /// not written back). A process crash loses nothing acknowledged in any mode.
     #[arg(long, env = "STATEGATE_FSYNC", default_value = "always")]
     pub fsync: FsyncMode,
+    /// A file of exactly 32 random bytes (`head -c 32 /dev/urandom > FILE; chmod 600 FILE`):
+    /// the durable store seals every log record and snapshot chunk with it (XChaCha20-Poly1305),
+    /// so the data directory shows no key or value. The file must not be accessible to other
+    /// users. Changing keys: `stategate rekey` on the stopped store.
+    #[arg(long, env = "STATEGATE_ENCRYPTION_KEY_FILE")]
+    pub encryption_key_file: Option<PathBuf>,
     /// Log bytes after which the durable store starts a new segment and writes a snapshot (or
     /// half the last snapshot, if more). For tests: small values make compaction constant.
     #[arg(long, env = "STATEGATE_SEGMENT_BYTES", default_value_t = 64 * 1024 * 1024, hide = true)]
     pub segment_bytes: u64,
     /// Seconds the broker keeps the service's MQTT session (and queues requests for it) while
-    /// it is disconnected; 0 = a clean session on every connect.
-    #[arg(long, env = "STATEGATE_MQTT_SESSION_EXPIRY_SECS", default_value_t = 3600)]
-    pub mqtt_session_expiry_secs: u64,
+    /// it is disconnected; 0 = a clean session on every connect. Default: 3600, or 0 with
+    /// --mqtt-share-group (a broker keeps routing a share of the group's requests to a member's
+    /// offline session, where they wait unanswered until it comes back).
+    #[arg(long, env = "STATEGATE_MQTT_SESSION_EXPIRY_SECS")]
+    pub mqtt_session_expiry_secs: Option<u64>,
     /// Most MQTT requests executing at once; past that a request is answered `__stat=503`.
     #[arg(long, env = "STATEGATE_MQTT_MAX_INFLIGHT", default_value_t = 8192)]
     pub mqtt_max_inflight: usize,
@@ -181,6 +199,34 @@ pub struct ServeArgs {
     /// Do not serve the web console at `/ui` on the HTTP door.
     #[arg(long, env = "STATEGATE_NO_UI")]
     pub no_ui: bool,
+    /// MQTT users and password hashes (`user:$argon2id$...` lines; write them with `stategate
+    /// passwd`). Set: the embedded broker refuses clients without a valid username and password.
+    /// Reloaded on SIGHUP.
+    #[arg(long, env = "STATEGATE_MQTT_AUTH_FILE")]
+    pub mqtt_auth_file: Option<PathBuf>,
+    /// Per-key access rules (TOML: who may read, write, observe which keys). Absent: everyone
+    /// who can connect may do everything. Reloaded on SIGHUP.
+    #[arg(long, env = "STATEGATE_ACL_FILE")]
+    pub acl_file: Option<PathBuf>,
+    /// Named HTTP/gRPC tokens, `name:token` per line (each name a principal for the rules).
+    /// Set: every HTTP/gRPC call needs one of them in `dapr-api-token`. Reloaded on SIGHUP.
+    #[arg(long, env = "STATEGATE_API_TOKEN_FILE")]
+    pub api_token_file: Option<PathBuf>,
+    /// External broker only: take a request's `__srcId` as the caller's client id for the
+    /// rules. Only safe when the broker's own ACLs make every client publish its real id.
+    #[arg(long, env = "STATEGATE_MQTT_TRUST_SRC_ID")]
+    pub mqtt_trust_src_id: bool,
+    /// Requests per second one principal may make (MQTT, HTTP, gRPC together); past it MQTT
+    /// `__stat=429`, HTTP 429, gRPC RESOURCE_EXHAUSTED. 0 = unlimited.
+    #[arg(long, env = "STATEGATE_RATE_LIMIT", default_value_t = 0)]
+    pub rate_limit: u32,
+    /// Requests one principal may make at once above --rate-limit (0 = the rate).
+    #[arg(long, env = "STATEGATE_RATE_LIMIT_BURST", default_value_t = 0)]
+    pub rate_limit_burst: u32,
+    /// Change streams (SSE, gRPC Watch) one principal may hold open; past it HTTP 429, gRPC
+    /// RESOURCE_EXHAUSTED. 0 = unlimited.
+    #[arg(long, env = "STATEGATE_MAX_STREAMS_PER_PRINCIPAL", default_value_t = 64)]
+    pub max_streams_per_principal: usize,
     /// Serve the Dapr pluggable state component API on this Unix socket, e.g.
     /// `/tmp/dapr-components-sockets/stategate.sock` (daprd's component type `state.stategate`).
     #[arg(long, env = "STATEGATE_DAPR_COMPONENT_SOCKET")]
@@ -215,7 +261,9 @@ pub enum ConfigError {
     BadMqttUrl(String),
     #[error("--mqtt-url {0:?}: TLS (mqtts://) is not supported yet")]
     TlsUnsupported(String),
-    #[error("--node-id must be non-empty and contain no ':' (got {0:?})")]
+    #[error(
+        "--node-id must be 1 to 64 ASCII letters, digits, '-', '_' or '.' (it is part of every version, event id and log line; got {0:?})"
+    )]
     BadNodeId(String),
     #[error("--mqtt-max-packet-bytes ({packet}) must exceed --max-value-bytes ({value}) plus the key and envelope")]
     PacketTooSmall { packet: u32, value: usize },
@@ -225,6 +273,20 @@ pub enum ConfigError {
     BadListen { flag: &'static str, value: String },
     #[error("--state-store: {0}")]
     BadStateStore(String),
+    #[error(
+        "--encryption-key-file applies to --storage durable only (Redis keeps its own data: use its TLS and disk encryption)"
+    )]
+    EncryptionNeedsDurable,
+    #[error("{0}")]
+    Access(#[from] crate::access::FileError),
+    #[error("--mqtt-auth-file needs the embedded broker (an external broker authenticates its own clients)")]
+    AuthNeedsEmbeddedBroker,
+    #[error(
+        "--mqtt-auth-file cannot be combined with --mqtt-client-path (the service would need a password of its own)"
+    )]
+    AuthWithClientPath,
+    #[error("--mqtt-trust-src-id is for an external broker (the embedded one knows every client's id)")]
+    TrustNeedsExternalBroker,
 }
 
 /// The validated configuration of a running service.
@@ -242,6 +304,8 @@ pub struct Config {
     pub grpc_listen: Option<SocketAddr>,
     /// Unix socket of the Dapr pluggable state component (`None`: off).
     pub dapr_component_socket: Option<std::path::PathBuf>,
+    /// Access files and per-principal limits (loaded by `lib::start`, with `http.api_token`).
+    pub access: AccessSettings,
 }
 
 impl Default for Config {
@@ -253,7 +317,11 @@ impl Default for Config {
 
 impl Config {
     pub fn from_args(a: ServeArgs) -> Result<Config, ConfigError> {
-        if a.node_id.is_empty() || a.node_id.contains(':') {
+        let node_ok = (1..=64).contains(&a.node_id.len())
+            && a.node_id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+        if !node_ok {
             return Err(ConfigError::BadNodeId(a.node_id));
         }
         if (a.mqtt_max_packet_bytes as usize) < a.max_value_bytes + a.max_key_bytes + 1024 {
@@ -271,11 +339,17 @@ impl Config {
             Some(url) => parse_mqtt_url(url)?,
         };
         let external = matches!(broker, BrokerChoice::External { .. });
+        // A share-group member asks for a clean session by default: a broker keeps routing
+        // part of the group's requests to an offline member's persistent session (Mosquitto
+        // does), so while a replica is down a share of the requests would go unanswered.
+        let session_expiry_secs =
+            a.mqtt_session_expiry_secs
+                .unwrap_or(if a.mqtt_share_group.is_some() { 0 } else { 3600 });
         let mqtt = MqttSettings {
             client_id: a.mqtt_client_id,
             share_group: a.mqtt_share_group,
             max_packet_bytes: a.mqtt_max_packet_bytes,
-            session_expiry: Duration::from_secs(a.mqtt_session_expiry_secs),
+            session_expiry: Duration::from_secs(session_expiry_secs),
             door: DoorLimits {
                 max_inflight: a.mqtt_max_inflight.max(1),
                 max_inflight_bytes: a.mqtt_max_inflight_bytes.max(1),
@@ -326,10 +400,37 @@ impl Config {
             ui: !a.no_ui,
             ..HttpSettings::default()
         };
+        if a.encryption_key_file.is_some() && a.storage != StorageKind::Durable {
+            return Err(ConfigError::EncryptionNeedsDurable);
+        }
+        let access = AccessSettings {
+            mqtt_auth_file: a.mqtt_auth_file,
+            acl_file: a.acl_file,
+            api_token_file: a.api_token_file,
+            trust_src_id: a.mqtt_trust_src_id,
+            limits: LimitSettings {
+                rate_per_sec: NonZeroU32::new(a.rate_limit),
+                burst: NonZeroU32::new(a.rate_limit_burst),
+                max_streams: (a.max_streams_per_principal > 0).then_some(a.max_streams_per_principal),
+            },
+        };
+        match &broker {
+            BrokerChoice::External { .. } if access.mqtt_auth_file.is_some() => {
+                return Err(ConfigError::AuthNeedsEmbeddedBroker);
+            }
+            BrokerChoice::Embedded { client_path: true, .. } if access.mqtt_auth_file.is_some() => {
+                return Err(ConfigError::AuthWithClientPath);
+            }
+            BrokerChoice::Embedded { .. } if access.trust_src_id => return Err(ConfigError::TrustNeedsExternalBroker),
+            _ => {}
+        }
+        // Malformed files are refused at startup (exit 64), naming the file and line.
+        crate::access::Access::load(&access, http.api_token.as_deref())?;
         let storage = StorageConfig {
             kind: a.storage,
             data_dir: a.data_dir,
             fsync: a.fsync,
+            encryption_key_file: a.encryption_key_file,
             segment_bytes: a.segment_bytes.max(4096),
             redis: RedisOptions {
                 prefix: a.redis_prefix,
@@ -337,6 +438,7 @@ impl Config {
                 timeout: Duration::from_millis(a.redis_timeout_ms.max(1)),
                 wait_replicas: a.redis_wait_replicas,
                 startup_wait: Duration::from_secs(a.redis_startup_wait_secs),
+                change_log_len: a.redis_change_log_len.max(1),
             },
         };
         Ok(Config {
@@ -349,6 +451,7 @@ impl Config {
             storage,
             grpc_listen,
             dapr_component_socket: a.dapr_component_socket,
+            access,
         })
     }
 }
@@ -439,6 +542,20 @@ mod tests {
         let mut a = ServeArgs::default();
         a.node_id = "a:b".into();
         assert!(matches!(Config::from_args(a), Err(ConfigError::BadNodeId(_))));
+        // What would break a version, an SSE event id (a newline) or a log line is refused.
+        for bad in ["", "a\nb", "a b", "é", "a/b", &"n".repeat(65)] {
+            let mut a = ServeArgs::default();
+            a.node_id = bad.into();
+            assert!(
+                matches!(Config::from_args(a), Err(ConfigError::BadNodeId(_))),
+                "{bad:?}"
+            );
+        }
+        for good in ["n1", "edge-gw_01.site", &"n".repeat(64)] {
+            let mut a = ServeArgs::default();
+            a.node_id = good.into();
+            assert!(Config::from_args(a).is_ok(), "{good:?}");
+        }
         let mut a = ServeArgs::default();
         a.mqtt_max_packet_bytes = 1024;
         assert!(matches!(Config::from_args(a), Err(ConfigError::PacketTooSmall { .. })));

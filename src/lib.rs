@@ -8,6 +8,7 @@
 //! - [`resp3`]: the sans-I/O payload codec the MQTT door speaks.
 //! - [`engine`]: commands, rules, versions, fencing, expiry, change feed.
 //! - [`storage`]: records behind a conditional-swap interface.
+//! - [`dump`]: the export format (JSON lines) shared by the HTTP door and the client.
 //! - [`hlc`]: hybrid logical clocks.
 
 use std::net::SocketAddr;
@@ -20,6 +21,7 @@ pub mod access;
 pub mod cli;
 pub mod config;
 pub mod dapr;
+pub mod dump;
 pub mod engine;
 pub mod grpc;
 pub mod hlc;
@@ -49,6 +51,8 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{0}")]
+    Access(#[from] access::FileError),
     #[error("binding the HTTP door to {addr}: {source}")]
     HttpBind {
         addr: SocketAddr,
@@ -70,6 +74,7 @@ enum MqttDoor {
 /// A running service: its engine, its doors and their background tasks.
 pub struct Running {
     engine: Engine,
+    access: access::Access,
     mqtt_addr: (String, u16),
     mqtt: MqttDoor,
     #[cfg(feature = "embedded-broker")]
@@ -95,7 +100,15 @@ pub async fn start(config: Config, store: Store) -> Result<Running, StartError> 
 
 /// [`start`] with the clock every version, deadline and log record uses (open `store` with the
 /// same one: [`Store::open_with_clock`]). Tests move a manual clock instead of waiting.
-pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::Clock>) -> Result<Running, StartError> {
+pub async fn start_with_clock(
+    mut config: Config,
+    store: Store,
+    clock: Arc<dyn hlc::Clock>,
+) -> Result<Running, StartError> {
+    // One access handle for every door: tokens, rules and limits are decided in one place.
+    let access = access::Access::load(&config.access, config.http.api_token.as_deref())?;
+    config.http.access = access.clone();
+    config.mqtt.access = access.clone();
     let engine = Engine::open(store, &config.node_id, clock, config.limits.clone()).await?;
     let (stop, stop_rx) = watch::channel(false);
 
@@ -114,14 +127,18 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
                     let Some(engine) = engine.upgrade() else {
                         return;
                     };
-                    let n = engine.drop_client(client, Some(session));
-                    if n > 0 {
-                        tracing::debug!(
-                            client,
-                            keys = n,
-                            "dropped KEYNOTIFY registrations of a disconnected client"
-                        );
-                    }
+                    // On shared storage the drop goes through the shared log: not here.
+                    let client = client.to_owned();
+                    tokio::spawn(async move {
+                        let n = engine.drop_client(&client, Some(session)).await;
+                        if n > 0 {
+                            tracing::debug!(
+                                client,
+                                keys = n,
+                                "dropped KEYNOTIFY registrations of a disconnected client"
+                            );
+                        }
+                    });
                 })
             };
             let b = mqtt::broker::EmbeddedBroker::start(
@@ -130,12 +147,17 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
                     max_packet_bytes: config.mqtt.max_packet_bytes,
                     receive_maximum: 1024,
                     default_message_expiry: None,
+                    guard: Some(mqtt::brokerauth::BrokerGuard {
+                        access: access.clone(),
+                        service_id: config.mqtt.client_id.clone(),
+                        client_path: *client_path,
+                    }),
                 },
                 on_disconnect,
             )
             .await?;
             let addr = b.local_addr();
-            if !addr.ip().is_loopback() {
+            if !addr.ip().is_loopback() && !access.mqtt_auth_required() {
                 tracing::warn!(%addr, "the embedded MQTT broker listens beyond loopback, without authentication");
             }
             tracing::info!(%addr, "embedded MQTT broker listening");
@@ -204,7 +226,7 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
         None => (None, None),
         Some((listener, bound)) => {
             if !bound.ip().is_loopback() {
-                tracing::warn!(%bound, token = config.http.api_token.is_some(), "the HTTP door listens beyond loopback");
+                tracing::warn!(%bound, token = access.tokens_required(), "the HTTP door listens beyond loopback");
             }
             tracing::info!(%bound, "HTTP door (Dapr state API) listening");
             if config.http.ui {
@@ -230,7 +252,7 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
         None => None,
         Some((listener, bound)) => {
             if !bound.ip().is_loopback() {
-                tracing::warn!(%bound, token = config.http.api_token.is_some(), "the gRPC door listens beyond loopback");
+                tracing::warn!(%bound, token = access.tokens_required(), "the gRPC door listens beyond loopback");
             }
             tracing::info!(%bound, "gRPC door (statestore.v1, Dapr runtime) listening");
             let (engine, settings, mut stop_rx) = (engine.clone(), dapr_settings.clone(), stop_rx.clone());
@@ -264,11 +286,10 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
         #[cfg(feature = "embedded-broker")]
         match &broker {
             Some(b) => {
-                let door = Arc::new(mqtt::door::Door::new(
-                    engine.clone(),
-                    config.mqtt.client_id.clone(),
-                    config.mqtt.door.clone(),
-                ));
+                let door = Arc::new(
+                    mqtt::door::Door::new(engine.clone(), config.mqtt.client_id.clone(), config.mqtt.door.clone())
+                        .with_access(access.clone()),
+                );
                 tracing::info!("serving the state store inside the embedded broker");
                 MqttDoor::InBroker(b.serve_in_broker(door).await)
             }
@@ -287,6 +308,7 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
     drop(stop_rx);
     Ok(Running {
         engine,
+        access,
         mqtt_addr: (host, port),
         mqtt,
         #[cfg(feature = "embedded-broker")]
@@ -379,6 +401,12 @@ fn connect_host(addr: SocketAddr) -> String {
 impl Running {
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// Tokens, rules and limits in force; [`access::Access::reload`] re-reads their files
+    /// (what SIGHUP does).
+    pub fn access(&self) -> &access::Access {
+        &self.access
     }
 
     /// The broker the MQTT door uses (the embedded one's real address when it runs).

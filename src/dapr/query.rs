@@ -13,6 +13,7 @@ use std::cmp::Ordering;
 use serde_json::Value;
 
 use super::{DaprError, StoreSpec};
+use crate::access::Grant;
 use crate::engine::Engine;
 
 /// A parsed query.
@@ -316,7 +317,10 @@ impl Query {
 /// when the page is full. With a sort, every key of the store is examined, keeping only the
 /// best rows after the previous page's last one: memory in proportion to the page, not to the
 /// store, and the scan yields to other work as it goes.
-pub async fn run(engine: &Engine, store: &StoreSpec, q: &Query) -> Result<QueryPage, DaprError> {
+/// Only keys the caller may read are considered, so results, pages and tokens say nothing
+/// about the others (a token names the last row returned, which the caller may read).
+pub async fn run(engine: &Engine, grant: &Grant, store: &StoreSpec, q: &Query) -> Result<QueryPage, DaprError> {
+    let readable = grant.read_filter();
     let limit = q.limit.unwrap_or(MAX_QUERY_PAGE).min(MAX_QUERY_PAGE);
     let sorted = !q.sort.is_empty();
     let prefix = store.key_prefix();
@@ -340,7 +344,7 @@ pub async fn run(engine: &Engine, store: &StoreSpec, q: &Query) -> Result<QueryP
                     "the query would examine more than {MAX_QUERY_KEYS} keys"
                 )));
             }
-            if !store.owns(&key) {
+            if !store.owns(&key) || readable.as_ref().is_some_and(|f| !f.keeps(&key)) {
                 continue;
             }
             let Some(entry) = engine.read(&key).await? else {
@@ -504,26 +508,37 @@ mod tests {
         }
         let store: StoreSpec = "statestore".parse().unwrap();
         let keys = |page: QueryPage| page.rows.into_iter().map(|r| r.key).collect::<Vec<_>>();
-        let page = run(&engine, &store, &q(json!({"sort": [{"key": "value"}]})))
+        let page = run(&engine, &Grant::all(), &store, &q(json!({"sort": [{"key": "value"}]})))
             .await
             .unwrap();
         // Numbers in order, then the object; the value that is not JSON is not a document.
         assert_eq!(keys(page), ["b", "c", "a", "d"]);
         let page = run(
             &engine,
+            &Grant::all(),
             &store,
             &q(json!({"sort": [{"key": "value", "order": "DESC"}]})),
         )
         .await
         .unwrap();
         assert_eq!(keys(page), ["d", "a", "c", "b"]);
-        let page = run(&engine, &store, &q(json!({"filter": {"EQ": {"value": 1}}})))
-            .await
-            .unwrap();
+        let page = run(
+            &engine,
+            &Grant::all(),
+            &store,
+            &q(json!({"filter": {"EQ": {"value": 1}}})),
+        )
+        .await
+        .unwrap();
         assert_eq!(keys(page), ["b"]);
-        let page = run(&engine, &store, &q(json!({"filter": {"EQ": {"value.value": 1}}})))
-            .await
-            .unwrap();
+        let page = run(
+            &engine,
+            &Grant::all(),
+            &store,
+            &q(json!({"filter": {"EQ": {"value.value": 1}}})),
+        )
+        .await
+        .unwrap();
         assert_eq!(keys(page), ["d"]);
     }
 
@@ -611,7 +626,7 @@ mod tests {
         let mut query = Query::parse(&body).unwrap();
         let (mut keys, mut pages) = (Vec::new(), 0);
         loop {
-            let page = run(e, &store, &query).await.unwrap();
+            let page = run(e, &Grant::all(), &store, &query).await.unwrap();
             pages += 1;
             assert!(page.rows.len() <= query.limit.unwrap_or(MAX_QUERY_PAGE));
             keys.extend(page.rows.into_iter().map(|r| r.key));

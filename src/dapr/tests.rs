@@ -90,65 +90,83 @@ fn metadata_parsing() {
 async fn etags_and_first_write() {
     let e = engine().await;
     let s = spec("statestore");
-    let v1 = save(&e, &s, &save_item("k", "1")).await.unwrap();
+    let v1 = save(&e, &Grant::all(), &s, &save_item("k", "1")).await.unwrap();
     let mut stale = save_item("k", "2");
     stale.etag = Some(v1.to_string());
-    let v2 = save(&e, &s, &stale).await.unwrap();
+    let v2 = save(&e, &Grant::all(), &s, &stale).await.unwrap();
     assert!(v2 > v1);
     // The old etag is now stale.
-    assert!(matches!(save(&e, &s, &stale).await, Err(DaprError::EtagMismatch(_))));
+    assert!(matches!(
+        save(&e, &Grant::all(), &s, &stale).await,
+        Err(DaprError::EtagMismatch(_))
+    ));
     let mut fw = save_item("k", "3");
     fw.concurrency = Some("first-write".into());
-    assert!(matches!(save(&e, &s, &fw).await, Err(DaprError::EtagMismatch(_))));
+    assert!(matches!(
+        save(&e, &Grant::all(), &s, &fw).await,
+        Err(DaprError::EtagMismatch(_))
+    ));
     fw.key = "fresh".into();
-    save(&e, &s, &fw).await.unwrap();
+    save(&e, &Grant::all(), &s, &fw).await.unwrap();
     // Delete: first-write without etag on an existing key conflicts; a missing key is fine.
     let mut d = delete_item("k");
     d.concurrency = Some("first-write".into());
-    assert!(matches!(delete(&e, &s, &d).await, Err(DaprError::EtagMismatch(_))));
+    assert!(matches!(
+        delete(&e, &Grant::all(), &s, &d).await,
+        Err(DaprError::EtagMismatch(_))
+    ));
     d.key = "absent".into();
-    delete(&e, &s, &d).await.unwrap();
+    delete(&e, &Grant::all(), &s, &d).await.unwrap();
     let mut d = delete_item("k");
     d.etag = Some(v1.to_string());
-    assert!(matches!(delete(&e, &s, &d).await, Err(DaprError::EtagMismatch(_))));
+    assert!(matches!(
+        delete(&e, &Grant::all(), &s, &d).await,
+        Err(DaprError::EtagMismatch(_))
+    ));
     d.etag = Some(v2.to_string());
-    delete(&e, &s, &d).await.unwrap();
-    assert_eq!(get(&e, &s, "k").await.unwrap(), None);
+    delete(&e, &Grant::all(), &s, &d).await.unwrap();
+    assert_eq!(get(&e, &Grant::all(), &s, "k").await.unwrap(), None);
 }
 
 #[tokio::test]
 async fn transactions_are_all_or_nothing_and_ordered() {
     let e = engine().await;
     let s = spec("statestore");
-    save(&e, &s, &save_item("k1", "1")).await.unwrap();
-    save(&e, &s, &save_item("k2", "2")).await.unwrap();
+    save(&e, &Grant::all(), &s, &save_item("k1", "1")).await.unwrap();
+    save(&e, &Grant::all(), &s, &save_item("k2", "2")).await.unwrap();
     let items = vec![
         TxItem::Delete(delete_item("k1")),
         TxItem::Upsert(save_item("k2", "22")),
         TxItem::Delete(delete_item("k2")),
         TxItem::Upsert(save_item("k3", "3")),
     ];
-    transact(&e, &s, &items, 10).await.unwrap();
-    assert_eq!(get(&e, &s, "k1").await.unwrap(), None);
-    assert_eq!(get(&e, &s, "k2").await.unwrap(), None);
-    assert_eq!(&get(&e, &s, "k3").await.unwrap().unwrap().value[..], b"3");
+    transact(&e, &Grant::all(), &s, &items, 10).await.unwrap();
+    assert_eq!(get(&e, &Grant::all(), &s, "k1").await.unwrap(), None);
+    assert_eq!(get(&e, &Grant::all(), &s, "k2").await.unwrap(), None);
+    assert_eq!(
+        &get(&e, &Grant::all(), &s, "k3").await.unwrap().unwrap().value[..],
+        b"3"
+    );
 
     // A stale etag in the middle fails everything.
     let mut bad = save_item("k3", "x");
     bad.etag = Some("000000000000001:00000:n".into());
     let items = vec![TxItem::Upsert(save_item("k4", "4")), TxItem::Upsert(bad)];
     assert!(matches!(
-        transact(&e, &s, &items, 10).await,
+        transact(&e, &Grant::all(), &s, &items, 10).await,
         Err(DaprError::EtagMismatch(_))
     ));
-    assert_eq!(get(&e, &s, "k4").await.unwrap(), None);
-    assert_eq!(&get(&e, &s, "k3").await.unwrap().unwrap().value[..], b"3");
+    assert_eq!(get(&e, &Grant::all(), &s, "k4").await.unwrap(), None);
+    assert_eq!(
+        &get(&e, &Grant::all(), &s, "k3").await.unwrap().unwrap().value[..],
+        b"3"
+    );
     // Too many operations.
     let many: Vec<TxItem> = (0..3)
         .map(|i| TxItem::Upsert(save_item(&format!("m{i}"), "1")))
         .collect();
     assert!(matches!(
-        transact(&e, &s, &many, 2).await,
+        transact(&e, &Grant::all(), &s, &many, 2).await,
         Err(DaprError::TooManyOperations { got: 3, max: 2 })
     ));
 }
@@ -160,12 +178,12 @@ async fn fencing_tokens_protect_keys_over_dapr_too() {
     let mut item = save_item("f", "1");
     item.metadata
         .insert("fencingToken".into(), "000000000001000:00000:c".into());
-    save(&e, &s, &item).await.unwrap();
-    let err = save(&e, &s, &save_item("f", "2")).await.unwrap_err();
+    save(&e, &Grant::all(), &s, &item).await.unwrap();
+    let err = save(&e, &Grant::all(), &s, &save_item("f", "2")).await.unwrap_err();
     assert!(matches!(err, DaprError::Engine(EngineError::FencingTokenRequired)));
     item.metadata
         .insert("fencingToken".into(), "000000000000999:00000:c".into());
-    let err = save(&e, &s, &item).await.unwrap_err();
+    let err = save(&e, &Grant::all(), &s, &item).await.unwrap_err();
     assert!(matches!(err, DaprError::Engine(EngineError::FencingTokenLower)));
 }
 
@@ -217,10 +235,16 @@ async fn a_base64_save_item_stores_bytes() {
     let store = spec("statestore");
     let mut item = save_item("bin", "\"AP8=\"");
     item.metadata.insert(ENCODING_METADATA.into(), "base64".into());
-    save(&e, &store, &item).await.unwrap();
-    assert_eq!(&get(&e, &store, "bin").await.unwrap().unwrap().value[..], b"\x00\xff");
+    save(&e, &Grant::all(), &store, &item).await.unwrap();
+    assert_eq!(
+        &get(&e, &Grant::all(), &store, "bin").await.unwrap().unwrap().value[..],
+        b"\x00\xff"
+    );
     item.value = Bytes::from_static(b"\"%%\"");
-    assert!(matches!(save(&e, &store, &item).await, Err(DaprError::Malformed(_))));
+    assert!(matches!(
+        save(&e, &Grant::all(), &store, &item).await,
+        Err(DaprError::Malformed(_))
+    ));
 }
 
 #[tokio::test]
@@ -232,7 +256,7 @@ async fn ttl_out_of_range_is_the_engines_answer() {
         item.metadata.insert("ttlInSeconds".into(), ttl.into());
         assert!(
             matches!(
-                save(&e, &s, &item).await,
+                save(&e, &Grant::all(), &s, &item).await,
                 Err(DaprError::Engine(EngineError::TtlOutOfRange))
             ),
             "{ttl}"

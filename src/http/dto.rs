@@ -29,6 +29,8 @@ pub struct SaveItem {
     pub metadata: HashMap<String, String>,
     #[serde(default)]
     pub options: StateOptions,
+    /// Accepted for daprd compatibility and type-checked as daprd's decoder does (a wrong type
+    /// is a 400); the stored bytes say what they are.
     #[serde(rename = "contentType")]
     pub content_type: Option<String>,
 }
@@ -37,7 +39,10 @@ pub struct SaveItem {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct BulkGetRequest {
     pub keys: Vec<String>,
+    /// Type-checked as daprd does (a wrong type is a 400), otherwise unused: every key is read
+    /// from one engine.
     pub parallelism: Option<i64>,
+    /// Type-checked as daprd does; no read takes metadata.
     #[serde(default)]
     pub metadata: HashMap<String, String>,
 }
@@ -207,4 +212,18 @@ pub struct Status {
 pub struct HistoryStatus {
     pub changes: u64,
     pub bytes: u64,
+}
+
+/// `POST /v1.0-alpha1/stategate/import` answer: what happened to the records sent.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ImportReport {
+    /// Stored (new keys, or replacing an older version; with `overwrite`, a newer one too).
+    pub imported: u64,
+    /// Already stored with exactly the same version: left alone.
+    pub unchanged: u64,
+    /// Not stored: the store holds a newer version (send `overwrite=true` to replace it).
+    #[serde(rename = "keptNewer")]
+    pub kept_newer: u64,
+    /// Not stored: expired already.
+    pub expired: u64,
 }

@@ -17,7 +17,8 @@ use tokio::time::{Duration, Instant};
 
 use super::request::Outgoing;
 
-/// `topic_len:u32 topic correlation`, allocated once and shared by the map and the queue.
+/// `topic_len:u32(BE) topic correlation`: the bytes of [`super::request::request_id`], allocated
+/// once and shared by the map and the queue.
 pub(crate) type Key = Arc<[u8]>;
 
 /// What the cache knows of a request.
@@ -61,7 +62,7 @@ struct Slot {
 
 fn key(topic: &str, correlation: &[u8]) -> Key {
     let mut k = Vec::with_capacity(4 + topic.len() + correlation.len());
-    k.extend_from_slice(&(topic.len() as u32).to_le_bytes());
+    k.extend_from_slice(&(topic.len() as u32).to_be_bytes());
     k.extend_from_slice(topic.as_bytes());
     k.extend_from_slice(correlation);
     k.into()
@@ -253,6 +254,13 @@ mod tests {
         // Another topic or correlation is another request.
         new_key(&d, "other", b"1");
         new_key(&d, "resp", b"2");
+    }
+
+    #[tokio::test]
+    async fn keys_are_the_request_ids() {
+        let d = Dedup::new(Duration::from_secs(60), 100, 1 << 20);
+        let k = new_key(&d, "resp", b"\x00\x01");
+        assert_eq!(&k[..], &crate::mqtt::request::request_id("resp", b"\x00\x01")[..]);
     }
 
     #[tokio::test]

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tracing::{debug, warn};
 
@@ -17,7 +18,8 @@ use super::dedup::{Dedup, Seen};
 use super::request::{
     self, Caller, Outgoing, PROP_PROTOCOL_VERSION, PROP_SOURCE_ID, PROP_TIMESTAMP, PROTOCOL_VERSION, Request,
 };
-use crate::engine::{ChangeKind, Engine, KeyNotification, KeyNotifyReceiver};
+use crate::access::Access;
+use crate::engine::{ChangeKind, Engine, KeyNotification, KeyNotifyReceiver, RequestId};
 
 /// Where a transport publishes answers and notifications.
 #[async_trait]
@@ -61,6 +63,7 @@ const BYTE_UNIT: usize = 1024;
 /// The shared serving path of the MQTT door.
 pub struct Door {
     engine: Engine,
+    access: Access,
     service_id: String,
     limits: DoorLimits,
     dedup: Dedup,
@@ -119,14 +122,25 @@ impl Door {
             inflight_units: Arc::new(Semaphore::new(units)),
             per_caller: Arc::new(Mutex::new(HashMap::new())),
             refused_busy: AtomicU64::new(0),
+            access: Access::open(),
             engine,
             service_id,
             limits,
         }
     }
 
+    /// The same door, deciding who may do what with `access`.
+    pub fn with_access(mut self, access: Access) -> Door {
+        self.access = access;
+        self
+    }
+
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    pub fn access(&self) -> &Access {
+        &self.access
     }
 
     pub fn service_id(&self) -> &str {
@@ -201,7 +215,14 @@ impl Door {
                 }
             }
         }
-        match request::handle_as(&self.engine, &self.service_id, req, caller).await {
+        // The same id marks the write in shared storage, so that a redelivery to another
+        // replica (this one died after receiving it) is not executed again either.
+        let id = key.as_ref().map(|k| RequestId {
+            // The cache's key is the request id's bytes (`request::request_id`).
+            id: Bytes::copy_from_slice(k),
+            ttl: self.limits.response_cache_ttl,
+        });
+        match request::handle_as(&self.engine, &self.access, &self.service_id, req, caller, id.as_ref()).await {
             Ok(out) => {
                 let out = Arc::new(out);
                 if let Some(k) = &key {

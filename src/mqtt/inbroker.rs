@@ -146,6 +146,7 @@ impl Handler for ServeRequests {
         let caller = Caller {
             client_id: Some(session.id.client_id.to_string()),
             session: Some(token),
+            username: session.id.username.as_ref().map(|u| u.to_string()),
         };
         let sink = self.sink.clone();
         tokio::spawn(async move {

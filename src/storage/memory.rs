@@ -46,6 +46,11 @@ struct Inner {
     nodes: Vec<Arc<str>>,
 }
 
+/// What one swap displaced, key by key in swap order: enough to take the swap back. Holds the
+/// old entries themselves (no copy); dropping it frees them.
+#[derive(Debug)]
+pub(crate) struct Undo(Vec<(Bytes, Option<Entry>)>);
+
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Inner")
@@ -127,58 +132,74 @@ impl Inner {
 
     /// Applies one change. The caller checked that the key and value fit ([`fits`]).
     fn put(&mut self, key: &[u8], new: Option<&Record>) -> Result<(), StorageError> {
-        self.put_hashed(self.hash(key), key, new)
+        self.put_hashed(self.hash(key), key, new, true).map(drop)
     }
 
-    /// [`Inner::put`] with the key's hash already computed.
-    fn put_hashed(&mut self, hash: u64, key: &[u8], new: Option<&Record>) -> Result<(), StorageError> {
+    /// [`Inner::put`] with the key's hash already computed; returns the entry it displaced.
+    /// With `in_place`, an overwrite that fits the entry is done in it (nothing is displaced:
+    /// the old contents are gone, so a caller that may take the swap back passes `false`).
+    fn put_hashed(
+        &mut self,
+        hash: u64,
+        key: &[u8],
+        new: Option<&Record>,
+        in_place: bool,
+    ) -> Result<Option<Entry>, StorageError> {
         let Some(rec) = new else {
-            if let Ok(found) = self.table.find_entry(hash, |e| e.key() == key) {
-                let (old, _) = found.remove();
-                self.order.remove(key);
-                self.forget_deadline(key, old.expires_at_ms());
-            }
-            return Ok(());
+            return Ok(self.place(hash, key, None));
         };
         if self.max_version.as_ref().is_none_or(|m| rec.version > *m) {
             self.max_version = Some(rec.version.clone());
         }
         let node = self.intern(&rec.version.node);
         let deadline = rec.expires_at_ms.map(|d| d.max(1)).unwrap_or(0);
+        if in_place
+            && deadline == 0
+            && rec.fencing.is_none()
+            && let Some(cur) = self.table.find_mut(hash, |e| e.key() == key)
+            && cur.expires_at_ms() == 0
+            && cur.overwrite(&rec.value, rec.version.ms, rec.version.counter, node)
+        {
+            return Ok(None);
+        }
+        let fresh =
+            Entry::new(key, &rec.value, &rec.version, node, deadline, rec.fencing.as_ref()).map_err(|_| too_long())?;
+        Ok(self.place(hash, key, Some(fresh)))
+    }
+
+    /// Puts `entry` in the key's place in both indexes (or removes the key), keeping the
+    /// deadline index right; returns the entry it displaced.
+    fn place(&mut self, hash: u64, key: &[u8], entry: Option<Entry>) -> Option<Entry> {
         let Inner {
             order, table, hasher, ..
         } = self;
-        let old_deadline = match table.find_mut(hash, |e| e.key() == key) {
-            Some(cur) => {
-                let old_deadline = cur.expires_at_ms();
-                let in_place = deadline == 0
-                    && rec.fencing.is_none()
-                    && cur.overwrite(&rec.value, rec.version.ms, rec.version.counter, node);
-                if !in_place {
-                    let fresh = Entry::new(key, &rec.value, &rec.version, node, deadline, rec.fencing.as_ref())
-                        .map_err(|_| too_long())?;
-                    // The ordered index now points at the new allocation; then the old one goes.
-                    order.replace(fresh.key_ref());
-                    *cur = fresh;
-                }
-                old_deadline
+        let new_deadline = entry.as_ref().map_or(0, Entry::expires_at_ms);
+        let old = match (table.find_entry(hash, |e| e.key() == key), entry) {
+            (Ok(mut found), Some(fresh)) => {
+                // The ordered index points at the new allocation before the old one is freed.
+                order.replace(fresh.key_ref());
+                Some(std::mem::replace(found.get_mut(), fresh))
             }
-            None => {
-                let fresh = Entry::new(key, &rec.value, &rec.version, node, deadline, rec.fencing.as_ref())
-                    .map_err(|_| too_long())?;
+            (Ok(found), None) => {
+                order.remove(key);
+                Some(found.remove().0)
+            }
+            (Err(_), Some(fresh)) => {
                 order.insert(fresh.key_ref());
                 table.insert_unique(hash, fresh, |e| hasher.hash_one(e.key()));
-                0
+                None
             }
+            (Err(_), None) => None,
         };
-        if deadline != old_deadline {
-            if deadline != 0 {
+        let old_deadline = old.as_ref().map_or(0, Entry::expires_at_ms);
+        if new_deadline != old_deadline {
+            if new_deadline != 0 {
                 // A compact copy: the caller's key may be a slice of a network buffer.
-                self.deadlines.insert((deadline, Bytes::copy_from_slice(key)));
+                self.deadlines.insert((new_deadline, Bytes::copy_from_slice(key)));
             }
             self.forget_deadline(key, old_deadline);
         }
-        Ok(())
+        old
     }
 
     fn forget_deadline(&mut self, key: &[u8], deadline: u64) {
@@ -218,13 +239,41 @@ impl MemoryBackend {
         }
     }
 
+    /// Takes back swaps that were applied but could not be made durable (the disk was full):
+    /// `collect` runs under the index's write lock (so no swap is applied meanwhile) and returns
+    /// the [`Undo`]s of every swap to take back, oldest first, plus what the caller needs; they
+    /// are undone newest first, which leaves each key as it was before the oldest of them.
+    pub(crate) fn rollback<R>(&self, collect: impl FnOnce() -> (Vec<Undo>, R)) -> R {
+        let mut inner = self.write();
+        let (undos, out) = collect();
+        for undo in undos.into_iter().rev() {
+            for (key, old) in undo.0.into_iter().rev() {
+                let hash = inner.hash(&key);
+                inner.place(hash, &key, old);
+            }
+        }
+        out
+    }
+
     /// [`Backend::swap_many`], running `then` under the same lock once the swaps are applied, so
-    /// that what `then` records (a log append) comes in the order the swaps were applied.
+    /// that what `then` records (a log append) comes in the order the swaps were applied. `then`
+    /// gets what the swaps displaced, to take them back with [`MemoryBackend::rollback`].
     pub(crate) fn swap_then<R>(
         &self,
         swaps: &[Swap],
         max_keys: Option<u64>,
-        then: impl FnOnce() -> R,
+        then: impl FnOnce(Undo) -> R,
+    ) -> Result<(SwapOutcome, Option<R>), StorageError> {
+        self.swap_with(swaps, max_keys, true, then)
+    }
+
+    /// The swap itself; `undo` keeps what the swaps displaced (no overwrite in place then).
+    fn swap_with<R>(
+        &self,
+        swaps: &[Swap],
+        max_keys: Option<u64>,
+        undo: bool,
+        then: impl FnOnce(Undo) -> R,
     ) -> Result<(SwapOutcome, Option<R>), StorageError> {
         if !swaps.iter().all(fits) {
             return Err(too_long());
@@ -247,11 +296,15 @@ impl MemoryBackend {
         if outcome != SwapOutcome::Done {
             return Ok((outcome, None));
         }
+        let mut displaced = Vec::with_capacity(if undo { swaps.len() } else { 0 });
         for (s, hash) in swaps.iter().zip(hashes) {
             // Cannot fail: every key and value fits (checked above).
-            inner.put_hashed(*hash, &s.key, s.new.as_ref())?;
+            let old = inner.put_hashed(*hash, &s.key, s.new.as_ref(), !undo)?;
+            if undo {
+                displaced.push((s.key.clone(), old));
+            }
         }
-        Ok((outcome, Some(then())))
+        Ok((outcome, Some(then(Undo(displaced)))))
     }
 
     /// Up to `n` records strictly after `after`, in key order (for snapshots, a chunk at a time).
@@ -310,7 +363,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError> {
-        Ok(self.swap_then(swaps, max_keys, || ())?.0)
+        Ok(self.swap_with(swaps, max_keys, false, drop)?.0)
     }
 
     async fn scan(

@@ -768,7 +768,7 @@ async fn ttl_metadata() {
 async fn ttl_expiry_removes_the_key() {
     let (env, d) = env().await;
     let mut events = Events::open(&d, "key=short-lived").await;
-    d.save_ok(json!([{"key": "short-lived", "value": {"v": 1}, "metadata": {"ttlInSeconds": "1"}}]))
+    d.save_ok(json!([{"key": "short-lived", "value": {"v": 1}, "metadata": {"ttlInSeconds": "100"}}]))
         .await;
     let etag = d.etag("short-lived").await;
     let set = events.next_in_time().await;
@@ -777,6 +777,8 @@ async fn ttl_expiry_removes_the_key() {
     assert_eq!(set.data["key"], "short-lived");
     assert_eq!(set.data["data"], json!({"v": 1}));
 
+    // The 100 seconds pass on the service's clock, not on ours.
+    env.advance(100_000);
     let expired = tokio::time::timeout(WAIT, async {
         loop {
             let ev = events.next().await;

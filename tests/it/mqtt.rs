@@ -184,14 +184,15 @@ async fn notifications_are_exact_on(broker: Broker, storage: Storage) {
     let nts: Hlc = prop(&n, "__ts").unwrap().parse().unwrap();
     assert!(nts > prop(&set, "__ts").unwrap().parse().unwrap());
 
-    // Expiry notifies a DELETE.
-    c.request(&[b"SET", b"SOMEKEY", b"brief", b"PX", b"50"], &[("__ts", &now_ts())])
+    // Expiry notifies a DELETE (the minute passes on the service's clock, at once).
+    c.request(&[b"SET", b"SOMEKEY", b"brief", b"PX", b"60000"], &[("__ts", &now_ts())])
         .await;
     let n = obs.next().await;
     assert_eq!(
         payload(&n),
         b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$5\r\nbrief\r\n"
     );
+    env.advance(60_000);
     let n = obs.next().await;
     assert_eq!(payload(&n), b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n");
     assert_eq!(payload(&c.request(&[b"GET", b"SOMEKEY"], &[]).await), b"$-1\r\n");

@@ -4,11 +4,12 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
+use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, Publish, PublishProperties, SubscribeReasonCode};
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use stategate::config::{BrokerChoice, Config};
 use stategate::storage::Store;
@@ -131,6 +132,22 @@ pub struct TestEnv {
     _mosquitto: Option<Mosquitto>,
     /// The durable store's directory; dropped after the service.
     data: Option<tempfile::TempDir>,
+    /// The service's clock (and its durable store's): real time plus what the test added.
+    clock: Arc<ShiftedClock>,
+}
+
+/// Wall-clock time plus an offset the test moves forward: clients that stamp their requests
+/// with real time stay within the clock-skew window, and a TTL passes without waiting for it.
+#[derive(Debug, Default)]
+pub struct ShiftedClock {
+    offset_ms: std::sync::atomic::AtomicU64,
+}
+
+impl stategate::hlc::Clock for ShiftedClock {
+    fn now_ms(&self) -> u64 {
+        let real = stategate::hlc::Clock::now_ms(&stategate::hlc::SystemClock);
+        real + self.offset_ms.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 impl TestEnv {
@@ -150,6 +167,7 @@ impl TestEnv {
             grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
             ..Config::default()
         };
+        let clock = Arc::new(ShiftedClock::default());
         // Say which storage runs, as the status route reports it.
         let (store, data) = match storage {
             Storage::Memory => {
@@ -158,7 +176,9 @@ impl TestEnv {
             }
             Storage::Durable => {
                 let dir = tempfile::tempdir().expect("tempdir");
-                let backend = DurableBackend::open(DurableOptions::new(dir.path())).expect("durable storage opens");
+                let mut options = DurableOptions::new(dir.path());
+                options.clock = clock.clone();
+                let backend = DurableBackend::open(options).expect("durable storage opens");
                 config.storage.kind = stategate::storage::StorageKind::Durable;
                 config.storage.data_dir = dir.path().to_owned();
                 (Store::new(backend), Some(dir))
@@ -183,14 +203,24 @@ impl TestEnv {
             }
         };
         tweak(&mut config);
-        let running = stategate::start(config, store).await.expect("service starts");
+        let running = stategate::start_with_clock(config, store, clock.clone())
+            .await
+            .expect("service starts");
         let broker_port = running.mqtt_broker().1;
         TestEnv {
             broker_port,
             service: Some(running),
             _mosquitto: mosquitto,
             data,
+            clock,
         }
+    }
+
+    /// Moves the service's clock forward (TTLs pass without waiting) and wakes its expiry
+    /// driver, so keys due by the new time are removed now.
+    pub fn advance(&self, ms: u64) {
+        self.clock.offset_ms.fetch_add(ms, std::sync::atomic::Ordering::SeqCst);
+        self.engine().wake_expiry();
     }
 
     /// Base URL of the HTTP door, e.g. `http://127.0.0.1:41234`.
@@ -357,14 +387,23 @@ pub struct RawClient {
     pub client: AsyncClient,
     pub id: String,
     incoming: mpsc::UnboundedReceiver<Publish>,
-    subacks: mpsc::UnboundedReceiver<()>,
+    subacks: mpsc::UnboundedReceiver<Vec<SubscribeReasonCode>>,
+    pubacks: mpsc::UnboundedReceiver<PubAckReason>,
     subscribed: Vec<String>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl RawClient {
     pub async fn connect(port: u16, id: &str) -> RawClient {
+        RawClient::connect_as(port, id, None).await.expect("connected")
+    }
+
+    /// Connects with a username and password (or none); `Err` with the CONNACK's refusal.
+    pub async fn connect_as(port: u16, id: &str, credentials: Option<(&str, &str)>) -> Result<RawClient, String> {
         let mut o = MqttOptions::new(id, "127.0.0.1", port);
+        if let Some((user, password)) = credentials {
+            o.set_credentials(user, password);
+        }
         o.set_max_packet_size(Some(16 * 1024 * 1024));
         o.set_keep_alive(Duration::from_secs(30));
         let mut net = rumqttc::NetworkOptions::new();
@@ -373,6 +412,7 @@ impl RawClient {
         let (client, mut eventloop) = AsyncClient::new(o, 1024);
         let (tx, incoming) = mpsc::unbounded_channel();
         let (sub_tx, subacks) = mpsc::unbounded_channel();
+        let (puback_tx, pubacks) = mpsc::unbounded_channel();
         let (conn_tx, mut conn_rx) = mpsc::unbounded_channel();
         let task = tokio::spawn(async move {
             loop {
@@ -380,38 +420,62 @@ impl RawClient {
                     Ok(Event::Incoming(Packet::Publish(p))) => {
                         let _ = tx.send(p);
                     }
-                    Ok(Event::Incoming(Packet::SubAck(_))) => {
-                        let _ = sub_tx.send(());
+                    Ok(Event::Incoming(Packet::SubAck(a))) => {
+                        let _ = sub_tx.send(a.return_codes);
+                    }
+                    Ok(Event::Incoming(Packet::PubAck(a))) => {
+                        let _ = puback_tx.send(a.reason);
                     }
                     Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                        let _ = conn_tx.send(());
+                        let _ = conn_tx.send(Ok(()));
                     }
                     Ok(_) => {}
-                    Err(_) => return,
+                    Err(e) => {
+                        let _ = conn_tx.send(Err(e.to_string()));
+                        return;
+                    }
                 }
             }
         });
         tokio::time::timeout(WAIT, conn_rx.recv())
             .await
             .expect("connack in time")
-            .expect("connected");
-        RawClient {
+            .expect("connection attempt reported")?;
+        Ok(RawClient {
             client,
             id: id.to_owned(),
             incoming,
             subacks,
+            pubacks,
             subscribed: Vec::new(),
             task,
-        }
+        })
     }
 
     /// Subscribes and waits for the SUBACK.
     pub async fn subscribe(&mut self, topic: &str) {
+        let codes = self.try_subscribe(topic).await;
+        assert!(
+            codes.iter().all(|c| matches!(c, SubscribeReasonCode::Success(_))),
+            "subscription to {topic} refused: {codes:?}"
+        );
+    }
+
+    /// Subscribes and returns the SUBACK's reason codes.
+    pub async fn try_subscribe(&mut self, topic: &str) -> Vec<SubscribeReasonCode> {
         self.client.subscribe(topic, QoS::AtLeastOnce).await.expect("subscribe");
         tokio::time::timeout(WAIT, self.subacks.recv())
             .await
             .expect("suback in time")
-            .expect("suback");
+            .expect("suback")
+    }
+
+    /// The reason code of the next PUBACK this client receives.
+    pub async fn next_puback(&mut self) -> PubAckReason {
+        tokio::time::timeout(WAIT, self.pubacks.recv())
+            .await
+            .expect("a puback in time")
+            .expect("connection alive")
     }
 
     /// The response topic this client uses.
