@@ -410,25 +410,41 @@ impl Engine {
         }
     }
 
+    /// Whether a record read now is past its deadline (the clock is read only for records
+    /// that have one).
+    fn is_expired(&self, r: &Record) -> bool {
+        r.expires_at_ms.is_some() && r.is_expired(self.0.hlc.wall_ms())
+    }
+
     /// Reads a key under its stripe lock; an expired record is removed (observers are told) and
     /// reads as absent.
     async fn load_live(&self, key: &Bytes) -> Result<Option<Record>, EngineError> {
-        match self.load_live_marked(key, None).await? {
+        match self.load_live_marked(key, None, true).await? {
             Loaded::Record(r) => Ok(r),
             Loaded::Repeated(_) => Err(contended()),
         }
     }
 
     /// [`Engine::load_live`] for a request that may be a repeat: its first outcome instead,
-    /// when it was applied before.
-    async fn load_live_marked(&self, key: &Bytes, request: Option<&RequestId>) -> Result<Loaded, EngineError> {
+    /// when it was applied before. Without `value` the record's value may be left empty (a
+    /// write that does not compare it; the memory index then copies nothing).
+    async fn load_live_marked(
+        &self,
+        key: &Bytes,
+        request: Option<&RequestId>,
+        value: bool,
+    ) -> Result<Loaded, EngineError> {
         let request = request.filter(|_| self.shared().is_some()).map(|r| &r.id[..]);
-        let (rec, mark) = self.0.store.backend().get_marked(key, request).await?;
+        let backend = self.0.store.backend();
+        let (rec, mark) = match request {
+            None if !value => (backend.get_head(key).await?, None),
+            request => backend.get_marked(key, request).await?,
+        };
         if let Some(outcome) = mark {
             return Ok(Loaded::Repeated(shared::decode_outcome(&outcome)?));
         }
         Ok(Loaded::Record(match rec {
-            Some(r) if r.is_expired(self.0.hlc.wall_ms()) => {
+            Some(r) if self.is_expired(&r) => {
                 self.remove(key, &r, ChangeKind::Expire, None).await?;
                 None
             }
@@ -535,14 +551,26 @@ impl Engine {
         if !applies {
             return Ok(None);
         }
-        let floors: Vec<&Hlc> = c.timestamp.iter().chain(cur.map(|r| &r.version)).collect();
+        // No allocation: one or two floors live on the stack.
+        let (two, one);
+        let floors: &[&Hlc] = match (c.timestamp.as_ref(), cur.map(|r| &r.version)) {
+            (Some(a), Some(b)) => {
+                two = [a, b];
+                &two
+            }
+            (Some(a), None) | (None, Some(a)) => {
+                one = [a];
+                &one
+            }
+            (None, None) => &[],
+        };
         let fencing = match (cur.and_then(|r| r.fencing.clone()), c.fencing.clone()) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
         };
         Ok(Some(Record {
             value: c.value.clone(),
-            version: self.0.hlc.next_after(&floors),
+            version: self.0.hlc.next_after(floors),
             fencing,
             expires_at_ms: c.ttl_ms.map(|t| self.0.hlc.wall_ms().saturating_add(t)),
         }))
@@ -572,8 +600,10 @@ impl Engine {
     async fn set_once(&self, c: &Set, request: Option<&RequestId>) -> Result<Response, EngineError> {
         self.check_set(c)?;
         let _guard = self.lock(&c.key).await;
+        // Only NEX compares the stored value.
+        let value = matches!(c.condition, SetCondition::IfAbsentOrEqual);
         for _ in 0..MAX_SWAP_ATTEMPTS {
-            let cur = match self.load_live_marked(&c.key, request).await? {
+            let cur = match self.load_live_marked(&c.key, request, value).await? {
                 Loaded::Record(r) => r,
                 Loaded::Repeated(first) => return Ok(first),
             };
@@ -625,7 +655,7 @@ impl Engine {
         }
         match self.0.store.backend().get(key).await? {
             None => Ok(None),
-            Some(r) if r.is_expired(self.0.hlc.wall_ms()) => {
+            Some(r) if self.is_expired(&r) => {
                 let _guard = self.lock(key).await;
                 match self.load_live(key).await {
                     // The key is absent either way; a full disk only delays its removal (the
@@ -797,7 +827,7 @@ impl Engine {
         self.check_skew(fencing.as_ref(), || EngineError::FencingTokenSkew)?;
         let _guard = self.lock(&key).await;
         for _ in 0..MAX_SWAP_ATTEMPTS {
-            let cur = match self.load_live_marked(&key, request).await? {
+            let cur = match self.load_live_marked(&key, request, if_value.is_some()).await? {
                 Loaded::Record(r) => r,
                 Loaded::Repeated(first) => return Ok(first),
             };

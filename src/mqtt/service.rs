@@ -264,6 +264,28 @@ async fn publish(client: &AsyncClient, out: &Outgoing) {
     }
 }
 
+/// [`publish`] of an answer: moved into the packet, not copied, unless the redelivery cache
+/// keeps it too (GET and SCAN answers are not kept).
+async fn publish_answer(client: &AsyncClient, out: Arc<Outgoing>) {
+    let out = match Arc::try_unwrap(out) {
+        Ok(out) => out,
+        Err(shared) => return publish(client, &shared).await,
+    };
+    let props = PublishProperties {
+        correlation_data: out.correlation,
+        user_properties: out.user_properties,
+        content_type: Some(CONTENT_TYPE.to_owned()),
+        message_expiry_interval: out.message_expiry,
+        ..Default::default()
+    };
+    if let Err(e) = client
+        .publish_with_properties(out.topic, QoS::AtLeastOnce, false, out.payload, props)
+        .await
+    {
+        warn!(cause = %e, "mqtt: publish failed");
+    }
+}
+
 /// Drives the connection. Never awaits the client's request channel.
 async fn poller(mut eventloop: EventLoop, ctx: Arc<Ctx>, ready: oneshot::Sender<()>, mut stop: watch::Receiver<bool>) {
     let mut ready = Some(ready);
@@ -289,7 +311,7 @@ async fn poller(mut eventloop: EventLoop, ctx: Arc<Ctx>, ready: oneshot::Sender<
                                 tokio::spawn(async move {
                                     let _admitted = admitted;
                                     if let Some(out) = ctx.door.serve(&req, &Caller::default()).await {
-                                        publish(&ctx.client, &out).await;
+                                        publish_answer(&ctx.client, out).await;
                                     }
                                 });
                             }

@@ -1,7 +1,7 @@
 //! Interop with the official Azure IoT Operations Rust SDK (`azure_iot_operations_services`
 //! 1.5.0-beta1, features `state_store` and `leased_lock`), used unchanged: its state store
 //! client and its lease and lock clients talk to stategate through Mosquitto and through the
-//! embedded broker. Every scenario runs against both brokers (see `both_brokers!` at the end).
+//! embedded broker, served inside it and through the client path (see `every_broker!` at the end).
 //!
 //! Synchronisation: every wait is on an event (a response, a notification, a PUBLISH seen by a
 //! raw spy client) and is bounded by `support::WAIT`. The one exception is `Sdk::ready`, which
@@ -949,7 +949,7 @@ async fn lock_expiry_handover(broker: Broker) {
     env.stop().await;
 }
 
-crate::support::both_brokers!(
+crate::support::every_broker!(
     crud_versions,
     set_conditions,
     fencing_tokens,
