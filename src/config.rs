@@ -95,6 +95,28 @@ pub struct ServeArgs {
     /// `name=name` or `name=<literal>` (repeatable; default `statestore=none`).
     #[arg(long = "state-store", env = "STATEGATE_STATE_STORES", value_delimiter = ',')]
     pub state_stores: Vec<String>,
+    /// A Dapr lock store name, with its key prefix as for --state-store (repeatable; default
+    /// `lockstore=none`, so Dapr locks and Azure IoT Operations leased locks share names).
+    #[arg(long = "lock-store", env = "STATEGATE_LOCK_STORES", value_delimiter = ',')]
+    pub lock_stores: Vec<String>,
+    /// A Dapr configuration store name, with its key prefix as for --state-store (repeatable;
+    /// default `configstore=none`: the same keys as the default state store).
+    #[arg(long = "configuration-store", env = "STATEGATE_CONFIGURATION_STORES", value_delimiter = ',')]
+    pub configuration_stores: Vec<String>,
+    /// Most keys one bulk get or one configuration get may return (a configuration get of
+    /// every key of a store with more keys is refused with a 400 / INVALID_ARGUMENT).
+    #[arg(long, env = "STATEGATE_MAX_BULK_KEYS", default_value_t = 10_000)]
+    pub max_bulk_keys: usize,
+    /// Changes kept for watchers to resume from (SSE Last-Event-ID, gRPC since_version); 0
+    /// keeps none (a reconnecting watcher always gets a reset and a snapshot).
+    #[arg(long, env = "STATEGATE_FEED_MAX_EVENTS", default_value_t = 65_536)]
+    pub feed_max_events: usize,
+    /// Bytes of keys and values the change history may hold.
+    #[arg(long, env = "STATEGATE_FEED_MAX_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub feed_max_bytes: usize,
+    /// Seconds a change stays in the history.
+    #[arg(long, env = "STATEGATE_FEED_MAX_AGE_SECS", default_value_t = 600)]
+    pub feed_max_age_secs: u64,
     /// Largest HTTP request body, bytes.
     #[arg(long, env = "STATEGATE_HTTP_BODY_LIMIT", default_value_t = 4 * 1024 * 1024)]
     pub http_body_limit: usize,
@@ -205,8 +227,8 @@ pub enum ConfigError {
     NoEmbeddedBroker,
     #[error("{flag} must be an address like 127.0.0.1:3500, or off (got {value:?})")]
     BadListen { flag: &'static str, value: String },
-    #[error("--state-store: {0}")]
-    BadStateStore(String),
+    #[error("{flag}: {reason}")]
+    BadStore { flag: &'static str, reason: String },
 }
 
 /// The validated configuration of a running service.
@@ -279,22 +301,31 @@ impl Config {
                 idle: (external && a.observer_idle_secs > 0).then(|| Duration::from_secs(a.observer_idle_secs)),
                 ..ObserverLimits::default()
             },
-            feed: FeedLimits::default(),
+            feed: FeedLimits {
+                max_events: a.feed_max_events,
+                max_bytes: a.feed_max_bytes,
+                max_age: Duration::from_secs(a.feed_max_age_secs),
+            },
         };
         let http_listen = parse_listen("--http-listen", &a.http_listen)?;
         let grpc_listen = parse_listen("--grpc-listen", &a.grpc_listen)?;
-        let stores = if a.state_stores.is_empty() {
-            Stores::default()
-        } else {
-            let specs = a
-                .state_stores
-                .iter()
-                .map(|s| s.parse::<StoreSpec>().map_err(ConfigError::BadStateStore))
+        let stores = |given: &[String], default: &str, flag: &'static str| -> Result<Stores, ConfigError> {
+            let given: Vec<&str> = if given.is_empty() {
+                vec![default]
+            } else {
+                given.iter().map(String::as_str).collect()
+            };
+            let specs = given
+                .into_iter()
+                .map(|s| s.parse::<StoreSpec>().map_err(|e| ConfigError::BadStore { flag, reason: e }))
                 .collect::<Result<Vec<_>, _>>()?;
-            Stores::new(specs)
+            Ok(Stores::new(specs))
         };
         let http = HttpSettings {
-            stores,
+            stores: stores(&a.state_stores, "statestore", "--state-store")?,
+            lock_stores: stores(&a.lock_stores, "lockstore", "--lock-store")?,
+            configuration_stores: stores(&a.configuration_stores, "configstore", "--configuration-store")?,
+            max_bulk_keys: a.max_bulk_keys.max(1),
             api_token: a.api_token.filter(|t| !t.is_empty()),
             body_limit: a.http_body_limit,
             max_transaction_ops: a.max_transaction_ops.max(1),
@@ -490,6 +521,31 @@ mod tests {
             assert!(err.contains("without the cargo feature `redis`"), "{err}");
             assert!(!err.contains("s3cret"), "{err}");
         }
+    }
+
+    #[test]
+    fn store_and_history_flags() {
+        let c = Config::default();
+        assert_eq!(c.http.lock_stores.names().collect::<Vec<_>>(), ["lockstore"]);
+        assert_eq!(c.http.configuration_stores.names().collect::<Vec<_>>(), ["configstore"]);
+        assert_eq!(c.limits.feed, FeedLimits::default());
+        let cli = Cli::try_parse_from([
+            "stategate",
+            "--lock-store",
+            "locks=name,leases",
+            "--feed-max-events",
+            "10",
+            "--feed-max-age-secs",
+            "5",
+        ])
+        .unwrap();
+        let c = Config::from_args(cli.serve).unwrap();
+        assert_eq!(c.http.lock_stores.names().collect::<Vec<_>>(), ["locks", "leases"]);
+        assert_eq!(c.limits.feed.max_events, 10);
+        assert_eq!(c.limits.feed.max_age, Duration::from_secs(5));
+        let cli = Cli::try_parse_from(["stategate", "--configuration-store", "a=x||y"]).unwrap();
+        let err = Config::from_args(cli.serve).unwrap_err().to_string();
+        assert!(err.starts_with("--configuration-store: "), "{err}");
     }
 
     #[test]

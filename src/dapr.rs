@@ -7,6 +7,7 @@ use std::collections::HashMap;
 
 use base64::Engine as _;
 use bytes::Bytes;
+use serde_json::value::RawValue;
 
 use crate::engine::{Del, DelCondition, Engine, EngineError, Entry, Reply, Set, SetCondition, TxOp};
 use crate::hlc::Hlc;
@@ -85,6 +86,14 @@ impl Default for Stores {
 impl Stores {
     pub fn new(specs: Vec<StoreSpec>) -> Stores {
         Stores(specs)
+    }
+
+    /// One store without a key prefix.
+    pub fn named(name: &str) -> Stores {
+        Stores(vec![StoreSpec {
+            name: name.to_owned(),
+            prefix: KeyPrefix::None,
+        }])
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
@@ -261,11 +270,39 @@ pub fn stored_value(value: Vec<u8>, metadata: &HashMap<String, String>) -> Resul
     if !json {
         return Ok(Bytes::from(value));
     }
-    let v: serde_json::Value = serde_json::from_slice(&value)
+    let raw: &RawValue = serde_json::from_slice(&value)
         .map_err(|e| DaprError::Malformed(format!("contentType is application/json but the value is not: {e}")))?;
-    serde_json::to_vec(&v)
-        .map(Bytes::from)
-        .map_err(|e| DaprError::Malformed(e.to_string()))
+    Ok(Bytes::from(compact_json(raw.get())))
+}
+
+/// JSON text without the whitespace between its tokens; everything else (numbers, string
+/// escapes, key order) exactly as given. `json` must be valid JSON (a parsed [`RawValue`]).
+/// Re-serialising a parsed document instead would change numbers: a double can come back with
+/// another last digit, and integers past 2^64 as doubles.
+pub fn compact_json(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for c in json.chars() {
+        if in_string {
+            out.push(c);
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            ' ' | '\t' | '\n' | '\r' => {}
+            '"' => {
+                in_string = true;
+                out.push(c);
+            }
+            _ => out.push(c),
+        }
+    }
+    out
 }
 
 /// One key of a bulk get, in request order.
@@ -324,8 +361,14 @@ pub fn components(stores: &Stores) -> Vec<ComponentInfo> {
 }
 
 /// Saves every item (each its own atomic write; good items land even when another fails) and
-/// returns the first failure.
+/// returns the first failure. As daprd does, what makes the request itself malformed (a key
+/// that is empty or has `||`, a value that cannot be decoded) fails it before anything is
+/// written; the rest (ETags, options, metadata, the rules) is decided item by item.
 pub async fn save_each(engine: &Engine, store: &StoreSpec, items: &[SaveItem]) -> Result<(), DaprError> {
+    for item in items {
+        store.engine_key(&item.key)?;
+        decode_value(&item.value, &item.metadata)?;
+    }
     let mut first = None;
     for item in items {
         if let Err(e) = save(engine, store, item).await {
@@ -335,8 +378,11 @@ pub async fn save_each(engine: &Engine, store: &StoreSpec, items: &[SaveItem]) -
     first.map_or(Ok(()), Err)
 }
 
-/// Deletes every item, like [`save_each`].
+/// Deletes every item, like [`save_each`] (keys are checked before anything is deleted).
 pub async fn delete_each(engine: &Engine, store: &StoreSpec, items: &[DeleteItem]) -> Result<(), DaprError> {
+    for item in items {
+        store.engine_key(&item.key)?;
+    }
     let mut first = None;
     for item in items {
         if let Err(e) = delete(engine, store, item).await {
@@ -645,17 +691,24 @@ pub fn decode_value(value: &Bytes, metadata: &HashMap<String, String>) -> Result
         })
 }
 
-/// A value placed inside a JSON document (bulk get, query, events): JSON values as they are;
-/// anything else as a base64 string, flagged by item metadata `contentEncoding: base64`.
-pub fn value_to_json(value: &[u8]) -> (serde_json::Value, Option<(&'static str, &'static str)>) {
-    // One parse: the parsed document is what goes in the answer.
-    match serde_json::from_slice::<serde_json::Value>(value) {
-        Ok(v) => (v, None),
-        Err(_) => (
-            serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(value)),
-            Some((ENCODING_METADATA, "base64")),
-        ),
+/// A value placed inside a JSON document (bulk get, query, events): JSON values as their stored
+/// text (never re-parsed, so numbers keep every digit); anything else as a base64 string,
+/// flagged by item metadata `contentEncoding: base64`.
+pub fn value_to_json(value: &[u8]) -> (Box<RawValue>, Option<(&'static str, &'static str)>) {
+    let json = std::str::from_utf8(value)
+        .ok()
+        .and_then(|text| serde_json::from_str::<Box<RawValue>>(text).ok());
+    match json {
+        Some(raw) => (raw, None),
+        None => (base64_json(value), Some((ENCODING_METADATA, "base64"))),
     }
+}
+
+/// Bytes as a JSON string of their base64.
+pub fn base64_json(value: &[u8]) -> Box<RawValue> {
+    let text = format!("\"{}\"", base64::engine::general_purpose::STANDARD.encode(value));
+    // Base64 has no character that needs escaping in a JSON string.
+    RawValue::from_string(text).unwrap_or_else(|_| Box::<RawValue>::default())
 }
 
 /// RFC 3339 (UTC) of a deadline in ms since the epoch, for `ttlExpireTime`.

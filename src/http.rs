@@ -37,6 +37,10 @@ pub use status::ServiceInfo;
 #[derive(Debug, Clone)]
 pub struct HttpSettings {
     pub stores: Stores,
+    /// Dapr lock stores (`/v1.0-alpha1/lock/{store}`, gRPC TryLockAlpha1).
+    pub lock_stores: Stores,
+    /// Dapr configuration stores (`/v1.0/configuration/{store}`, gRPC GetConfiguration).
+    pub configuration_stores: Stores,
     /// When set, every route but health needs header `dapr-api-token` with this value.
     pub api_token: Option<String>,
     /// Largest request body, bytes.
@@ -45,7 +49,7 @@ pub struct HttpSettings {
     pub request_timeout: Duration,
     /// Most operations in one transaction.
     pub max_transaction_ops: usize,
-    /// Most keys in one bulk get.
+    /// Most keys in one bulk get or configuration get.
     pub max_bulk_keys: usize,
     /// The id reported by `/v1.0/metadata`.
     pub app_id: String,
@@ -57,6 +61,8 @@ impl Default for HttpSettings {
     fn default() -> HttpSettings {
         HttpSettings {
             stores: Stores::default(),
+            lock_stores: Stores::named("lockstore"),
+            configuration_stores: Stores::named("configstore"),
             api_token: None,
             body_limit: 4 * 1024 * 1024,
             request_timeout: Duration::from_secs(30),

@@ -1,6 +1,7 @@
 //! `statestore.v1.StateStore`: the MQTT protocol's semantics in typed form.
 
 use std::pin::Pin;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio_stream::{Stream, StreamExt};
@@ -8,10 +9,8 @@ use tonic::{Request, Response, Status};
 
 use super::error::{Surface, from_engine};
 use super::pb::statestore::v1 as pb;
-use crate::engine::watch::{self, Selector, WatchItem};
-use crate::engine::{
-    ChangeKind, Command, Del, DelCondition, Engine, EngineError, FeedEvent, Reply, Scan, Set, SetCondition, VDel,
-};
+use crate::engine::watch::{Selector, Start, WatchItem, WatchSpec};
+use crate::engine::{ChangeKind, Command, Del, DelCondition, Engine, EngineError, Reply, Scan, Set, SetCondition, VDel};
 use crate::hlc::Hlc;
 
 pub struct Native {
@@ -137,29 +136,54 @@ impl pb::state_store_server::StateStore for Native {
         let r = req.into_inner();
         let keys = r.keys.into_iter().map(Bytes::from).collect();
         let selector = Selector::new(keys, &r.patterns).map_err(Status::invalid_argument)?;
-        let wanted = move |e: &FeedEvent| selector.wants(&e.change.key, || String::from_utf8_lossy(&e.change.key));
-        let stream = watch::stream(self.engine.subscribe(), wanted).map(|item| {
-            Ok(match item {
-                WatchItem::Change(e) => {
-                    let c = &e.change;
-                    let (kind, value) = match &c.kind {
-                        ChangeKind::Set(v) => (pb::watch_event::Kind::Set, v.to_vec()),
-                        ChangeKind::Delete => (pb::watch_event::Kind::Delete, Vec::new()),
-                        ChangeKind::Expire => (pb::watch_event::Kind::Expire, Vec::new()),
-                    };
-                    pb::WatchEvent {
-                        key: c.key.to_vec(),
-                        kind: kind as i32,
-                        value,
-                        version: c.version.to_string(),
-                    }
-                }
-                WatchItem::Overflow { .. } => pb::WatchEvent {
-                    kind: pb::watch_event::Kind::Overflow as i32,
-                    ..Default::default()
-                },
-            })
-        });
+        let since = hlc(&r.since_version).map_err(|_| Status::invalid_argument("since_version is not a version"))?;
+        let spec = WatchSpec {
+            only: selector.only_keys(),
+            wanted: Arc::new(move |k| selector.wants(k, || String::from_utf8_lossy(k))),
+            prefix: Bytes::new(),
+        };
+        let stream = self
+            .engine
+            .watch(spec, Start::from_request(since, r.snapshot))
+            .map(watch_event);
         Ok(Response::new(Box::pin(stream)))
     }
+}
+
+/// One watch item on the wire.
+fn watch_event(item: WatchItem) -> Result<pb::WatchEvent, Status> {
+    use pb::watch_event::Kind;
+    let marker = |kind: Kind, version: String| pb::WatchEvent {
+        kind: kind as i32,
+        version,
+        ..Default::default()
+    };
+    Ok(match item {
+        WatchItem::Change { event, resumable } => {
+            let c = &event.change;
+            let (kind, value) = match &c.kind {
+                ChangeKind::Set(v) => (Kind::Set, v.to_vec()),
+                ChangeKind::Delete => (Kind::Delete, Vec::new()),
+                ChangeKind::Expire => (Kind::Expire, Vec::new()),
+            };
+            pb::WatchEvent {
+                key: c.key.to_vec(),
+                kind: kind as i32,
+                value,
+                version: c.version.to_string(),
+                snapshot: !resumable,
+            }
+        }
+        WatchItem::Snapshot { key, entry } => pb::WatchEvent {
+            key: key.to_vec(),
+            kind: Kind::Set as i32,
+            value: entry.value.to_vec(),
+            version: entry.version.to_string(),
+            snapshot: true,
+        },
+        WatchItem::Reset => marker(Kind::Reset, String::new()),
+        WatchItem::Synced { resume } => marker(Kind::Synced, version(resume)),
+        WatchItem::Overflow { .. } => marker(Kind::Overflow, String::new()),
+        WatchItem::Failed(e) => return Err(err(e)),
+    })
 }

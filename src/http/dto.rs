@@ -1,9 +1,26 @@
 //! JSON shapes of the Dapr HTTP state API. Only this module derives serde/utoipa traits.
+//!
+//! Requests decode as daprd's Go structs do where clients depend on it: JSON `null` for a map,
+//! an object or a list is the empty one (Go's `encoding/json` leaves the field at its zero value;
+//! the JavaScript SDK sends `"metadata": null`), and so is a `null` metadata value. Values stay
+//! as their JSON text ([`RawValue`]), so numbers are never re-parsed and keep every digit.
 
 use std::collections::HashMap;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::value::RawValue;
 use utoipa::ToSchema;
+
+/// `null` (or an absent field, with `#[serde(default)]`) as the empty value.
+fn null_as_empty<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(d: D) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+/// A string map where the map or any value may be `null` (a `null` value is `""`).
+fn string_map<'de, D: Deserializer<'de>>(d: D) -> Result<HashMap<String, String>, D::Error> {
+    let map = Option::<HashMap<String, Option<String>>>::deserialize(d)?.unwrap_or_default();
+    Ok(map.into_iter().map(|(k, v)| (k, v.unwrap_or_default())).collect())
+}
 
 /// `options` of a state item.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
@@ -19,26 +36,29 @@ pub struct StateOptions {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct SaveItem {
     pub key: Option<String>,
-    /// Any JSON value; stored as its compact JSON text.
+    /// Any JSON value; stored as its JSON text without the whitespace between tokens (numbers
+    /// and strings exactly as sent). Absent or `null`: stored as `null`.
     #[schema(value_type = Object)]
     #[serde(default)]
-    pub value: serde_json::Value,
+    pub value: Option<Box<RawValue>>,
     /// The ETag (an HLC version) the key must have.
     pub etag: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "string_map")]
     pub metadata: HashMap<String, String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub options: StateOptions,
     #[serde(rename = "contentType")]
     pub content_type: Option<String>,
 }
 
 /// Bulk get request.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 pub struct BulkGetRequest {
+    /// Absent or `null`: none (the answer is `[]`).
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub keys: Vec<String>,
     pub parallelism: Option<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "string_map")]
     pub metadata: HashMap<String, String>,
 }
 
@@ -48,7 +68,7 @@ pub struct BulkItem {
     pub key: String,
     #[schema(value_type = Object)]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub data: Option<serde_json::Value>,
+    pub data: Option<Box<RawValue>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub etag: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -66,10 +86,12 @@ pub struct TransactionOperation {
 }
 
 /// Transaction request.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 pub struct TransactionRequest {
+    /// Absent or `null`: none (nothing is done).
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub operations: Vec<TransactionOperation>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "string_map")]
     pub metadata: HashMap<String, String>,
 }
 
@@ -78,7 +100,7 @@ pub struct TransactionRequest {
 pub struct QueryItem {
     pub key: String,
     #[schema(value_type = Object)]
-    pub data: serde_json::Value,
+    pub data: Box<RawValue>,
     pub etag: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metadata: Option<HashMap<String, String>>,
@@ -111,21 +133,42 @@ pub struct Metadata {
     pub components: Vec<ComponentMetadata>,
 }
 
-/// One server-sent event's data.
+/// One server-sent event's data (`set`, `delete`).
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ChangeEvent {
     pub key: String,
     /// The new value (on `set`).
     #[schema(value_type = Object)]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub data: Option<serde_json::Value>,
-    /// The new version (equals the event id).
+    pub data: Option<Box<RawValue>>,
+    /// The key's version (for a change, equal to the event id).
     pub etag: String,
     /// `expired` when a delete came from expiry.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metadata: Option<HashMap<String, String>>,
+    /// `true` on events sent while a snapshot is in progress (a key's current value, or a
+    /// change that came meanwhile): they carry no event id, as they are no resume position.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub snapshot: bool,
+}
+
+/// The `reset` event's data: the position asked for is not in the history kept; forget the
+/// keys you know, a snapshot follows (`set` events, then `synced`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ResetEvent {
+    /// The version that was asked for (`Last-Event-ID` or `since`).
+    pub since: String,
+    pub message: String,
+}
+
+/// The `synced` event's data: the snapshot is complete. Its event id (also `since` here) is the
+/// position to resume from; absent when the service keeps no history.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SyncedEvent {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
 }
 
 /// A page of key names (`GET /v1.0-alpha1/state/{store}/keys`, a stategate extension).

@@ -1,51 +1,163 @@
-//! Change notifications as server-sent events.
+//! Change notifications as server-sent events, resumable with `Last-Event-ID` / `since` and
+//! optionally starting with a snapshot. The rules are the engine's ([`crate::engine::watch`]);
+//! this only reads the request and writes events.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
-use base64::Engine as _;
+use bytes::Bytes;
 use futures_util::Stream;
 use tokio_stream::StreamExt;
 
-use super::dto::ChangeEvent;
+use super::dto::{ChangeEvent, ResetEvent, SyncedEvent};
 use super::error::{ApiError, ErrorBody, Op};
 use super::{AppState, DaprPath, DaprQuery};
-use crate::dapr;
-use crate::engine::watch::{self, Selector, WatchItem};
-use crate::engine::{Change, ChangeKind, FeedEvent};
+use crate::dapr::{self, StoreSpec};
+use crate::engine::watch::{Selector, Start, WatchItem, WatchSpec};
+use crate::engine::{ChangeKind, Entry};
+use crate::hlc::Hlc;
 
-/// `base64`: every value as a base64 string (`contentEncoding: base64`), never as JSON, so a
-/// client gets exact bytes (a JSON value would come back re-serialized).
-fn event(key: String, change: &Change, base64: bool) -> Event {
-    let (name, data, reason, meta) = match &change.kind {
-        ChangeKind::Set(v) => {
-            let (data, enc) = if base64 {
-                (
-                    serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(v)),
-                    Some((dapr::ENCODING_METADATA, "base64")),
-                )
-            } else {
-                dapr::value_to_json(v)
-            };
-            let meta = enc.map(|(k, v)| HashMap::from([(k.to_owned(), v.to_owned())]));
-            ("set", Some(data), None, meta)
-        }
-        ChangeKind::Delete => ("delete", None, None, None),
-        ChangeKind::Expire => ("delete", None, Some("expired"), None),
+/// How often an idle stream sends a comment, so proxies keep it open.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// Where a watch over HTTP starts: the `Last-Event-ID` header (what a browser's EventSource sends
+/// when it reconnects) wins over `since` (the first connection's choice), and either wins over
+/// `snapshot`. Either id must be a version; anything else is a 400.
+pub fn start_of(headers: &HeaderMap, since: Option<&str>, snapshot: bool) -> Result<Start, ApiError> {
+    let last = match headers.get("last-event-id") {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| ApiError::malformed("Last-Event-ID is not text"))?
+                .trim(),
+        ),
     };
-    let etag = change.version.to_string();
-    let body = ChangeEvent {
+    let version = match last.filter(|v| !v.is_empty()).or(since) {
+        None => None,
+        Some(v) => Some(v.parse::<Hlc>().map_err(|_| {
+            ApiError::malformed(format!(
+                "{v:?} is not a version (Last-Event-ID and since take an event id)"
+            ))
+        })?),
+    };
+    Ok(Start::from_request(version, snapshot))
+}
+
+/// `true`/`false` (and `1`/`0`) for a boolean query parameter.
+pub fn flag(name: &str, value: &str) -> Result<bool, ApiError> {
+    match value {
+        "true" | "1" => Ok(true),
+        "false" | "0" | "" => Ok(false),
+        other => Err(ApiError::malformed(format!("{name} must be true or false (got {other:?})"))),
+    }
+}
+
+/// The watch of a Dapr store's keys (`keys`, `patterns`: the selector; none = every key).
+pub fn store_watch(store: &StoreSpec, keys: Vec<Bytes>, patterns: &[String]) -> Result<WatchSpec, ApiError> {
+    let selector = Selector::new(keys, patterns).map_err(ApiError::malformed)?;
+    let only = selector.only_keys();
+    let owner = store.clone();
+    Ok(WatchSpec {
+        wanted: Arc::new(move |k| owner.owns(k) && selector.wants(k, || owner.dapr_key(k).into())),
+        prefix: Bytes::from(store.key_prefix()),
+        only,
+    })
+}
+
+/// The data of a `set` event.
+fn set_data(key: String, value: &[u8], version: &Hlc, base64: bool, snapshot: bool) -> ChangeEvent {
+    let (data, enc) = if base64 {
+        (dapr::base64_json(value), Some((dapr::ENCODING_METADATA, "base64")))
+    } else {
+        dapr::value_to_json(value)
+    };
+    ChangeEvent {
         key,
-        data,
-        etag: etag.clone(),
-        reason,
-        metadata: meta,
-    };
-    let json = serde_json::to_string(&body).unwrap_or_else(|_| "{}".into());
-    Event::default().event(name).id(etag).data(json)
+        data: Some(data),
+        etag: version.to_string(),
+        reason: None,
+        metadata: enc.map(|(k, v)| HashMap::from([(k.to_owned(), v.to_owned())])),
+        snapshot,
+    }
+}
+
+fn json_event(name: &str, body: &impl serde::Serialize) -> Event {
+    Event::default()
+        .event(name)
+        .data(serde_json::to_string(body).unwrap_or_else(|_| "{}".into()))
+}
+
+/// One watch item as an event. Only resume positions carry an `id` (a change's version, or the
+/// end of a snapshot): a browser that reconnects sends the last id it saw, so a snapshot cut
+/// short starts over instead of resuming in the middle of it.
+fn to_event(store: &StoreSpec, item: WatchItem, base64: bool, since: &Option<String>) -> Event {
+    match item {
+        WatchItem::Change { event, resumable } => {
+            let c = &event.change;
+            let key = store.dapr_key(&c.key);
+            let (name, body) = match &c.kind {
+                ChangeKind::Set(v) => ("set", set_data(key, v, &c.version, base64, !resumable)),
+                ChangeKind::Delete | ChangeKind::Expire => (
+                    "delete",
+                    ChangeEvent {
+                        key,
+                        data: None,
+                        etag: c.version.to_string(),
+                        reason: (c.kind == ChangeKind::Expire).then_some("expired"),
+                        metadata: None,
+                        snapshot: !resumable,
+                    },
+                ),
+            };
+            let e = json_event(name, &body);
+            if resumable { e.id(c.version.to_string()) } else { e }
+        }
+        WatchItem::Snapshot { key, entry } => snapshot_event(store, &key, &entry, base64),
+        WatchItem::Reset => json_event(
+            "reset",
+            &ResetEvent {
+                since: since.clone().unwrap_or_default(),
+                message: "the changes after this position are no longer kept; a snapshot follows".into(),
+            },
+        ),
+        WatchItem::Synced { resume } => {
+            let since = resume.map(|v| v.to_string());
+            let e = json_event("synced", &SyncedEvent { since: since.clone() });
+            match since {
+                Some(v) => e.id(v),
+                None => e,
+            }
+        }
+        // Never stall the engine for a slow reader: tell it, and the stream ends.
+        WatchItem::Overflow { missed } => Event::default().event("overflow").data(format!(
+            "{{\"missed\":{missed},\"message\":\"the subscriber fell behind; subscribe again with Last-Event-ID\"}}"
+        )),
+        WatchItem::Failed(e) => {
+            let err = ApiError::from_engine(Op::Subscribe, e);
+            json_event(
+                "failed",
+                &ErrorBody {
+                    error_code: err.code.to_owned(),
+                    message: err.message,
+                },
+            )
+        }
+    }
+}
+
+fn snapshot_event(store: &StoreSpec, key: &[u8], entry: &Entry, base64: bool) -> Event {
+    let mut body = set_data(store.dapr_key(key), &entry.value, &entry.version, base64, true);
+    if let Some(ms) = entry.expires_at_ms {
+        body.metadata
+            .get_or_insert_with(HashMap::new)
+            .insert("ttlExpireTime".into(), dapr::rfc3339(ms));
+    }
+    json_event("set", &body)
 }
 
 /// Subscribe to changes: `?key=a&key=b` and/or `?pattern=<glob>`; none = every key of the store.
@@ -57,6 +169,16 @@ fn event(key: String, change: &Change, base64: bool) -> Event {
         ("store" = String, Path, description = "state store name"),
         ("key" = Option<Vec<String>>, Query, description = "keys to watch (repeatable)"),
         ("pattern" = Option<Vec<String>>, Query, description = "glob patterns of keys to watch (repeatable)"),
+        ("since" = Option<String>, Query,
+         description = "resume after the change with this version (an event id): every later change, \
+                        none twice; when the history no longer holds it, a `reset` event, a snapshot, \
+                        then changes"),
+        ("snapshot" = Option<bool>, Query,
+         description = "`true`: start with the current value of every matching key (`set` events with \
+                        `snapshot: true`, no id), then `synced` (its id is the resume position), then \
+                        changes, with no gap and no repeat; ignored when resuming"),
+        ("Last-Event-ID" = Option<String>, Header,
+         description = "what EventSource sends when it reconnects; same meaning as `since`, and wins over it"),
         ("contentEncoding" = Option<String>, Query,
          description = "`base64`: every value as a base64 string with metadata `contentEncoding: base64`, \
                         for exact bytes (a stategate extension)"),
@@ -64,7 +186,8 @@ fn event(key: String, change: &Change, base64: bool) -> Event {
     responses(
         (status = 200, content_type = "text/event-stream",
          description = "events `set` and `delete` (expiry: `reason: expired`), id = the new version; \
-                        a reader that falls behind gets a final `overflow` event and the stream ends"),
+                        `reset`, `synced` around a snapshot; a reader that falls behind gets a final \
+                        `overflow` event and the stream ends; a storage failure a final `failed`"),
         (status = 400, body = ErrorBody),
     )
 )]
@@ -72,12 +195,14 @@ pub async fn subscribe(
     State(st): State<AppState>,
     DaprPath(store): DaprPath<String>,
     DaprQuery(params): DaprQuery,
+    headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let spec = st.store(&store, Op::Subscribe)?.clone();
     let mut keys = Vec::new();
     let mut patterns = Vec::new();
     let mut base64 = false;
-    for (name, value) in params {
+    let (mut since, mut snapshot) = (None, false);
+    for (name, value) in &params {
         match name.as_str() {
             "contentEncoding" if value.eq_ignore_ascii_case("base64") => base64 = true,
             "contentEncoding" => {
@@ -86,26 +211,24 @@ pub async fn subscribe(
                 )));
             }
             "key" => keys.push(
-                spec.engine_key(&value)
+                spec.engine_key(value)
                     .map_err(|e| ApiError::from_dapr(Op::Subscribe, e))?,
             ),
-            "pattern" => patterns.push(value),
+            "pattern" => patterns.push(value.clone()),
+            "since" => since = Some(value.as_str()),
+            "snapshot" => snapshot = flag("snapshot", value)?,
             other => return Err(ApiError::malformed(format!("unknown parameter {other:?}"))),
         }
     }
-    let selector = Selector::new(keys, &patterns).map_err(ApiError::malformed)?;
-    let store = spec.clone();
-    let wanted = move |e: &FeedEvent| {
-        store.owns(&e.change.key) && selector.wants(&e.change.key, || store.dapr_key(&e.change.key).into())
+    let start = start_of(&headers, since, snapshot)?;
+    let asked = match &start {
+        Start::After(v) => Some(v.to_string()),
+        Start::Live | Start::Snapshot => None,
     };
-    let stream = watch::stream(st.engine.subscribe(), wanted).map(move |item| {
-        Ok(match item {
-            WatchItem::Change(e) => event(spec.dapr_key(&e.change.key), &e.change, base64),
-            // Never stall the engine for a slow reader: tell it, and the stream ends.
-            WatchItem::Overflow { missed } => Event::default().event("overflow").data(format!(
-                "{{\"missed\":{missed},\"message\":\"the subscriber fell behind; subscribe again\"}}"
-            )),
-        })
-    });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+    let watch = store_watch(&spec, keys, &patterns)?;
+    let stream = st
+        .engine
+        .watch(watch, start)
+        .map(move |item| Ok(to_event(&spec, item, base64, &asked)));
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
 }

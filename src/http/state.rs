@@ -39,7 +39,10 @@ fn save_item(item: dto::SaveItem, request_meta: &HashMap<String, String>) -> Res
         .key
         .filter(|k| !k.is_empty())
         .ok_or_else(|| ApiError::malformed("a state item has no key"))?;
-    let value = serde_json::to_vec(&item.value).map_err(|e| ApiError::malformed(e.to_string()))?;
+    let value = match &item.value {
+        Some(raw) => dapr::compact_json(raw.get()),
+        None => "null".to_owned(),
+    };
     let mut metadata = item.metadata;
     dapr::merge_request_metadata(&mut metadata, request_meta);
     Ok(SaveItem {
@@ -75,7 +78,8 @@ pub async fn save_state(
     body: Body,
 ) -> Result<Response, ApiError> {
     let store = st.store(&store, Op::Save)?;
-    let items: Vec<dto::SaveItem> = parse_json(&body.0)?;
+    // `null` is no items, as for daprd (Go decodes it into an empty list).
+    let items: Vec<dto::SaveItem> = parse_json::<Option<_>>(&body.0)?.unwrap_or_default();
     let query_meta = query_metadata(&params);
     // Validate every item before writing any, so malformed input changes nothing.
     let items = items
@@ -219,7 +223,7 @@ pub async fn bulk_get(
     body: Body,
 ) -> Result<axum::Json<Vec<dto::BulkItem>>, ApiError> {
     let store = st.store(&store, Op::BulkGet)?;
-    let req: dto::BulkGetRequest = parse_json(&body.0)?;
+    let req: dto::BulkGetRequest = parse_json::<Option<_>>(&body.0)?.unwrap_or_default();
     let entries = dapr::bulk_get(&st.engine, store, req.keys, st.settings.max_bulk_keys)
         .await
         .map_err(|e| ApiError::from_dapr(Op::BulkGet, e))?;
@@ -316,7 +320,7 @@ pub async fn transaction(
     body: Body,
 ) -> Result<StatusCode, ApiError> {
     let store = st.store(&store, Op::Transaction)?;
-    let req: dto::TransactionRequest = parse_json(&body.0)?;
+    let req: dto::TransactionRequest = parse_json::<Option<_>>(&body.0)?.unwrap_or_default();
     let mut meta = req.metadata;
     dapr::merge_request_metadata(&mut meta, &query_metadata(&params));
     let mut items = Vec::with_capacity(req.operations.len());

@@ -516,6 +516,7 @@ async fn watch(c: &mut Native, keys: &[&[u8]], patterns: &[&str]) -> tonic::Stre
         c.watch(npb::WatchRequest {
             keys: keys.iter().map(|k| k.to_vec()).collect(),
             patterns: patterns.iter().map(|p| p.to_string()).collect(),
+            ..Default::default()
         }),
     )
     .await
