@@ -9,9 +9,12 @@ use base64::Engine as _;
 use bytes::Bytes;
 use serde_json::value::RawValue;
 
+use crate::engine::watch::{Selector, WatchSpec};
 use crate::engine::{Del, DelCondition, Engine, EngineError, Entry, Reply, Set, SetCondition, TxOp};
 use crate::hlc::Hlc;
 
+pub mod configuration;
+pub mod lock;
 pub mod query;
 
 /// The separator Dapr puts between a key prefix and a key.
@@ -100,11 +103,20 @@ impl Stores {
         self.0.iter().map(|s| s.name.as_str())
     }
 
+    /// A state store by name.
     pub fn get(&self, name: &str) -> Result<&StoreSpec, DaprError> {
+        self.get_kind(name, "state")
+    }
+
+    /// A store of building block `kind` (`lock`, `configuration`, ...) by name.
+    pub fn get_kind(&self, name: &str, kind: &'static str) -> Result<&StoreSpec, DaprError> {
         self.0
             .iter()
             .find(|s| s.name == name)
-            .ok_or_else(|| DaprError::StoreNotFound(name.to_owned()))
+            .ok_or_else(|| DaprError::StoreNotFound {
+                kind,
+                name: name.to_owned(),
+            })
     }
 }
 
@@ -161,13 +173,29 @@ impl StoreSpec {
         let p = self.key_prefix();
         String::from_utf8_lossy(engine_key.strip_prefix(&p[..]).unwrap_or(engine_key)).into_owned()
     }
+
+    /// A watch of this store's keys: `keys` (engine keys) and keys whose Dapr name matches one
+    /// of `patterns`; every key of the store when both are empty.
+    pub fn watch(&self, keys: Vec<Bytes>, patterns: &[String]) -> Result<WatchSpec, DaprError> {
+        let selector = Selector::new(keys, patterns).map_err(DaprError::Malformed)?;
+        let only = selector.only_keys();
+        let store = self.clone();
+        Ok(WatchSpec {
+            wanted: std::sync::Arc::new(move |k| {
+                store.owns(k) && selector.wants(k, || store.dapr_key(k).into())
+            }),
+            prefix: Bytes::from(self.key_prefix()),
+            only,
+        })
+    }
 }
 
 /// What went wrong with a Dapr request. Each door maps it (with the operation) to its codes.
 #[derive(Debug, thiserror::Error)]
 pub enum DaprError {
-    #[error("state store {0} is not found")]
-    StoreNotFound(String),
+    /// `kind`: the building block (`state`, `lock`, `configuration`).
+    #[error("{kind} store {name} is not found")]
+    StoreNotFound { kind: &'static str, name: String },
     #[error("{0}")]
     Malformed(String),
     #[error("invalid etag value: {0}")]
@@ -347,17 +375,24 @@ pub struct ComponentInfo {
     pub capabilities: Vec<String>,
 }
 
-/// The configured stores as the metadata answers list them.
-pub fn components(stores: &Stores) -> Vec<ComponentInfo> {
-    stores
-        .names()
-        .map(|name| ComponentInfo {
-            name: name.to_owned(),
-            kind: "state.stategate",
-            version: "v1",
-            capabilities: FEATURES.iter().map(|f| f.to_string()).collect(),
-        })
-        .collect()
+/// The configured stores as the metadata answers list them: state stores (with their
+/// features), then lock stores, then configuration stores.
+pub fn components(state: &Stores, locks: &Stores, configuration: &Stores) -> Vec<ComponentInfo> {
+    let of = |stores: &Stores, kind: &'static str, features: &[&str]| -> Vec<ComponentInfo> {
+        stores
+            .names()
+            .map(|name| ComponentInfo {
+                name: name.to_owned(),
+                kind,
+                version: "v1",
+                capabilities: features.iter().map(|f| f.to_string()).collect(),
+            })
+            .collect()
+    };
+    let mut all = of(state, "state.stategate", &FEATURES);
+    all.extend(of(locks, "lock.stategate", &[]));
+    all.extend(of(configuration, "configuration.stategate", &[]));
+    all
 }
 
 /// Saves every item (each its own atomic write; good items land even when another fails) and

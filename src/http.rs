@@ -1,7 +1,8 @@
 //! The HTTP door: the Dapr state API (`/v1.0/state/...`), server-sent change events, health,
 //! metadata, the service status, the OpenAPI document and the web console.
 //!
-//! - `state.rs`: the routes; `sse.rs`: change events; `status.rs`: the service status;
+//! - `state.rs`: the state routes; `sse.rs`: change events; `lock.rs`, `configuration.rs`:
+//!   the Dapr lock and configuration APIs; `status.rs`: the service status;
 //!   `ui.rs`: the web console's embedded files (`src/ui/`); `dto.rs`: JSON shapes (the only
 //!   place that derives serde/utoipa traits); `error.rs`: Dapr's error body and the error mapping.
 
@@ -23,8 +24,10 @@ use utoipa_axum::routes;
 use crate::dapr::{StoreSpec, Stores};
 use crate::engine::Engine;
 
+mod configuration;
 pub mod dto;
 pub mod error;
+mod lock;
 mod sse;
 mod state;
 pub mod status;
@@ -55,6 +58,9 @@ pub struct HttpSettings {
     pub app_id: String,
     /// Serve the web console at `/ui`.
     pub ui: bool,
+    /// Live Dapr configuration subscriptions: clones of these settings share it, so the HTTP and
+    /// gRPC doors end each other's subscriptions by id.
+    pub subscriptions: Arc<crate::dapr::configuration::Subscriptions>,
 }
 
 impl Default for HttpSettings {
@@ -70,6 +76,7 @@ impl Default for HttpSettings {
             max_bulk_keys: 10_000,
             app_id: "stategate".into(),
             ui: true,
+            subscriptions: Arc::default(),
         }
     }
 }
@@ -85,6 +92,20 @@ pub struct AppState {
 impl AppState {
     fn store(&self, name: &str, op: Op) -> Result<&StoreSpec, ApiError> {
         self.settings.stores.get(name).map_err(|e| ApiError::from_dapr(op, e))
+    }
+
+    fn lock_store(&self, name: &str, op: Op) -> Result<&StoreSpec, ApiError> {
+        self.settings
+            .lock_stores
+            .get_kind(name, "lock")
+            .map_err(|e| ApiError::from_dapr(op, e))
+    }
+
+    fn configuration_store(&self, name: &str, op: Op) -> Result<&StoreSpec, ApiError> {
+        self.settings
+            .configuration_stores
+            .get_kind(name, "configuration")
+            .map_err(|e| ApiError::from_dapr(op, e))
     }
 }
 
@@ -145,6 +166,8 @@ impl<S: Send + Sync> FromRequest<S> for Body {
     ),
     tags(
         (name = "state", description = "Dapr state API"),
+        (name = "lock", description = "Dapr distributed lock API (alpha), with fencing tokens"),
+        (name = "configuration", description = "Dapr configuration API over the same keys"),
         (name = "health", description = "Health probes"),
         (name = "metadata", description = "Stores and features"),
         (name = "stategate", description = "stategate extensions"),
@@ -161,6 +184,11 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(state::query_state))
         .routes(routes!(state::list_keys))
         .routes(routes!(sse::subscribe))
+        .routes(routes!(lock::try_lock))
+        .routes(routes!(lock::unlock))
+        .routes(routes!(configuration::get_configuration))
+        .routes(routes!(configuration::subscribe_configuration))
+        .routes(routes!(configuration::unsubscribe_configuration))
         .routes(routes!(state::healthz))
         .routes(routes!(state::healthz_outbound))
         .routes(routes!(state::metadata))
@@ -194,6 +222,7 @@ pub fn router(engine: Engine, settings: HttpSettings, info: ServiceInfo) -> Rout
         router = router.merge(ui::routes());
     }
     let doc = openapi_json();
+    router = configuration::alpha_routes(router);
     router
         .route(
             "/openapi.json",

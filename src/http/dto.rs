@@ -235,3 +235,91 @@ pub struct Status {
     #[serde(rename = "mqttConnectedClients")]
     pub mqtt_connected_clients: Option<u64>,
 }
+
+/// An `int32` as protojson reads it: a JSON number without a fraction, or a string holding one;
+/// `null` is 0. Outside the int32 range is an error, as for daprd.
+fn proto_int32<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    use serde::de::Error;
+    let n = match Option::<serde_json::Value>::deserialize(d)? {
+        None | Some(serde_json::Value::Null) => return Ok(0),
+        Some(serde_json::Value::Number(n)) => n
+            .as_i64()
+            .or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 1e10).map(|f| f as i64)),
+        Some(serde_json::Value::String(s)) => s.trim().parse::<i64>().ok(),
+        Some(_) => None,
+    };
+    n.filter(|n| i32::try_from(*n).is_ok())
+        .ok_or_else(|| D::Error::custom("expiryInSeconds is not a 32-bit integer"))
+}
+
+/// `POST /v1.0-alpha1/lock/{store}` body. Field names as daprd reads them (protojson: the JSON
+/// names, or the proto names); unknown fields are ignored.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+pub struct TryLockRequest {
+    /// The lock's name (a key of the lock store).
+    #[serde(rename = "resourceId", alias = "resource_id", default)]
+    pub resource_id: Option<String>,
+    /// Who takes it; stored as the key's value (an AIO leased lock's holder name).
+    #[serde(rename = "lockOwner", alias = "lock_owner", default)]
+    pub lock_owner: Option<String>,
+    /// How long the lock lasts, whole seconds (positive).
+    #[serde(
+        rename = "expiryInSeconds",
+        alias = "expiry_in_seconds",
+        default,
+        deserialize_with = "proto_int32"
+    )]
+    #[schema(value_type = i32)]
+    pub expiry_in_seconds: i64,
+}
+
+/// TryLock answer.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TryLockResponse {
+    pub success: bool,
+}
+
+/// `POST /v1.0-alpha1/unlock/{store}` body.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+pub struct UnlockRequest {
+    #[serde(rename = "resourceId", alias = "resource_id", default)]
+    pub resource_id: Option<String>,
+    #[serde(rename = "lockOwner", alias = "lock_owner", default)]
+    pub lock_owner: Option<String>,
+}
+
+/// Unlock answer: 0 SUCCESS, 1 LOCK_DOES_NOT_EXIST, 2 LOCK_BELONGS_TO_OTHERS, 3 INTERNAL_ERROR.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct UnlockResponse {
+    pub status: i32,
+}
+
+/// One configuration item.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ConfigurationItem {
+    /// The stored bytes as text (base64 with metadata `contentEncoding: base64` when not UTF-8;
+    /// empty for a deleted key).
+    pub value: String,
+    /// The key's HLC version (for a deletion: the deletion's).
+    pub version: String,
+    /// `ttlExpireTime`, `contentEncoding`; `deleted` (and `expired`) on a deletion.
+    #[serde(skip_serializing_if = "HashMap::is_empty")]
+    pub metadata: HashMap<String, String>,
+}
+
+/// A configuration subscription's event data (`subscribe`: the id alone; `update`: changed
+/// items, as daprd posts them to an app).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ConfigurationUpdate {
+    pub id: String,
+    #[serde(skip_serializing_if = "HashMap::is_empty")]
+    pub items: HashMap<String, ConfigurationItem>,
+}
+
+/// Unsubscribe answer.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct UnsubscribeResponse {
+    pub ok: bool,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}

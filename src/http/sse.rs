@@ -4,13 +4,11 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
-use bytes::Bytes;
 use futures_util::Stream;
 use tokio_stream::StreamExt;
 
@@ -18,7 +16,7 @@ use super::dto::{ChangeEvent, ResetEvent, SyncedEvent};
 use super::error::{ApiError, ErrorBody, Op};
 use super::{AppState, DaprPath, DaprQuery};
 use crate::dapr::{self, StoreSpec};
-use crate::engine::watch::{Selector, Start, WatchItem, WatchSpec};
+use crate::engine::watch::{Start, WatchItem};
 use crate::engine::{ChangeKind, Entry};
 use crate::hlc::Hlc;
 
@@ -55,18 +53,6 @@ pub fn flag(name: &str, value: &str) -> Result<bool, ApiError> {
         "false" | "0" | "" => Ok(false),
         other => Err(ApiError::malformed(format!("{name} must be true or false (got {other:?})"))),
     }
-}
-
-/// The watch of a Dapr store's keys (`keys`, `patterns`: the selector; none = every key).
-pub fn store_watch(store: &StoreSpec, keys: Vec<Bytes>, patterns: &[String]) -> Result<WatchSpec, ApiError> {
-    let selector = Selector::new(keys, patterns).map_err(ApiError::malformed)?;
-    let only = selector.only_keys();
-    let owner = store.clone();
-    Ok(WatchSpec {
-        wanted: Arc::new(move |k| owner.owns(k) && selector.wants(k, || owner.dapr_key(k).into())),
-        prefix: Bytes::from(store.key_prefix()),
-        only,
-    })
 }
 
 /// The data of a `set` event.
@@ -225,7 +211,9 @@ pub async fn subscribe(
         Start::After(v) => Some(v.to_string()),
         Start::Live | Start::Snapshot => None,
     };
-    let watch = store_watch(&spec, keys, &patterns)?;
+    let watch = spec
+        .watch(keys, &patterns)
+        .map_err(|e| ApiError::from_dapr(Op::Subscribe, e))?;
     let stream = st
         .engine
         .watch(watch, start)

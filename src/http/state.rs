@@ -411,7 +411,8 @@ pub async fn healthz_outbound() -> StatusCode {
 /// The stores and their features.
 #[utoipa::path(get, path = "/v1.0/metadata", tag = "metadata", responses((status = 200, body = dto::Metadata)))]
 pub async fn metadata(State(st): State<AppState>) -> axum::Json<dto::Metadata> {
-    let components = dapr::components(&st.settings.stores)
+    let settings = &st.settings;
+    let components = dapr::components(&settings.stores, &settings.lock_stores, &settings.configuration_stores)
         .into_iter()
         .map(|c| dto::ComponentMetadata {
             name: c.name,

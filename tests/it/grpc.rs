@@ -1320,11 +1320,13 @@ async fn dapr_metadata_and_store_prefixes() {
     assert_eq!(m.id, "stategate");
     assert!(!m.runtime_version.is_empty());
     let names: Vec<_> = m.registered_components.iter().map(|c| c.name.as_str()).collect();
-    assert_eq!(names, ["statestore", "orders"]);
-    for c in &m.registered_components {
+    assert_eq!(names, ["statestore", "orders", "lockstore", "configstore"]);
+    for c in &m.registered_components[..2] {
         assert_eq!((c.r#type.as_str(), c.version.as_str()), ("state.stategate", "v1"));
         assert_eq!(c.capabilities, ["ETAG", "TRANSACTIONAL", "TTL", "QUERY_API"]);
     }
+    assert_eq!(m.registered_components[2].r#type, "lock.stategate");
+    assert_eq!(m.registered_components[3].r#type, "configuration.stategate");
 
     let mut req = save_req(vec![item("k", b"order")]);
     req.store_name = "orders".into();
