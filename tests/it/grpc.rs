@@ -2294,7 +2294,7 @@ fn describe(o: &Output) -> String {
 /// A virtualenv with the Dapr SDK (`dapr>=1.14`), created once under
 /// `$HOME/.cache/stategate-pyvenv` and reused while it imports `dapr.clients`. A lock file
 /// keeps concurrent test runs from building it twice.
-fn dapr_sdk_python() -> PathBuf {
+pub(crate) fn dapr_sdk_python() -> PathBuf {
     let home = std::env::var_os("HOME").expect("HOME is set");
     let cache = Path::new(&home).join(".cache");
     std::fs::create_dir_all(&cache).expect("create ~/.cache");
