@@ -2,6 +2,7 @@
 
 mod aio;
 mod cli;
+mod configuration;
 mod console;
 mod dapr_conformance;
 mod durability;

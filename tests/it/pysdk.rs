@@ -118,11 +118,6 @@ impl PySdk {
         }
     }
 
-    /// An event if one arrives within `d` (only to assert that none does).
-    pub async fn event_within(&mut self, d: Duration) -> Option<Value> {
-        tokio::time::timeout(d, self.events.recv()).await.ok().flatten()
-    }
-
     pub async fn quit(mut self) {
         let _ = self.try_call(json!({"op": "quit"})).await;
         let _ = tokio::time::timeout(CALL, self.child.wait()).await;
