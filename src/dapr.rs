@@ -300,7 +300,50 @@ pub fn stored_value(value: Vec<u8>, metadata: &HashMap<String, String>) -> Resul
     }
     let raw: &RawValue = serde_json::from_slice(&value)
         .map_err(|e| DaprError::Malformed(format!("contentType is application/json but the value is not: {e}")))?;
+    check_number_range(raw.get())?;
     Ok(Bytes::from(compact_json(raw.get())))
+}
+
+/// Refuses JSON whose numbers are outside the range of a double (`1e400`), as daprd does (Go
+/// decodes a value into a float64 and fails): such a value would be stored but could never be
+/// read as JSON by anyone who parses numbers as doubles (the query engine included). Numbers
+/// in range keep their text, every digit, whatever their precision. `json` must be valid JSON.
+pub fn check_number_range(json: &str) -> Result<(), DaprError> {
+    let (mut in_string, mut escaped) = (false, false);
+    let mut number = String::new();
+    let check = |number: &mut String| -> Result<(), DaprError> {
+        if !number.is_empty() {
+            // Only exponents and long digit runs can overflow; skip the parse for the rest.
+            let risky = number.len() > 300 || number.contains(['e', 'E']);
+            if risky && !number.parse::<f64>().is_ok_and(f64::is_finite) {
+                return Err(DaprError::Malformed(format!(
+                    "the number {} is outside the range of a double",
+                    &number[..number.len().min(40)]
+                )));
+            }
+            number.clear();
+        }
+        Ok(())
+    };
+    for c in json.chars() {
+        if in_string {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '0'..='9' | '-' | '+' | '.' | 'e' | 'E' => number.push(c),
+            _ => {
+                check(&mut number)?;
+                in_string = c == '"';
+            }
+        }
+    }
+    check(&mut number)
 }
 
 /// JSON text without the whitespace between its tokens; everything else (numbers, string

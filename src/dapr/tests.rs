@@ -178,6 +178,16 @@ fn values_inside_json_keep_their_text() {
 }
 
 #[test]
+fn numbers_outside_a_double_are_refused() {
+    for ok in ["1", "-0.0", "[1e308, -1.5E-300]", "123456789012345678901234567890", "{\"e\": \"1e999\"}", "true"] {
+        assert!(check_number_range(ok).is_ok(), "{ok}");
+    }
+    for bad in ["1e400", "[1, {\"x\": -2E309}]", "\"s\\\"\" : 1e999"] {
+        assert!(check_number_range(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
 fn compacting_json_touches_only_whitespace_between_tokens() {
     assert_eq!(compact_json(" { \"a b\" : [ 1 , 2.50 ,\n\t-0 ] } "), "{\"a b\":[1,2.50,-0]}");
     assert_eq!(compact_json("\"q\\\" \\\\ x\""), "\"q\\\" \\\\ x\"");

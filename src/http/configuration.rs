@@ -198,8 +198,9 @@ pub async fn subscribe_configuration(
     ),
     responses(
         (status = 200, body = dto::UnsubscribeResponse, description = "`ok: true`: the subscription ended"),
-        (status = 404, body = dto::UnsubscribeResponse,
-         description = "no live subscription has this id (daprd answers 500 here; a client error is a 4xx)"),
+        (status = 404, body = ErrorBody,
+         description = "ERR_CONFIGURATION_UNSUBSCRIBE: no live subscription has this id (daprd answers 500 \
+                        with `{ok: false}` here; a client's mistake is a 4xx in Dapr's error shape)"),
         (status = 400, body = ErrorBody),
     )
 )]
@@ -215,11 +216,11 @@ pub async fn unsubscribe_configuration(
         })
         .into_response());
     }
-    let body = dto::UnsubscribeResponse {
-        ok: false,
-        message: format!("failed to unsubscribe to configuration request {id}: subscription does not exist"),
-    };
-    Ok((StatusCode::NOT_FOUND, axum::Json(body)).into_response())
+    Err(ApiError::new(
+        StatusCode::NOT_FOUND,
+        "ERR_CONFIGURATION_UNSUBSCRIBE",
+        format!("failed to unsubscribe to configuration request {id}: subscription does not exist"),
+    ))
 }
 
 /// The same routes under `/v1.0-alpha1`, as daprd serves them (left out of the OpenAPI document,

@@ -40,7 +40,10 @@ fn save_item(item: dto::SaveItem, request_meta: &HashMap<String, String>) -> Res
         .filter(|k| !k.is_empty())
         .ok_or_else(|| ApiError::malformed("a state item has no key"))?;
     let value = match &item.value {
-        Some(raw) => dapr::compact_json(raw.get()),
+        Some(raw) => {
+            dapr::check_number_range(raw.get()).map_err(|e| ApiError::from_dapr(Op::Save, e))?;
+            dapr::compact_json(raw.get())
+        }
         None => "null".to_owned(),
     };
     let mut metadata = item.metadata;

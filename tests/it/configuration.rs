@@ -166,6 +166,6 @@ async fn http_get_and_the_sse_subscription() {
     while within("the SSE stream to end", sse.chunk()).await.unwrap().is_some() {}
     let gone = c.get(format!("{base}/{id}/unsubscribe")).send().await.unwrap();
     assert_eq!(gone.status(), 404);
-    assert_eq!(gone.json::<Value>().await.unwrap()["ok"], false);
+    assert_eq!(gone.json::<Value>().await.unwrap()["errorCode"], "ERR_CONFIGURATION_UNSUBSCRIBE");
     env.stop().await;
 }

@@ -157,6 +157,7 @@ fn reads_body(r: &Req) -> bool {
         ["", "v1.0", "state", store] => store_ok(store),
         ["", "v1.0", "state", store, "bulk" | "transaction"] => store_ok(store),
         ["", "v1.0-alpha1", "state", store, "query"] => store_ok(store),
+        ["", "v1.0-alpha1", "lock" | "unlock", store] => store_ok(store) && r.method == Method::POST,
         _ => false,
     }
 }
@@ -282,7 +283,7 @@ const ODD_KEYS: [&str; 9] = [
     "%FF",
     "bulk",
 ];
-const BAD_QUERIES: [&str; 12] = [
+const BAD_QUERIES: [&str; 16] = [
     "metadata.ttlInSeconds=x",
     "metadata.ttlInSeconds=1.5",
     "metadata.ttlInSeconds=0",
@@ -295,6 +296,10 @@ const BAD_QUERIES: [&str; 12] = [
     "%FF=%FE",
     "key=&pattern=[",
     "&&=&metadata.=",
+    "since=garbage",
+    "since=000000000000001:00000:gone&snapshot=true",
+    "snapshot=maybe",
+    "key=a%7C%7Cb&since=",
 ];
 const BAD_IF_MATCH: [&[u8]; 8] = [
     b"garbage",
@@ -427,6 +432,39 @@ fn store_routes(store: &str, key: &str) -> Vec<(Method, String)> {
     ]
 }
 
+/// The lock and configuration routes, for a store segment and a key (or subscription id).
+fn block_routes(store: &str, key: &str) -> Vec<(Method, String)> {
+    vec![
+        (Method::POST, format!("/v1.0-alpha1/lock/{store}")),
+        (Method::POST, format!("/v1.0-alpha1/unlock/{store}")),
+        (Method::GET, format!("/v1.0/configuration/{store}")),
+        (Method::GET, format!("/v1.0-alpha1/configuration/{store}")),
+        (Method::GET, format!("/v1.0/configuration/{store}/subscribe")),
+        (Method::GET, format!("/v1.0-alpha1/configuration/{store}/subscribe")),
+        (Method::GET, format!("/v1.0/configuration/{store}/{key}/unsubscribe")),
+    ]
+}
+
+/// Lock bodies with wrong types and values (daprd reads them with protojson).
+const BAD_LOCK_BODIES: [&str; 16] = [
+    "{\"resourceId\":\"r\",\"lockOwner\":\"o\",\"expiryInSeconds\":1.5}",
+    "{\"resourceId\":\"r\",\"lockOwner\":\"o\",\"expiryInSeconds\":\"x\"}",
+    "{\"resourceId\":\"r\",\"lockOwner\":\"o\",\"expiryInSeconds\":99999999999}",
+    "{\"resourceId\":\"r\",\"lockOwner\":\"o\",\"expiryInSeconds\":-1}",
+    "{\"resourceId\":\"r\",\"lockOwner\":\"o\",\"expiryInSeconds\":[]}",
+    "{\"resourceId\":\"r\",\"lockOwner\":\"o\",\"expiryInSeconds\":1e400}",
+    "{\"resourceId\":1,\"lockOwner\":\"o\",\"expiryInSeconds\":1}",
+    "{\"resourceId\":\"r\",\"lockOwner\":{},\"expiryInSeconds\":1}",
+    "{\"resourceId\":\"\",\"lockOwner\":\"o\",\"expiryInSeconds\":1}",
+    "{\"resourceId\":\"a||b\",\"lockOwner\":\"o\",\"expiryInSeconds\":1}",
+    "{\"resourceId\":\"r\",\"lockOwner\":\"\",\"expiryInSeconds\":1}",
+    "{\"resource_id\":\"r\",\"lock_owner\":\"o\",\"expiry_in_seconds\":\"3\"}",
+    "{\"resourceId\":null,\"lockOwner\":null,\"expiryInSeconds\":null}",
+    "{\"resourceId\":\"r\",\"lockOwner\":\"o\",\"expiryInSeconds\":2147483647}",
+    "[{\"resourceId\":\"r\"}]",
+    "{\"resourceId\":\"r\",\"lockOwner\":\"\\u0000\",\"expiryInSeconds\":1}",
+];
+
 fn other_routes() -> Vec<(Method, &'static str)> {
     vec![
         (Method::GET, "/v1.0/metadata"),
@@ -504,6 +542,40 @@ fn matrix() -> Vec<Req> {
                 out.push(Req::new(wrong, p.clone()));
             }
             out.push(Req::new(m.clone(), format!("{p}/")));
+        }
+    }
+    // Lock and configuration routes: their stores, the other kinds' stores, bad segments.
+    let block_stores = ["lockstore", "configstore", "statestore", "nostore"];
+    for store in block_stores.iter().copied().chain(BAD_SEGMENTS) {
+        for key in ["k0", "0123456789abcdef0123456789abcdef"]
+            .iter()
+            .copied()
+            .chain(BAD_SEGMENTS)
+            .chain(["%7C%7C", "%2F"])
+        {
+            for (m, p) in block_routes(store, key) {
+                out.push(Req::new(m, p));
+            }
+        }
+        for (m, p) in block_routes(store, "k0") {
+            let req = Req::new(m.clone(), p.clone());
+            if reads_body(&req) {
+                for b in BAD_LOCK_BODIES.iter().map(|b| Bytes::from(b.as_bytes().to_vec())).chain(bad_bodies()) {
+                    out.push(req.clone().body(b));
+                }
+                for b in oversized_bodies() {
+                    out.push(req.clone().body(b));
+                }
+            }
+            for q in BAD_QUERIES {
+                out.push(Req::new(m.clone(), p.clone()).query(q));
+            }
+            for key in ODD_KEYS {
+                out.push(Req::new(m.clone(), p.clone()).query(format!("key={}", path_seg(key))));
+            }
+            for wrong in [Method::PUT, Method::DELETE, Method::PATCH] {
+                out.push(Req::new(wrong, p.clone()));
+            }
         }
     }
     for (m, p) in other_routes() {
@@ -1037,6 +1109,38 @@ fn request() -> BoxedStrategy<Req> {
         .prop_map(|(m, s, b)| Req::new(m, format!("/v1.0-alpha1/state/{s}/query")).body(b));
     let subscribe = (store, query_string(true))
         .prop_map(|(s, q)| Req::new(Method::GET, format!("/v1.0-alpha1/state/{s}/subscribe")).query(q));
+    let block_store = prop_oneof![
+        4 => select(vec!["lockstore", "configstore"]).prop_map(String::from),
+        1 => store_segment(),
+    ];
+    let lock_body = (
+        proptest::option::of(key_json()),
+        proptest::option::of(prop_oneof![key_json(), Just(json!(""))]),
+        proptest::option::of(prop_oneof![json_leaf(), select(vec![json!(1), json!(30), json!("5"), json!(0)])]),
+    )
+        .prop_map(|(r, o, e)| {
+            let mut m = serde_json::Map::new();
+            for (name, v) in [("resourceId", r), ("lockOwner", o), ("expiryInSeconds", e)] {
+                if let Some(v) = v {
+                    m.insert(name.into(), v);
+                }
+            }
+            Value::Object(m)
+        })
+        .boxed();
+    let blocks = (
+        block_store,
+        select(vec!["lock", "unlock", "configuration", "subscribe", "unsubscribe"]),
+        body_for(lock_body),
+        query_string(true),
+        key_segment(),
+    )
+        .prop_map(|(s, route, b, q, k)| match route {
+            "lock" | "unlock" => Req::new(Method::POST, format!("/v1.0-alpha1/{route}/{s}")).body(b),
+            "configuration" => Req::new(Method::GET, format!("/v1.0/configuration/{s}")).query(q),
+            "subscribe" => Req::new(Method::GET, format!("/v1.0/configuration/{s}/subscribe")).query(q),
+            _ => Req::new(Method::GET, format!("/v1.0/configuration/{s}/{k}/unsubscribe")),
+        });
     let other = (
         select(vec![
             Method::GET,
@@ -1058,7 +1162,7 @@ fn request() -> BoxedStrategy<Req> {
     )
         .prop_map(|(m, p, q)| Req::new(m, p).query(q));
     (
-        prop_oneof![4 => save, 4 => read, 2 => bulk, 3 => tx, 3 => query, 1 => subscribe, 1 => other],
+        prop_oneof![4 => save, 4 => read, 2 => bulk, 3 => tx, 3 => query, 1 => subscribe, 2 => blocks, 1 => other],
         content_type(),
         proptest::option::weighted(0.05, Just(())),
     )

@@ -5,6 +5,7 @@ mod cli;
 mod configuration;
 mod console;
 mod dapr_conformance;
+mod dapr_json;
 mod durability;
 mod grpc;
 mod http;
