@@ -149,7 +149,9 @@ pub enum Event {
     /// every watched key follows (as `Set` events), then `Synced`.
     Reset,
     /// The values after a `Reset` are complete; `version` resumes from here.
-    Synced { version: Option<String> },
+    Synced {
+        version: Option<String>,
+    },
 }
 
 /// A live watch: its events, and what a door needs to end it.
@@ -383,7 +385,10 @@ async fn dispatch(cmd: ClientCommand, out: Output) -> Result<i32, CliError> {
             let since = a.since.as_deref().map(str::trim).filter(|s| !s.is_empty());
             // Registered before the watch starts, so a signal is never lost once it is ready.
             let mut stop = lock::Signals::new()?;
-            with_door(&a.connect, async |d| watch(d, &keys, &a.pattern, since, out, &mut stop).await).await
+            with_door(&a.connect, async |d| {
+                watch(d, &keys, &a.pattern, since, out, &mut stop).await
+            })
+            .await
         }
         ClientCommand::Lock(a) => {
             let lease = lock::Lease {

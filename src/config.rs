@@ -101,7 +101,11 @@ pub struct ServeArgs {
     pub lock_stores: Vec<String>,
     /// A Dapr configuration store name, with its key prefix as for --state-store (repeatable;
     /// default `configstore=none`: the same keys as the default state store).
-    #[arg(long = "configuration-store", env = "STATEGATE_CONFIGURATION_STORES", value_delimiter = ',')]
+    #[arg(
+        long = "configuration-store",
+        env = "STATEGATE_CONFIGURATION_STORES",
+        value_delimiter = ','
+    )]
     pub configuration_stores: Vec<String>,
     /// Most keys one bulk get or one configuration get may return (a configuration get of
     /// every key of a store with more keys is refused with a 400 / INVALID_ARGUMENT).
@@ -219,7 +223,7 @@ pub enum ConfigError {
     BadMqttUrl(String),
     #[error("--mqtt-url {0:?}: TLS (mqtts://) is not supported yet")]
     TlsUnsupported(String),
-    #[error("--node-id must be non-empty and contain no ':' (got {0:?})")]
+    #[error("--node-id must be non-empty and contain no ':' and no control character (got {0:?})")]
     BadNodeId(String),
     #[error("--mqtt-max-packet-bytes ({packet}) must exceed --max-value-bytes ({value}) plus the key and envelope")]
     PacketTooSmall { packet: u32, value: usize },
@@ -257,7 +261,7 @@ impl Default for Config {
 
 impl Config {
     pub fn from_args(a: ServeArgs) -> Result<Config, ConfigError> {
-        if a.node_id.is_empty() || a.node_id.contains(':') {
+        if a.node_id.is_empty() || a.node_id.contains(':') || a.node_id.chars().any(char::is_control) {
             return Err(ConfigError::BadNodeId(a.node_id));
         }
         if (a.mqtt_max_packet_bytes as usize) < a.max_value_bytes + a.max_key_bytes + 1024 {
@@ -317,7 +321,10 @@ impl Config {
             };
             let specs = given
                 .into_iter()
-                .map(|s| s.parse::<StoreSpec>().map_err(|e| ConfigError::BadStore { flag, reason: e }))
+                .map(|s| {
+                    s.parse::<StoreSpec>()
+                        .map_err(|e| ConfigError::BadStore { flag, reason: e })
+                })
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(Stores::new(specs))
         };

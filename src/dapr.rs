@@ -181,9 +181,7 @@ impl StoreSpec {
         let only = selector.only_keys();
         let store = self.clone();
         Ok(WatchSpec {
-            wanted: std::sync::Arc::new(move |k| {
-                store.owns(k) && selector.wants(k, || store.dapr_key(k).into())
-            }),
+            wanted: std::sync::Arc::new(move |k| store.owns(k) && selector.wants(k, || store.dapr_key(k).into())),
             prefix: Bytes::from(self.key_prefix()),
             only,
         })
@@ -336,7 +334,9 @@ pub fn check_number_range(json: &str) -> Result<(), DaprError> {
             continue;
         }
         match c {
-            '0'..='9' | '-' | '+' | '.' | 'e' | 'E' => number.push(c),
+            // A number starts with `-` or a digit; the letters of true/false/null start nothing.
+            '-' | '0'..='9' => number.push(c),
+            '+' | '.' | 'e' | 'E' if !number.is_empty() => number.push(c),
             _ => {
                 check(&mut number)?;
                 in_string = c == '"';

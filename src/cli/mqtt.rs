@@ -474,7 +474,9 @@ impl Door for MqttDoor {
             return Err(CliError::usage("over MQTT only named keys can be watched"));
         }
         if since.is_some() {
-            return Err(CliError::usage("over MQTT a watch cannot resume: KEYNOTIFY keeps no history"));
+            return Err(CliError::usage(
+                "over MQTT a watch cannot resume: KEYNOTIFY keeps no history",
+            ));
         }
         let (raw_tx, mut raw_rx) = mpsc::channel::<Publish>(NOTIFY_BUFFER);
         self.shared.overflowed.store(false, Ordering::SeqCst);

@@ -103,7 +103,12 @@ pub async fn get(
 }
 
 /// Every key of the store, page by page, refusing once there are more than `max_keys`.
-async fn all_keys(engine: &Engine, store: &StoreSpec, max_keys: usize, examine: usize) -> Result<Vec<String>, DaprError> {
+async fn all_keys(
+    engine: &Engine,
+    store: &StoreSpec,
+    max_keys: usize,
+    examine: usize,
+) -> Result<Vec<String>, DaprError> {
     let mut keys = Vec::new();
     let mut token: Option<String> = None;
     loop {

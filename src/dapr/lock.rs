@@ -93,7 +93,12 @@ pub async fn try_lock(engine: &Engine, store: &StoreSpec, req: &TryLock) -> Resu
 }
 
 /// Releases the lock if `owner` holds it.
-pub async fn unlock(engine: &Engine, store: &StoreSpec, resource_id: &str, owner: &str) -> Result<UnlockStatus, DaprError> {
+pub async fn unlock(
+    engine: &Engine,
+    store: &StoreSpec,
+    resource_id: &str,
+    owner: &str,
+) -> Result<UnlockStatus, DaprError> {
     let key = check(store, resource_id, owner)?;
     let vdel = VDel {
         key,

@@ -169,7 +169,10 @@ fn values_inside_json_keep_their_text() {
     assert_eq!(text(b"\"s\""), ("\"s\"".to_owned(), None));
     // Numbers exactly as stored: no re-parse, so no digit changes.
     assert_eq!(text(b"-1984.5926649180853").0, "-1984.5926649180853");
-    assert_eq!(text(b"[123456789012345678901234567890, 1e400]").0, "[123456789012345678901234567890, 1e400]");
+    assert_eq!(
+        text(b"[123456789012345678901234567890, 1e400]").0,
+        "[123456789012345678901234567890, 1e400]"
+    );
     assert_eq!(text(b" 1 ").0, "1", "surrounding whitespace is not part of the value");
     let (v, enc) = text(b"\xff raw");
     assert_eq!(v, "\"/yByYXc=\"");
@@ -179,7 +182,14 @@ fn values_inside_json_keep_their_text() {
 
 #[test]
 fn numbers_outside_a_double_are_refused() {
-    for ok in ["1", "-0.0", "[1e308, -1.5E-300]", "123456789012345678901234567890", "{\"e\": \"1e999\"}", "true"] {
+    for ok in [
+        "1",
+        "-0.0",
+        "[1e308, -1.5E-300]",
+        "123456789012345678901234567890",
+        "{\"e\": \"1e999\"}",
+        "true",
+    ] {
         assert!(check_number_range(ok).is_ok(), "{ok}");
     }
     for bad in ["1e400", "[1, {\"x\": -2E309}]", "\"s\\\"\" : 1e999"] {
@@ -189,7 +199,10 @@ fn numbers_outside_a_double_are_refused() {
 
 #[test]
 fn compacting_json_touches_only_whitespace_between_tokens() {
-    assert_eq!(compact_json(" { \"a b\" : [ 1 , 2.50 ,\n\t-0 ] } "), "{\"a b\":[1,2.50,-0]}");
+    assert_eq!(
+        compact_json(" { \"a b\" : [ 1 , 2.50 ,\n\t-0 ] } "),
+        "{\"a b\":[1,2.50,-0]}"
+    );
     assert_eq!(compact_json("\"q\\\" \\\\ x\""), "\"q\\\" \\\\ x\"");
     assert_eq!(compact_json("\"\\u0041 \""), "\"\\u0041 \"");
 }

@@ -333,7 +333,10 @@ impl Watcher {
                 Some(Err(lag)) => return Step::End(WatchItem::Overflow { missed: lag.missed }),
                 Some(Ok(event)) => {
                     if (self.spec.wanted)(&event.change.key) && page.is_news(&event) {
-                        return Step::Item(WatchItem::Change { event, resumable: false });
+                        return Step::Item(WatchItem::Change {
+                            event,
+                            resumable: false,
+                        });
                     }
                 }
             }
@@ -386,9 +389,7 @@ impl Watcher {
         let settled = feed.head();
         // Past the prefix's range there is nothing more to find.
         let upper = scanned.resume_after.filter(|r| r.starts_with(prefix));
-        let in_page = |k: &[u8]| {
-            lower.as_deref().is_none_or(|l| k > l) && upper.as_deref().is_none_or(|u| k <= u)
-        };
+        let in_page = |k: &[u8]| lower.as_deref().is_none_or(|l| k > l) && upper.as_deref().is_none_or(|u| k <= u);
         let mut to_read: BTreeSet<Bytes> = scanned.keys.into_iter().collect();
         // Keys changed while the scan ran: it may or may not have seen the change, so they are
         // read again under their lock.

@@ -10,7 +10,9 @@ use tonic::{Request, Response, Status};
 use super::error::{Surface, from_engine};
 use super::pb::statestore::v1 as pb;
 use crate::engine::watch::{Selector, Start, WatchItem, WatchSpec};
-use crate::engine::{ChangeKind, Command, Del, DelCondition, Engine, EngineError, Reply, Scan, Set, SetCondition, VDel};
+use crate::engine::{
+    ChangeKind, Command, Del, DelCondition, Engine, EngineError, Reply, Scan, Set, SetCondition, VDel,
+};
 use crate::hlc::Hlc;
 
 pub struct Native {

@@ -210,14 +210,14 @@ impl pb::dapr_server::Dapr for Runtime {
                 &self.settings.lock_stores,
                 &self.settings.configuration_stores,
             )
-                .into_iter()
-                .map(|c| pb::RegisteredComponents {
-                    name: c.name,
-                    r#type: c.kind.into(),
-                    version: c.version.into(),
-                    capabilities: c.capabilities,
-                })
-                .collect(),
+            .into_iter()
+            .map(|c| pb::RegisteredComponents {
+                name: c.name,
+                r#type: c.kind.into(),
+                version: c.version.into(),
+                capabilities: c.capabilities,
+            })
+            .collect(),
             extended_metadata: HashMap::new(),
             runtime_version: env!("CARGO_PKG_VERSION").into(),
             enabled_features: Vec::new(),

@@ -133,6 +133,11 @@ pub async fn subscribe_configuration(
         None => false,
     };
     let start = start_of(&headers, since, snapshot)?;
+    // Events that are no resume position repeat the one asked for (see the state subscription).
+    let asked = match &start {
+        crate::engine::watch::Start::After(v) => v.to_string(),
+        crate::engine::watch::Start::Live | crate::engine::watch::Start::Snapshot => String::new(),
+    };
     let engine_keys = config::subscription_keys(&store, &keys).map_err(|e| ApiError::from_dapr(op, e))?;
     let watch = store.watch(engine_keys, &[]).map_err(|e| ApiError::from_dapr(op, e))?;
     let subscription = st.settings.subscriptions.open();
@@ -144,38 +149,45 @@ pub async fn subscribe_configuration(
             items: HashMap::new(),
         },
     );
-    let events = st.engine.watch(watch, start).map(move |item| {
-        match item {
-            WatchItem::Change { event, resumable } => {
-                let c = &event.change;
-                let e = json_event("update", &update(&id, store.dapr_key(&c.key), config::item_of_change(c)));
-                if resumable { e.id(c.version.to_string()) } else { e }
+    let events = st.engine.watch(watch, start).map(move |item| match item {
+        WatchItem::Change { event, resumable } => {
+            let c = &event.change;
+            let e = json_event(
+                "update",
+                &update(&id, store.dapr_key(&c.key), config::item_of_change(c)),
+            );
+            e.id(if resumable {
+                c.version.to_string()
+            } else {
+                asked.clone()
+            })
+        }
+        WatchItem::Snapshot { key, entry } => json_event(
+            "update",
+            &update(&id, store.dapr_key(&key), config::item_of_entry(&entry)),
+        )
+        .id(&asked),
+        WatchItem::Reset => Event::default().event("reset").data("{}").id(&asked),
+        WatchItem::Synced { resume } => {
+            let since = resume.map(|v| v.to_string());
+            let e = json_event("synced", &dto::SyncedEvent { since: since.clone() });
+            match since {
+                Some(v) => e.id(v),
+                None => e,
             }
-            WatchItem::Snapshot { key, entry } => {
-                json_event("update", &update(&id, store.dapr_key(&key), config::item_of_entry(&entry)))
-            }
-            WatchItem::Reset => Event::default().event("reset").data("{}"),
-            WatchItem::Synced { resume } => {
-                let since = resume.map(|v| v.to_string());
-                let e = json_event("synced", &dto::SyncedEvent { since: since.clone() });
-                match since {
-                    Some(v) => e.id(v),
-                    None => e,
-                }
-            }
-            WatchItem::Overflow { missed } => Event::default()
-                .event("overflow")
-                .data(format!("{{\"missed\":{missed}}}")),
-            WatchItem::Failed(e) => {
-                let err = ApiError::from_engine(op, e);
-                json_event(
-                    "failed",
-                    &ErrorBody {
-                        error_code: err.code.to_owned(),
-                        message: err.message,
-                    },
-                )
-            }
+        }
+        WatchItem::Overflow { missed } => Event::default()
+            .event("overflow")
+            .data(format!("{{\"missed\":{missed}}}")),
+        WatchItem::Failed(e) => {
+            let err = ApiError::from_engine(op, e);
+            json_event(
+                "failed",
+                &ErrorBody {
+                    error_code: err.code.to_owned(),
+                    message: err.message,
+                },
+            )
         }
     });
     // The subscription lives as long as the stream; unsubscribe ends it.

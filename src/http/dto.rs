@@ -149,7 +149,7 @@ pub struct ChangeEvent {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metadata: Option<HashMap<String, String>>,
     /// `true` on events sent while a snapshot is in progress (a key's current value, or a
-    /// change that came meanwhile): they carry no event id, as they are no resume position.
+    /// change that came meanwhile): no resume position, their event id repeats the one asked.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub snapshot: bool,
 }
@@ -242,9 +242,11 @@ fn proto_int32<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
     use serde::de::Error;
     let n = match Option::<serde_json::Value>::deserialize(d)? {
         None | Some(serde_json::Value::Null) => return Ok(0),
-        Some(serde_json::Value::Number(n)) => n
-            .as_i64()
-            .or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 1e10).map(|f| f as i64)),
+        Some(serde_json::Value::Number(n)) => n.as_i64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && f.abs() < 1e10)
+                .map(|f| f as i64)
+        }),
         Some(serde_json::Value::String(s)) => s.trim().parse::<i64>().ok(),
         Some(_) => None,
     };

@@ -55,14 +55,9 @@ impl Op {
     /// daprd's code for a store name it does not know, per building block.
     fn store_not_found(self) -> &'static str {
         match self {
-            Op::Get
-            | Op::BulkGet
-            | Op::Save
-            | Op::Delete
-            | Op::Transaction
-            | Op::Query
-            | Op::Subscribe
-            | Op::List => "ERR_STATE_STORE_NOT_FOUND",
+            Op::Get | Op::BulkGet | Op::Save | Op::Delete | Op::Transaction | Op::Query | Op::Subscribe | Op::List => {
+                "ERR_STATE_STORE_NOT_FOUND"
+            }
             Op::TryLock | Op::Unlock => "ERR_LOCK_STORE_NOT_FOUND",
             Op::ConfigurationGet | Op::ConfigurationSubscribe | Op::ConfigurationUnsubscribe => {
                 "ERR_CONFIGURATION_STORE_NOT_FOUND"
@@ -98,7 +93,9 @@ impl ApiError {
     pub fn from_dapr(op: Op, err: DaprError) -> ApiError {
         let tx = op == Op::Transaction;
         match err {
-            DaprError::StoreNotFound { .. } => ApiError::new(StatusCode::BAD_REQUEST, op.store_not_found(), err.to_string()),
+            DaprError::StoreNotFound { .. } => {
+                ApiError::new(StatusCode::BAD_REQUEST, op.store_not_found(), err.to_string())
+            }
             DaprError::Malformed(m) => ApiError::malformed(m),
             DaprError::InvalidEtag(_) if tx => ApiError::malformed(err.to_string()),
             DaprError::InvalidEtag(_) => ApiError::new(StatusCode::BAD_REQUEST, op.code(), err.to_string()),

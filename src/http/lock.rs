@@ -65,7 +65,13 @@ pub async fn try_lock(
     {
         headers.insert(FENCING_TOKEN_HEADER, v);
     }
-    Ok((headers, axum::Json(dto::TryLockResponse { success: locked.success })).into_response())
+    Ok((
+        headers,
+        axum::Json(dto::TryLockResponse {
+            success: locked.success,
+        }),
+    )
+        .into_response())
 }
 
 /// Release a lock: `{resourceId, lockOwner}` -> `{"status": n}` (0 SUCCESS, 1

@@ -51,7 +51,9 @@ pub fn flag(name: &str, value: &str) -> Result<bool, ApiError> {
     match value {
         "true" | "1" => Ok(true),
         "false" | "0" | "" => Ok(false),
-        other => Err(ApiError::malformed(format!("{name} must be true or false (got {other:?})"))),
+        other => Err(ApiError::malformed(format!(
+            "{name} must be true or false (got {other:?})"
+        ))),
     }
 }
 
@@ -78,10 +80,13 @@ fn json_event(name: &str, body: &impl serde::Serialize) -> Event {
         .data(serde_json::to_string(body).unwrap_or_else(|_| "{}".into()))
 }
 
-/// One watch item as an event. Only resume positions carry an `id` (a change's version, or the
-/// end of a snapshot): a browser that reconnects sends the last id it saw, so a snapshot cut
-/// short starts over instead of resuming in the middle of it.
+/// One watch item as an event. A change's id is its version, a resume position. Events sent
+/// during a snapshot (and the reset before it) are no resume position: they repeat the position
+/// the watch was asked to start from (empty for a fresh snapshot), so a browser that reconnects
+/// in the middle of a snapshot asks for it again instead of resuming halfway through it,
+/// whatever its id buffer does between connections.
 fn to_event(store: &StoreSpec, item: WatchItem, base64: bool, since: &Option<String>) -> Event {
+    let asked = since.as_deref().unwrap_or_default();
     match item {
         WatchItem::Change { event, resumable } => {
             let c = &event.change;
@@ -101,16 +106,21 @@ fn to_event(store: &StoreSpec, item: WatchItem, base64: bool, since: &Option<Str
                 ),
             };
             let e = json_event(name, &body);
-            if resumable { e.id(c.version.to_string()) } else { e }
+            e.id(if resumable {
+                c.version.to_string()
+            } else {
+                asked.to_owned()
+            })
         }
-        WatchItem::Snapshot { key, entry } => snapshot_event(store, &key, &entry, base64),
+        WatchItem::Snapshot { key, entry } => snapshot_event(store, &key, &entry, base64).id(asked),
         WatchItem::Reset => json_event(
             "reset",
             &ResetEvent {
-                since: since.clone().unwrap_or_default(),
+                since: asked.to_owned(),
                 message: "the changes after this position are no longer kept; a snapshot follows".into(),
             },
-        ),
+        )
+        .id(asked),
         WatchItem::Synced { resume } => {
             let since = resume.map(|v| v.to_string());
             let e = json_event("synced", &SyncedEvent { since: since.clone() });
@@ -161,7 +171,7 @@ fn snapshot_event(store: &StoreSpec, key: &[u8], entry: &Entry, base64: bool) ->
                         then changes"),
         ("snapshot" = Option<bool>, Query,
          description = "`true`: start with the current value of every matching key (`set` events with \
-                        `snapshot: true`, no id), then `synced` (its id is the resume position), then \
+                        `snapshot: true`), then `synced` (its id is the resume position), then \
                         changes, with no gap and no repeat; ignored when resuming"),
         ("Last-Event-ID" = Option<String>, Header,
          description = "what EventSource sends when it reconnects; same meaning as `since`, and wins over it"),
@@ -172,8 +182,10 @@ fn snapshot_event(store: &StoreSpec, key: &[u8], entry: &Entry, base64: bool) ->
     responses(
         (status = 200, content_type = "text/event-stream",
          description = "events `set` and `delete` (expiry: `reason: expired`), id = the new version; \
-                        `reset`, `synced` around a snapshot; a reader that falls behind gets a final \
-                        `overflow` event and the stream ends; a storage failure a final `failed`"),
+                        `reset`, `synced` around a snapshot (events in between carry `snapshot: true` \
+                        and repeat the id asked for, empty for a fresh snapshot; `synced`'s id is the \
+                        resume position); a reader that falls behind gets a final `overflow` event \
+                        and the stream ends; a storage failure a final `failed`"),
         (status = 400, body = ErrorBody),
     )
 )]

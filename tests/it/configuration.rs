@@ -37,7 +37,11 @@ async fn python_sdk_get_subscribe_unsubscribe_see_every_door() {
     let http = doors.set(1, "cfg/b", "blue").await;
     let grpc = doors.set(2, "cfg/c", "42").await;
     doors.set(0, "cfg/other", "not subscribed").await;
-    for (key, value, version) in [("cfg/a", "on", &mqtt), ("cfg/b", "\"blue\"", &http), ("cfg/c", "42", &grpc)] {
+    for (key, value, version) in [
+        ("cfg/a", "on", &mqtt),
+        ("cfg/b", "\"blue\"", &http),
+        ("cfg/c", "42", &grpc),
+    ] {
         let ev = py.event().await;
         let (got_id, got_key, item) = only_item(&ev);
         assert_eq!((got_id, got_key), (id.as_str(), key));
@@ -59,14 +63,22 @@ async fn python_sdk_get_subscribe_unsubscribe_see_every_door() {
     assert_eq!(r.status(), 204);
     assert_eq!(only_item(&py.event().await).2["value"], "\"short\"");
     let ev = py.event().await;
-    assert_eq!(only_item(&ev).2["metadata"], json!({"deleted": "true", "expired": "true"}));
+    assert_eq!(
+        only_item(&ev).2["metadata"],
+        json!({"deleted": "true", "expired": "true"})
+    );
 
     // Get: named keys (missing ones left out), and every key of the store.
     let got = py
         .call(json!({"op": "get_configuration", "store": STORE, "keys": ["cfg/c", "cfg/a"]}))
         .await;
-    assert_eq!(got["items"], json!({"cfg/c": {"value": "42", "version": grpc, "metadata": {}}}));
-    let all = py.call(json!({"op": "get_configuration", "store": STORE, "keys": []})).await;
+    assert_eq!(
+        got["items"],
+        json!({"cfg/c": {"value": "42", "version": grpc, "metadata": {}}})
+    );
+    let all = py
+        .call(json!({"op": "get_configuration", "store": STORE, "keys": []}))
+        .await;
     let names: Vec<_> = all["items"].as_object().unwrap().keys().cloned().collect();
     assert_eq!(names, ["cfg/c", "cfg/other"]);
 
@@ -116,7 +128,10 @@ async fn http_get_and_the_sse_subscription() {
         for block in text.split("\n\n") {
             let data = block.lines().find_map(|l| l.strip_prefix("data:")).map(str::trim);
             if block.contains("event: subscribe") || block.contains("event:subscribe") {
-                id = serde_json::from_str::<Value>(data.unwrap()).unwrap()["id"].as_str().unwrap().to_owned();
+                id = serde_json::from_str::<Value>(data.unwrap()).unwrap()["id"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned();
             }
             if block.contains("update") && block.contains(&format!("id: {v1}")) {
                 seen = Some(serde_json::from_str::<Value>(data.unwrap()).unwrap());
@@ -129,7 +144,14 @@ async fn http_get_and_the_sse_subscription() {
         json!({"id": id, "items": {"k1": {"value": "one", "version": v1}}})
     );
     // GET: a map of items; unknown stores and too many keys are 400s.
-    let m: Value = c.get(format!("{base}?key=k1&key=nope")).send().await.unwrap().json().await.unwrap();
+    let m: Value = c
+        .get(format!("{base}?key=k1&key=nope"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(m, json!({"k1": {"value": "one", "version": v1}}));
     let alpha: Value = c
         .get(format!("{}/v1.0-alpha1/configuration/{STORE}?key=k1", env.http()))
@@ -148,9 +170,16 @@ async fn http_get_and_the_sse_subscription() {
     assert_eq!(r.status(), 400, "four keys, more than --max-bulk-keys 3");
     let err: Value = r.json().await.unwrap();
     assert!(err["message"].as_str().unwrap().contains("more than 3 keys"), "{err}");
-    let r = c.get(format!("{}/v1.0/configuration/nope", env.http())).send().await.unwrap();
+    let r = c
+        .get(format!("{}/v1.0/configuration/nope", env.http()))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
-    assert_eq!(r.json::<Value>().await.unwrap()["errorCode"], "ERR_CONFIGURATION_STORE_NOT_FOUND");
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["errorCode"],
+        "ERR_CONFIGURATION_STORE_NOT_FOUND"
+    );
 
     // Unsubscribed over gRPC, the HTTP stream ends.
     let mut d = rpb::dapr_client::DaprClient::connect(env.grpc()).await.unwrap();
@@ -166,6 +195,9 @@ async fn http_get_and_the_sse_subscription() {
     while within("the SSE stream to end", sse.chunk()).await.unwrap().is_some() {}
     let gone = c.get(format!("{base}/{id}/unsubscribe")).send().await.unwrap();
     assert_eq!(gone.status(), 404);
-    assert_eq!(gone.json::<Value>().await.unwrap()["errorCode"], "ERR_CONFIGURATION_UNSUBSCRIBE");
+    assert_eq!(
+        gone.json::<Value>().await.unwrap()["errorCode"],
+        "ERR_CONFIGURATION_UNSUBSCRIBE"
+    );
     env.stop().await;
 }

@@ -32,13 +32,29 @@ async fn null_is_the_empty_map_object_or_list() {
     let state = format!("{}/v1.0/state/statestore", env.http());
     let cases = [
         // What @dapr/dapr 3.18 sends for a transaction without metadata.
-        ("/transaction", r#"{"operations":[{"operation":"upsert","request":{"key":"t","value":1}}],"metadata":null}"#, 204),
+        (
+            "/transaction",
+            r#"{"operations":[{"operation":"upsert","request":{"key":"t","value":1}}],"metadata":null}"#,
+            204,
+        ),
         ("/transaction", r#"{"operations":null,"metadata":null}"#, 204),
         ("/transaction", r#"null"#, 204),
-        ("", r#"[{"key":"s","value":2,"etag":null,"metadata":null,"options":null}]"#, 204),
-        ("", r#"[{"key":"m","value":3,"metadata":{"ttlInSeconds":null},"options":{"concurrency":null}}]"#, 204),
+        (
+            "",
+            r#"[{"key":"s","value":2,"etag":null,"metadata":null,"options":null}]"#,
+            204,
+        ),
+        (
+            "",
+            r#"[{"key":"m","value":3,"metadata":{"ttlInSeconds":null},"options":{"concurrency":null}}]"#,
+            204,
+        ),
         ("", r#"null"#, 204),
-        ("/bulk", r#"{"keys":["t","s","m"],"metadata":null,"parallelism":null}"#, 200),
+        (
+            "/bulk",
+            r#"{"keys":["t","s","m"],"metadata":null,"parallelism":null}"#,
+            200,
+        ),
         ("/bulk", r#"{"keys":null}"#, 200),
         ("/bulk", r#"null"#, 200),
     ];
@@ -50,10 +66,16 @@ async fn null_is_the_empty_map_object_or_list() {
     let items: Value = serde_json::from_str(&bulk).unwrap();
     let data: Vec<_> = items.as_array().unwrap().iter().map(|i| i["data"].clone()).collect();
     assert_eq!(data, [json!(1), json!(2), json!(3)]);
-    assert!(items[2].get("metadata").is_none(), "a null ttlInSeconds set no TTL: {items}");
+    assert!(
+        items[2].get("metadata").is_none(),
+        "a null ttlInSeconds set no TTL: {items}"
+    );
     assert_eq!(send(&c, format!("{state}/bulk"), r#"{"keys":null}"#).await.1, "[]");
     // Still malformed: the wrong kind of value, not null.
-    for (route, body) in [("/transaction", r#"{"operations":{}}"#), ("", r#"[{"key":"x","metadata":[]}]"#)] {
+    for (route, body) in [
+        ("/transaction", r#"{"operations":{}}"#),
+        ("", r#"[{"key":"x","metadata":[]}]"#),
+    ] {
         assert_eq!(send(&c, format!("{state}{route}"), body).await.0, 400, "{body}");
     }
     env.stop().await;
@@ -91,7 +113,7 @@ fn value_text() -> BoxedStrategy<String> {
     let n = number_text();
     prop_oneof![
         3 => n.clone(),
-        1 => (n.clone(), n.clone()).prop_map(|(a, b)| format!("[{a},{{\"x\":{b}}}]")),
+        1 => (n.clone(), n.clone()).prop_map(|(a, b)| format!("[{a},{{\"x\":{b},\"t\":true}},false,null]")),
         1 => n.prop_map(|a| format!("{{\"n\":{a},\"s\":\"{a}\"}}")),
     ]
     .boxed()
@@ -117,7 +139,14 @@ async fn round_trip(c: &reqwest::Client, base: &str, values: &[String]) -> Resul
     }
     let keys: Vec<String> = (0..values.len()).map(|i| format!("num-{i:03}")).collect();
     for (key, want) in keys.iter().zip(values) {
-        let got = c.get(format!("{state}/{key}")).send().await.unwrap().text().await.unwrap();
+        let got = c
+            .get(format!("{state}/{key}"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         if &got != want {
             return Err(format!("get {key}: {got} != {want}"));
         }
@@ -161,7 +190,12 @@ async fn round_trip(c: &reqwest::Client, base: &str, values: &[String]) -> Resul
         .iter()
         .map(|k| json!({"operation": "delete", "request": {"key": k}}))
         .collect();
-    let (status, text) = send(c, format!("{state}/transaction"), &json!({"operations": ops}).to_string()).await;
+    let (status, text) = send(
+        c,
+        format!("{state}/transaction"),
+        &json!({"operations": ops}).to_string(),
+    )
+    .await;
     if status != 204 {
         return Err(format!("clean-up: {status} {text}"));
     }
@@ -213,7 +247,12 @@ async fn whole_request_or_per_item_as_daprd() {
         assert_eq!(status, 400, "{body}: {text}");
         assert!(missing("good-1").await, "nothing written: {body}");
     }
-    let (status, text) = send(&c, state.clone(), r#"[{"key":"good-2","value":1},{"key":"e","value":2,"etag":"bad"}]"#).await;
+    let (status, text) = send(
+        &c,
+        state.clone(),
+        r#"[{"key":"good-2","value":1},{"key":"e","value":2,"etag":"bad"}]"#,
+    )
+    .await;
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("ERR_STATE_SAVE"), "{text}");
     assert!(!missing("good-2").await, "an invalid ETag fails only its item");
@@ -242,6 +281,9 @@ async fn whole_request_or_per_item_as_daprd() {
     };
     let status = within("DeleteBulkState", d.delete_bulk_state(del)).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
-    assert!(!missing("grpc-good").await, "a bad key in a bulk delete deletes nothing");
+    assert!(
+        !missing("grpc-good").await,
+        "a bad key in a bulk delete deletes nothing"
+    );
     env.stop().await;
 }

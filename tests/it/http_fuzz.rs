@@ -283,7 +283,7 @@ const ODD_KEYS: [&str; 9] = [
     "%FF",
     "bulk",
 ];
-const BAD_QUERIES: [&str; 16] = [
+const BAD_QUERIES: [&str; 17] = [
     "metadata.ttlInSeconds=x",
     "metadata.ttlInSeconds=1.5",
     "metadata.ttlInSeconds=0",
@@ -300,6 +300,7 @@ const BAD_QUERIES: [&str; 16] = [
     "since=000000000000001:00000:gone&snapshot=true",
     "snapshot=maybe",
     "key=a%7C%7Cb&since=",
+    "since=1:0:line%0Abreak&snapshot=1",
 ];
 const BAD_IF_MATCH: [&[u8]; 8] = [
     b"garbage",
@@ -560,7 +561,11 @@ fn matrix() -> Vec<Req> {
         for (m, p) in block_routes(store, "k0") {
             let req = Req::new(m.clone(), p.clone());
             if reads_body(&req) {
-                for b in BAD_LOCK_BODIES.iter().map(|b| Bytes::from(b.as_bytes().to_vec())).chain(bad_bodies()) {
+                for b in BAD_LOCK_BODIES
+                    .iter()
+                    .map(|b| Bytes::from(b.as_bytes().to_vec()))
+                    .chain(bad_bodies())
+                {
                     out.push(req.clone().body(b));
                 }
                 for b in oversized_bodies() {
@@ -1116,7 +1121,10 @@ fn request() -> BoxedStrategy<Req> {
     let lock_body = (
         proptest::option::of(key_json()),
         proptest::option::of(prop_oneof![key_json(), Just(json!(""))]),
-        proptest::option::of(prop_oneof![json_leaf(), select(vec![json!(1), json!(30), json!("5"), json!(0)])]),
+        proptest::option::of(prop_oneof![
+            json_leaf(),
+            select(vec![json!(1), json!(30), json!("5"), json!(0)])
+        ]),
     )
         .prop_map(|(r, o, e)| {
             let mut m = serde_json::Map::new();

@@ -76,7 +76,9 @@ impl Doors {
     /// Deletes `key` through MQTT or gRPC (the doors that answer the deletion's version).
     pub(crate) async fn del(&mut self, n: usize, key: &str) {
         if n % 2 == 0 {
-            self.mqtt.request(&[b"DEL", key.as_bytes()], &[("__ts", &now_ts())]).await;
+            self.mqtt
+                .request(&[b"DEL", key.as_bytes()], &[("__ts", &now_ts())])
+                .await;
         } else {
             within(
                 "gRPC Del",
@@ -94,8 +96,17 @@ impl Doors {
 /// A watch event, whichever door it came through.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Ev {
-    Set { key: String, value: Vec<u8>, version: String, resumable: bool },
-    Del { key: String, version: String, resumable: bool },
+    Set {
+        key: String,
+        value: Vec<u8>,
+        version: String,
+        resumable: bool,
+    },
+    Del {
+        key: String,
+        version: String,
+        resumable: bool,
+    },
     Reset,
     Synced(Option<String>),
 }
@@ -104,7 +115,16 @@ impl Ev {
     /// The resume position this event names, if any.
     fn resume(&self) -> Option<&str> {
         match self {
-            Ev::Set { version, resumable: true, .. } | Ev::Del { version, resumable: true, .. } => Some(version),
+            Ev::Set {
+                version,
+                resumable: true,
+                ..
+            }
+            | Ev::Del {
+                version,
+                resumable: true,
+                ..
+            } => Some(version),
             Ev::Synced(v) => v.as_deref(),
             _ => None,
         }
@@ -113,7 +133,12 @@ impl Ev {
 
 /// A watch over SSE or gRPC.
 enum Watcher {
-    Sse { resp: reqwest::Response, buf: Vec<u8> },
+    /// `asked`: the position the watch was asked to resume from ("" when none).
+    Sse {
+        resp: reqwest::Response,
+        buf: Vec<u8>,
+        asked: String,
+    },
     Grpc(tonic::Streaming<npb::WatchEvent>),
 }
 
@@ -139,10 +164,16 @@ impl Watcher {
                 }
                 let resp = within("SSE subscribe", req.send()).await.expect("subscribe");
                 assert_eq!(resp.status(), 200);
-                Watcher::Sse { resp, buf: Vec::new() }
+                Watcher::Sse {
+                    resp,
+                    buf: Vec::new(),
+                    asked: since.unwrap_or_default().to_owned(),
+                }
             }
             Door::Grpc => {
-                let mut c = npb::state_store_client::StateStoreClient::connect(env.grpc()).await.expect("grpc");
+                let mut c = npb::state_store_client::StateStoreClient::connect(env.grpc())
+                    .await
+                    .expect("grpc");
                 let req = npb::WatchRequest {
                     patterns: vec![pattern.into()],
                     since_version: since.unwrap_or_default().into(),
@@ -165,17 +196,26 @@ impl Watcher {
                 let e = s.message().await.expect("watch stream").expect("watch open");
                 let key = String::from_utf8(e.key.clone()).expect("utf8 key");
                 match e.kind() {
-                    Kind::Set => Ev::Set { key, value: e.value, version: e.version, resumable: !e.snapshot },
-                    Kind::Delete | Kind::Expire => Ev::Del { key, version: e.version, resumable: !e.snapshot },
+                    Kind::Set => Ev::Set {
+                        key,
+                        value: e.value,
+                        version: e.version,
+                        resumable: !e.snapshot,
+                    },
+                    Kind::Delete | Kind::Expire => Ev::Del {
+                        key,
+                        version: e.version,
+                        resumable: !e.snapshot,
+                    },
                     Kind::Reset => Ev::Reset,
                     Kind::Synced => Ev::Synced((!e.version.is_empty()).then_some(e.version)),
                     other => panic!("unexpected {other:?}"),
                 }
             }
-            Watcher::Sse { resp, buf } => loop {
+            Watcher::Sse { resp, buf, asked } => loop {
                 if let Some(end) = buf.windows(2).position(|w| w == b"\n\n") {
                     let block = String::from_utf8(buf.drain(..end + 2).collect()).expect("utf8 event");
-                    if let Some(ev) = sse_event(&block) {
+                    if let Some(ev) = sse_event(&block, asked) {
                         return ev;
                     }
                     continue;
@@ -187,8 +227,10 @@ impl Watcher {
     }
 }
 
-/// One SSE event block as an [`Ev`] (`None`: a comment).
-fn sse_event(block: &str) -> Option<Ev> {
+/// One SSE event block as an [`Ev`] (`None`: a comment). Every event has an id: a change's is
+/// its version, `synced`'s the resume position; the rest (a snapshot's, the reset) repeat the
+/// position asked for, so a reconnect in the middle of a snapshot asks for it again.
+fn sse_event(block: &str, asked: &str) -> Option<Ev> {
     let (mut name, mut id, mut data) = (None, None, String::new());
     for line in block.lines() {
         match line.split_once(':') {
@@ -203,13 +245,14 @@ fn sse_event(block: &str) -> Option<Ev> {
     let key = v["key"].as_str().unwrap_or_default().to_owned();
     let version = v["etag"].as_str().unwrap_or_default().to_owned();
     let snapshot = v["snapshot"] == true;
-    // An id exactly on resume positions, equal to the version.
-    assert_eq!(id.is_some(), !snapshot && name != "reset", "{block}");
-    if let Some(id) = &id
-        && name != "synced"
-    {
-        assert_eq!(id, &version, "the event id is the version");
+    let id = id.unwrap_or_else(|| panic!("no id: {block}"));
+    match name.as_str() {
+        "synced" => assert!(!id.is_empty(), "{block}"),
+        "reset" => assert_eq!(id, asked, "{block}"),
+        _ if snapshot => assert_eq!(id, asked, "a snapshot's event repeats the position asked: {block}"),
+        _ => assert_eq!(id, version, "a change's id is its version"),
     }
+    let id = Some(id);
     Some(match name.as_str() {
         "set" => Ev::Set {
             key,
@@ -219,7 +262,11 @@ fn sse_event(block: &str) -> Option<Ev> {
             version,
             resumable: !snapshot,
         },
-        "delete" => Ev::Del { key, version, resumable: !snapshot },
+        "delete" => Ev::Del {
+            key,
+            version,
+            resumable: !snapshot,
+        },
         "reset" => Ev::Reset,
         "synced" => Ev::Synced(id),
         other => panic!("unexpected event {other}: {block}"),
@@ -241,15 +288,23 @@ impl Replica {
             self.last_resume = Some(v.to_owned());
         }
         match ev {
-            Ev::Set { key, value, version, .. } => {
-                assert!(self.seen.insert((key.clone(), version.clone())), "repeated {key} {version}");
+            Ev::Set {
+                key, value, version, ..
+            } => {
+                assert!(
+                    self.seen.insert((key.clone(), version.clone())),
+                    "repeated {key} {version}"
+                );
                 if let Some((_, old)) = self.map.get(key) {
                     assert!(old < version, "{key}: {version} after {old}");
                 }
                 self.map.insert(key.clone(), (value.clone(), version.clone()));
             }
             Ev::Del { key, version, .. } => {
-                assert!(self.seen.insert((key.clone(), version.clone())), "repeated {key} {version}");
+                assert!(
+                    self.seen.insert((key.clone(), version.clone())),
+                    "repeated {key} {version}"
+                );
                 self.map.remove(key);
             }
             Ev::Reset => self.map.clear(),
@@ -284,7 +339,10 @@ async fn store_contents(env: &TestEnv, prefix: &str) -> BTreeMap<String, (Vec<u8
             .unwrap();
         for k in page.keys {
             if let Some(e) = env.engine().read(&k).await.unwrap() {
-                out.insert(String::from_utf8(k.to_vec()).unwrap(), (e.value.to_vec(), e.version.to_string()));
+                out.insert(
+                    String::from_utf8(k.to_vec()).unwrap(),
+                    (e.value.to_vec(), e.version.to_string()),
+                );
             }
         }
         match page.resume_after {
@@ -302,7 +360,9 @@ fn writer(env: &TestEnv, from: usize, n: usize) -> JoinHandle<()> {
             mqtt: RawClient::connect(broker, &unique_id("w")).await,
             http: reqwest::Client::new(),
             base,
-            native: npb::state_store_client::StateStoreClient::connect(grpc).await.expect("grpc"),
+            native: npb::state_store_client::StateStoreClient::connect(grpc)
+                .await
+                .expect("grpc"),
         };
         for i in from..from + n {
             let key = format!("w{:02}", i % 23);
@@ -328,7 +388,12 @@ async fn cut_and_resume(door: Door) {
     }
     drop(cut);
     let second = writer(&env, 150, 150);
-    let last = before.iter().rev().find_map(Ev::resume).expect("a resume position").to_owned();
+    let last = before
+        .iter()
+        .rev()
+        .find_map(Ev::resume)
+        .expect("a resume position")
+        .to_owned();
     let mut resumed = Watcher::open(&env, door, "w*", Some(&last), false).await;
     within("the writers", async {
         first.await.unwrap();
@@ -338,7 +403,10 @@ async fn cut_and_resume(door: Door) {
     doors.set(0, "w-end", "end").await;
     let all = Replica::default().until(&mut whole, "w-end", b"end").await;
     let after = Replica::default().until(&mut resumed, "w-end", b"end").await;
-    assert!(all.iter().all(|e| e.resume().is_some()), "a live watch sends resume positions only");
+    assert!(
+        all.iter().all(|e| e.resume().is_some()),
+        "a live watch sends resume positions only"
+    );
     let mut stitched = before;
     stitched.extend(after);
     assert_eq!(stitched.len(), all.len(), "events before the cut + after the resume");
@@ -387,7 +455,11 @@ async fn resume_older_than_the_history(door: Door) {
             other => panic!("only the snapshot before `synced`: {other:?}"),
         }
     }
-    assert_eq!(replica.map, store_contents(&env, "w").await, "consistent after the snapshot");
+    assert_eq!(
+        replica.map,
+        store_contents(&env, "w").await,
+        "consistent after the snapshot"
+    );
     // Then live changes, and a resume from `synced` is exact again.
     let live = writer(&env, 60, 30);
     doors.set(0, "w-end", "end").await;
@@ -424,14 +496,21 @@ async fn snapshot_under_concurrent_writes(door: Door) {
         if matches!(ev, Ev::Synced(_)) {
             break;
         }
-        assert!(ev.resume().is_none(), "nothing before `synced` is a resume position: {ev:?}");
+        assert!(
+            ev.resume().is_none(),
+            "nothing before `synced` is a resume position: {ev:?}"
+        );
     }
     for t in writers {
         within("the writers", t).await.unwrap();
     }
     doors.set(2, "w-end", "end").await;
     replica.until(&mut w, "w-end", b"end").await;
-    assert_eq!(replica.map, store_contents(&env, "w").await, "no gap: the replay is the store");
+    assert_eq!(
+        replica.map,
+        store_contents(&env, "w").await,
+        "no gap: the replay is the store"
+    );
     env.stop().await;
 }
 
@@ -451,7 +530,11 @@ async fn malformed_resume_positions_are_refused() {
     let env = TestEnv::start(Broker::Embedded).await;
     let c = reqwest::Client::new();
     let url = format!("{}/v1.0-alpha1/state/statestore/subscribe", env.http());
-    for (query, header) in [("since=nope", None), ("snapshot=maybe", None), ("", Some("not-a-version"))] {
+    for (query, header) in [
+        ("since=nope", None),
+        ("snapshot=maybe", None),
+        ("", Some("not-a-version")),
+    ] {
         let mut req = c.get(format!("{url}?{query}"));
         if let Some(h) = header {
             req = req.header("Last-Event-ID", h);
@@ -461,7 +544,9 @@ async fn malformed_resume_positions_are_refused() {
         let body: Value = r.json().await.unwrap();
         assert_eq!(body["errorCode"], "ERR_MALFORMED_REQUEST");
     }
-    let mut n = npb::state_store_client::StateStoreClient::connect(env.grpc()).await.unwrap();
+    let mut n = npb::state_store_client::StateStoreClient::connect(env.grpc())
+        .await
+        .unwrap();
     let bad = npb::WatchRequest {
         since_version: "nope".into(),
         ..Default::default()

@@ -6,9 +6,14 @@ use crate::hlc::ManualClock;
 use crate::storage::Store;
 
 async fn engine() -> Engine {
-    Engine::open(Store::memory(), "n", Arc::new(ManualClock::new(1_000_000)), Limits::default())
-        .await
-        .unwrap()
+    Engine::open(
+        Store::memory(),
+        "n",
+        Arc::new(ManualClock::new(1_000_000)),
+        Limits::default(),
+    )
+    .await
+    .unwrap()
 }
 
 async fn set(e: &Engine, key: &str, value: &[u8], ttl_ms: Option<u64>) -> Hlc {

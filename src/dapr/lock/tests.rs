@@ -42,18 +42,34 @@ async fn try_lock_excludes_everyone_until_unlock_or_expiry() {
     assert_eq!(held.expires_at_ms, Some(T0 + 10_000));
     for owner in ["b", "a"] {
         let again = try_lock(&e, &s, &req("job", owner, 10)).await.unwrap();
-        assert_eq!(again, Locked { success: false, fencing_token: None }, "{owner}");
+        assert_eq!(
+            again,
+            Locked {
+                success: false,
+                fencing_token: None
+            },
+            "{owner}"
+        );
     }
-    assert_eq!(unlock(&e, &s, "job", "b").await.unwrap(), UnlockStatus::LockBelongsToOthers);
+    assert_eq!(
+        unlock(&e, &s, "job", "b").await.unwrap(),
+        UnlockStatus::LockBelongsToOthers
+    );
     assert_eq!(unlock(&e, &s, "job", "a").await.unwrap(), UnlockStatus::Success);
-    assert_eq!(unlock(&e, &s, "job", "a").await.unwrap(), UnlockStatus::LockDoesNotExist);
+    assert_eq!(
+        unlock(&e, &s, "job", "a").await.unwrap(),
+        UnlockStatus::LockDoesNotExist
+    );
     // Expiry frees it, and the next holding gets a higher token.
     assert!(try_lock(&e, &s, &req("job", "b", 1)).await.unwrap().success);
     clock.advance(1_000);
     let next = try_lock(&e, &s, &req("job", "c", 5)).await.unwrap();
     assert!(next.success);
     assert!(next.fencing_token.unwrap() > token);
-    assert_eq!(unlock(&e, &s, "job", "b").await.unwrap(), UnlockStatus::LockBelongsToOthers);
+    assert_eq!(
+        unlock(&e, &s, "job", "b").await.unwrap(),
+        UnlockStatus::LockBelongsToOthers
+    );
 }
 
 #[tokio::test]
@@ -63,8 +79,14 @@ async fn malformed_requests_are_refused_with_daprd_messages() {
     let cases = [
         (req("", "a", 1), "ResourceId is empty in lock store lockstore"),
         (req("r", "", 1), "LockOwner is empty in lock store lockstore"),
-        (req("r", "a", 0), "ExpiryInSeconds is not positive in lock store lockstore"),
-        (req("r", "a", -5), "ExpiryInSeconds is not positive in lock store lockstore"),
+        (
+            req("r", "a", 0),
+            "ExpiryInSeconds is not positive in lock store lockstore",
+        ),
+        (
+            req("r", "a", -5),
+            "ExpiryInSeconds is not positive in lock store lockstore",
+        ),
         (req("x||y", "a", 1), "can't contain '||'"),
     ];
     for (r, want) in cases {
@@ -102,13 +124,24 @@ async fn the_fencing_token_stops_a_stale_holder() {
         concurrency: None,
         consistency: None,
     };
-    let old = try_lock(&e, &locks, &req("job", "a", 1)).await.unwrap().fencing_token.unwrap();
+    let old = try_lock(&e, &locks, &req("job", "a", 1))
+        .await
+        .unwrap()
+        .fencing_token
+        .unwrap();
     save(&e, &state, &write(&old, "\"a\"")).await.unwrap();
     clock.advance(1_000);
-    let new = try_lock(&e, &locks, &req("job", "b", 10)).await.unwrap().fencing_token.unwrap();
+    let new = try_lock(&e, &locks, &req("job", "b", 10))
+        .await
+        .unwrap()
+        .fencing_token
+        .unwrap();
     save(&e, &state, &write(&new, "\"b\"")).await.unwrap();
     let stale = save(&e, &state, &write(&old, "\"a again\"")).await.unwrap_err();
-    assert!(matches!(stale, DaprError::Engine(EngineError::FencingTokenLower)), "{stale:?}");
+    assert!(
+        matches!(stale, DaprError::Engine(EngineError::FencingTokenLower)),
+        "{stale:?}"
+    );
     let kept = e.read(&Bytes::from("guarded")).await.unwrap().unwrap();
     assert_eq!(&kept.value[..], b"\"b\"");
 }

@@ -27,7 +27,9 @@ async fn engine_with(store: Store, scan_page: usize, feed: FeedLimits) -> Engine
         feed,
         ..Limits::default()
     };
-    Engine::open(store, "n", Arc::new(ManualClock::new(T0)), limits).await.unwrap()
+    Engine::open(store, "n", Arc::new(ManualClock::new(T0)), limits)
+        .await
+        .unwrap()
 }
 
 async fn engine(scan_page: usize) -> Engine {
@@ -146,7 +148,10 @@ fn selectors() {
     assert!(s.wants(b"p||ab", || "ab".into()));
     assert!(!s.wants(b"b", || "b".into()));
     assert_eq!(s.only_keys(), None, "a pattern needs a scan");
-    assert_eq!(Selector::new(vec![b("k")], &[]).unwrap().only_keys(), Some(vec![b("k")]));
+    assert_eq!(
+        Selector::new(vec![b("k")], &[]).unwrap().only_keys(),
+        Some(vec![b("k")])
+    );
     assert!(Selector::new(vec![], &["[".into()]).unwrap_err().contains("\"[\""));
 }
 
@@ -291,7 +296,10 @@ async fn snapshot_with_changes_between_its_items_misses_and_repeats_nothing() {
         }
     }
     assert_eq!(replica.map, contents(&e).await);
-    assert!(replica.map.contains_key(&b("b")), "a key created inside the page being sent");
+    assert!(
+        replica.map.contains_key(&b("b")),
+        "a key created inside the page being sent"
+    );
     set(&e, "after", "x").await;
     replica.apply(s.next().await.unwrap());
     assert_eq!(replica.map, contents(&e).await);

@@ -101,7 +101,11 @@ async fn watch_since_resumes_or_resets() {
     for door in [&http, &grpc] {
         let mut w = Live::spawn(&["watch", "r1", "r2", "--since", &v1, "--json"], door);
         let got = [w.json().await, w.json().await];
-        assert_eq!(events(&got), [("set".into(), v2.clone()), ("set".into(), v3.clone())], "{door:?}");
+        assert_eq!(
+            events(&got),
+            [("set".into(), v2.clone()), ("set".into(), v3.clone())],
+            "{door:?}"
+        );
         assert_eq!(got[0]["value"], "b");
         w.signal("INT");
         assert_eq!(w.exit_code().await, 0);
@@ -115,7 +119,10 @@ async fn watch_since_resumes_or_resets() {
         let mut w = Live::spawn(&["watch", "r1", "r2", "--since", &v1, "--json"], door);
         assert_eq!(w.json().await["event"], "reset");
         let snapshot = [w.json().await, w.json().await];
-        assert_eq!(events(&snapshot), [("set".into(), v2.clone()), ("set".into(), r2.clone())]);
+        assert_eq!(
+            events(&snapshot),
+            [("set".into(), v2.clone()), ("set".into(), r2.clone())]
+        );
         let synced = w.json().await;
         assert_eq!(synced["event"], "synced");
         let resume = synced["version"].as_str().expect("a resume position").to_owned();
@@ -131,6 +138,10 @@ async fn watch_since_resumes_or_resets() {
     }
     let refused = run(&["watch", "r1", "--since", &v1], &mqtt, None).await;
     let refused = expect(refused, 2, "--since over MQTT");
-    assert!(refused.stderr.contains("--since needs --http or --grpc"), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("--since needs --http or --grpc"),
+        "{}",
+        refused.stderr
+    );
     env.stop().await;
 }
