@@ -75,7 +75,7 @@ impl Doors {
 
     /// Deletes `key` through MQTT or gRPC (the doors that answer the deletion's version).
     pub(crate) async fn del(&mut self, n: usize, key: &str) {
-        if n % 2 == 0 {
+        if n.is_multiple_of(2) {
             self.mqtt
                 .request(&[b"DEL", key.as_bytes()], &[("__ts", &now_ts())])
                 .await;
