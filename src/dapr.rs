@@ -9,8 +9,9 @@ use base64::Engine as _;
 use bytes::Bytes;
 use serde_json::value::RawValue;
 
+use crate::access::{self, Grant, Op};
 use crate::engine::watch::{Selector, WatchSpec};
-use crate::engine::{Del, DelCondition, Engine, EngineError, Entry, Reply, Set, SetCondition, TxOp};
+use crate::engine::{Del, DelCondition, Engine, EngineError, Entry, KeyFilter, Reply, Set, SetCondition, TxOp};
 use crate::hlc::Hlc;
 
 pub mod configuration;
@@ -181,7 +182,7 @@ impl StoreSpec {
         let only = selector.only_keys();
         let store = self.clone();
         Ok(WatchSpec {
-            wanted: std::sync::Arc::new(move |k| store.owns(k) && selector.wants(k, || store.dapr_key(k).into())),
+            wanted: KeyFilter::new(move |k| store.owns(k) && selector.wants(k, || store.dapr_key(k).into())),
             prefix: Bytes::from(self.key_prefix()),
             only,
         })
@@ -298,52 +299,65 @@ pub fn stored_value(value: Vec<u8>, metadata: &HashMap<String, String>) -> Resul
     }
     let raw: &RawValue = serde_json::from_slice(&value)
         .map_err(|e| DaprError::Malformed(format!("contentType is application/json but the value is not: {e}")))?;
-    check_number_range(raw.get())?;
+    check_decodes(raw.get())?;
     Ok(Bytes::from(compact_json(raw.get())))
 }
 
-/// Refuses JSON whose numbers are outside the range of a double (`1e400`), as daprd does (Go
-/// decodes a value into a float64 and fails): such a value would be stored but could never be
-/// read as JSON by anyone who parses numbers as doubles (the query engine included). Numbers
-/// in range keep their text, every digit, whatever their precision. `json` must be valid JSON.
-pub fn check_number_range(json: &str) -> Result<(), DaprError> {
-    let (mut in_string, mut escaped) = (false, false);
-    let mut number = String::new();
-    let check = |number: &mut String| -> Result<(), DaprError> {
-        if !number.is_empty() {
-            // Only exponents and long digit runs can overflow; skip the parse for the rest.
-            let risky = number.len() > 300 || number.contains(['e', 'E']);
-            if risky && !number.parse::<f64>().is_ok_and(f64::is_finite) {
-                return Err(DaprError::Malformed(format!(
-                    "the number {} is outside the range of a double",
-                    &number[..number.len().min(40)]
-                )));
-            }
-            number.clear();
-        }
-        Ok(())
-    };
-    for c in json.chars() {
-        if in_string {
-            match c {
-                _ if escaped => escaped = false,
-                '\\' => escaped = true,
-                '"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match c {
-            // A number starts with `-` or a digit; the letters of true/false/null start nothing.
-            '-' | '0'..='9' => number.push(c),
-            '+' | '.' | 'e' | 'E' if !number.is_empty() => number.push(c),
-            _ => {
-                check(&mut number)?;
-                in_string = c == '"';
-            }
-        }
+/// Refuses JSON that does not decode into values, as daprd refuses it (Go decodes a saved value
+/// before storing it): a number outside the range of a double (`1e400`), a string escape that
+/// is not Unicode (a lone surrogate, `"\ud800"`). Such text would be stored, yet no one who
+/// decodes JSON could read it (the query engine included). Nothing is kept: numbers in range
+/// keep their text, every digit, whatever their precision. `json` must be syntactically valid.
+pub fn check_decodes(json: &str) -> Result<(), DaprError> {
+    serde_json::from_str::<Decodes>(json)
+        .map(|_| ())
+        .map_err(|e| DaprError::Malformed(format!("the value does not decode: {e}")))
+}
+
+/// Decodes every scalar of a JSON document (validating it) and keeps nothing.
+struct Decodes;
+
+impl<'de> serde::Deserialize<'de> for Decodes {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Decodes, D::Error> {
+        d.deserialize_any(DecodesVisitor)
     }
-    check(&mut number)
+}
+
+struct DecodesVisitor;
+
+impl<'de> serde::de::Visitor<'de> for DecodesVisitor {
+    type Value = Decodes;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Decodes, E> {
+        Ok(Decodes)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Decodes, E> {
+        Ok(Decodes)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Decodes, E> {
+        Ok(Decodes)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Decodes, E> {
+        Ok(Decodes)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Decodes, E> {
+        Ok(Decodes)
+    }
+    fn visit_unit<E>(self) -> Result<Decodes, E> {
+        Ok(Decodes)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Decodes, A::Error> {
+        while seq.next_element::<Decodes>()?.is_some() {}
+        Ok(Decodes)
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Decodes, A::Error> {
+        while map.next_entry::<Decodes, Decodes>()?.is_some() {}
+        Ok(Decodes)
+    }
 }
 
 /// JSON text without the whitespace between its tokens; everything else (numbers, string
@@ -381,13 +395,20 @@ pub fn compact_json(json: &str) -> String {
 pub struct BulkEntry {
     pub key: String,
     pub entry: Option<Entry>,
+    /// Why the key was not read (the caller may not read it); `entry` is then `None`.
+    pub error: Option<String>,
 }
+
+/// The per-item error of a bulk get for a key the caller may not read.
+pub const BULK_DENIED: &str = "permission denied";
 
 /// Bulk get, one policy for every door (as daprd answers): more than `max_keys` keys, or any
 /// key that is not valid, fails the whole request before anything is read; a storage failure
-/// fails it too; a missing key is an entry without a value.
+/// fails it too; a missing key is an entry without a value, and a key the caller may not read
+/// an entry with an error (the caller named it: nothing leaks).
 pub async fn bulk_get(
     engine: &Engine,
+    grant: &Grant,
     store: &StoreSpec,
     keys: Vec<String>,
     max_keys: usize,
@@ -403,8 +424,20 @@ pub async fn bulk_get(
         .collect::<Result<Vec<_>, _>>()?;
     let mut out = Vec::with_capacity(keys.len());
     for (key, engine_key) in keys.into_iter().zip(engine_keys) {
+        if !grant.may(Op::Read, &engine_key) {
+            out.push(BulkEntry {
+                key,
+                entry: None,
+                error: Some(BULK_DENIED.into()),
+            });
+            continue;
+        }
         let entry = engine.read(&engine_key).await?;
-        out.push(BulkEntry { key, entry });
+        out.push(BulkEntry {
+            key,
+            entry,
+            error: None,
+        });
     }
     Ok(out)
 }
@@ -442,14 +475,14 @@ pub fn components(state: &Stores, locks: &Stores, configuration: &Stores) -> Vec
 /// returns the first failure. As daprd does, what makes the request itself malformed (a key
 /// that is empty or has `||`, a value that cannot be decoded) fails it before anything is
 /// written; the rest (ETags, options, metadata, the rules) is decided item by item.
-pub async fn save_each(engine: &Engine, store: &StoreSpec, items: &[SaveItem]) -> Result<(), DaprError> {
+pub async fn save_each(engine: &Engine, grant: &Grant, store: &StoreSpec, items: &[SaveItem]) -> Result<(), DaprError> {
     for item in items {
         store.engine_key(&item.key)?;
         decode_value(&item.value, &item.metadata)?;
     }
     let mut first = None;
     for item in items {
-        if let Err(e) = save(engine, store, item).await {
+        if let Err(e) = save(engine, grant, store, item).await {
             first.get_or_insert(e);
         }
     }
@@ -457,13 +490,18 @@ pub async fn save_each(engine: &Engine, store: &StoreSpec, items: &[SaveItem]) -
 }
 
 /// Deletes every item, like [`save_each`] (keys are checked before anything is deleted).
-pub async fn delete_each(engine: &Engine, store: &StoreSpec, items: &[DeleteItem]) -> Result<(), DaprError> {
+pub async fn delete_each(
+    engine: &Engine,
+    grant: &Grant,
+    store: &StoreSpec,
+    items: &[DeleteItem],
+) -> Result<(), DaprError> {
     for item in items {
         store.engine_key(&item.key)?;
     }
     let mut first = None;
     for item in items {
-        if let Err(e) = delete(engine, store, item).await {
+        if let Err(e) = delete(engine, grant, store, item).await {
             first.get_or_insert(e);
         }
     }
@@ -604,11 +642,10 @@ fn mismatch(e: EngineError) -> DaprError {
 }
 
 /// Saves one item; returns the new version.
-pub async fn save(engine: &Engine, store: &StoreSpec, item: &SaveItem) -> Result<Hlc, DaprError> {
+pub async fn save(engine: &Engine, grant: &Grant, store: &StoreSpec, item: &SaveItem) -> Result<Hlc, DaprError> {
     let cmd = item.command(store)?;
     let first_write = cmd.condition == SetCondition::IfAbsent;
-    let resp = engine
-        .execute(crate::engine::Command::Set(cmd))
+    let resp = access::execute(engine, grant, crate::engine::Command::Set(cmd))
         .await
         .map_err(mismatch)?;
     match (resp.reply, resp.version) {
@@ -621,11 +658,10 @@ pub async fn save(engine: &Engine, store: &StoreSpec, item: &SaveItem) -> Result
 }
 
 /// Deletes one item; deleting a missing key without an ETag succeeds.
-pub async fn delete(engine: &Engine, store: &StoreSpec, item: &DeleteItem) -> Result<(), DaprError> {
+pub async fn delete(engine: &Engine, grant: &Grant, store: &StoreSpec, item: &DeleteItem) -> Result<(), DaprError> {
     let cmd = item.command(store)?;
     let first_write = cmd.condition == DelCondition::IfAbsent;
-    engine
-        .execute(crate::engine::Command::Del(cmd))
+    access::execute(engine, grant, crate::engine::Command::Del(cmd))
         .await
         .map_err(|e| match e {
             EngineError::VersionMismatch if first_write => {
@@ -637,8 +673,9 @@ pub async fn delete(engine: &Engine, store: &StoreSpec, item: &DeleteItem) -> Re
 }
 
 /// Reads one key of a store.
-pub async fn get(engine: &Engine, store: &StoreSpec, key: &str) -> Result<Option<Entry>, DaprError> {
+pub async fn get(engine: &Engine, grant: &Grant, store: &StoreSpec, key: &str) -> Result<Option<Entry>, DaprError> {
     let key = store.engine_key(key)?;
+    grant.check(Op::Read, &key)?;
     Ok(engine.read(&key).await?)
 }
 
@@ -658,9 +695,11 @@ pub struct KeysPage {
 /// Lists the keys of a store in key order, those whose Dapr key matches `pattern` (the glob
 /// rules of SCAN; all keys when `None`), at most `limit` of them. Like SCAN, one call examines a
 /// bounded number of keys (`examine`), so a rare match may give a short (even empty) page with a
-/// token: callers follow tokens until there is none.
+/// token: callers follow tokens until there is none. Only keys the caller may read are listed,
+/// and a token never names a key the caller may not read (it is sealed then).
 pub async fn list_keys(
     engine: &Engine,
+    grant: &Grant,
     store: &StoreSpec,
     pattern: Option<&str>,
     limit: Option<usize>,
@@ -677,10 +716,11 @@ pub async fn list_keys(
         .map(|p| glob::Pattern::new(p).map_err(|e| DaprError::Malformed(format!("pattern {p:?}: {e}"))))
         .transpose()?;
     let prefix = store.key_prefix();
+    let readable = grant.read_filter();
     let mut after = match token {
         Some(t) => {
-            let key = hex::decode(t)
-                .ok()
+            let key = grant
+                .open_position(t.as_bytes())
                 .filter(|k| k.starts_with(&prefix) && k.len() > prefix.len())
                 .ok_or_else(|| DaprError::Malformed(format!("invalid token {t:?}")))?;
             Some(Bytes::from(key))
@@ -699,7 +739,8 @@ pub async fn list_keys(
                 continue;
             }
             let name = store.dapr_key(&key);
-            if pattern.as_ref().is_none_or(|p| p.matches(&name)) {
+            let shown = readable.as_ref().is_none_or(|f| f.keeps(&key));
+            if shown && pattern.as_ref().is_none_or(|p| p.matches(&name)) {
                 keys.push(name);
             }
             after = Some(key);
@@ -716,14 +757,22 @@ pub async fn list_keys(
             None => {}
         }
     }
-    Ok(KeysPage {
-        keys,
-        token: after.map(|k| hex::encode_upper(&k)),
-    })
+    let token = match after {
+        Some(k) => Some(grant.position_token(readable.as_ref(), &k)?),
+        None => None,
+    };
+    Ok(KeysPage { keys, token })
 }
 
 /// Runs a transaction: all operations in order, or none.
-pub async fn transact(engine: &Engine, store: &StoreSpec, items: &[TxItem], max_ops: usize) -> Result<(), DaprError> {
+/// Every key must be writable by the caller, or nothing is done.
+pub async fn transact(
+    engine: &Engine,
+    grant: &Grant,
+    store: &StoreSpec,
+    items: &[TxItem],
+    max_ops: usize,
+) -> Result<(), DaprError> {
     if items.len() > max_ops {
         return Err(DaprError::TooManyOperations {
             got: items.len(),
@@ -737,6 +786,13 @@ pub async fn transact(engine: &Engine, store: &StoreSpec, items: &[TxItem], max_
             TxItem::Delete(d) => TxOp::Del(d.command(store)?),
         });
     }
+    grant.check_all(
+        Op::Write,
+        ops.iter().map(|op| match op {
+            TxOp::Set(s) => &s.key[..],
+            TxOp::Del(d) => &d.key[..],
+        }),
+    )?;
     engine.transact(ops).await.map_err(mismatch)?;
     Ok(())
 }

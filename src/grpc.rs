@@ -13,6 +13,7 @@ use tonic::service::Interceptor;
 use tonic::transport::Server;
 use tonic::{Request, Status};
 
+use crate::access::{Access, Grant};
 use crate::dapr::StoreSpec;
 use crate::engine::Engine;
 use crate::http::HttpSettings;
@@ -59,22 +60,33 @@ use pb::statestore::v1 as npb;
 /// Largest gRPC message accepted, bytes (values up to the engine's limit fit).
 const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
-/// Checks `dapr-api-token` when a token is configured (health and reflection stay open).
+/// Who is calling: checks `dapr-api-token` when tokens are configured, takes one request from
+/// the caller's rate, and hands the caller's [`Grant`] to the service in the request's
+/// extensions (health and reflection stay open).
 #[derive(Clone)]
-struct TokenCheck(Option<Arc<str>>);
+struct Identify(Access);
 
-impl Interceptor for TokenCheck {
-    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
-        let Some(token) = &self.0 else {
-            return Ok(req);
-        };
+impl Interceptor for Identify {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
         let given = req.metadata().get("dapr-api-token").and_then(|v| v.to_str().ok());
-        if crate::access::token_matches(token, given) {
-            Ok(req)
-        } else {
-            Err(Status::unauthenticated("invalid api token"))
-        }
+        let principal = self
+            .0
+            .identify_token(given)
+            .map_err(|_| Status::unauthenticated("invalid api token"))?;
+        self.0
+            .admit(&principal)
+            .map_err(|e| error::from_engine(error::Surface::Native, e))?;
+        req.extensions_mut().insert(self.0.grant(principal));
+        Ok(req)
     }
+}
+
+/// The caller's permissions, as [`Identify`] found them.
+fn grant_of<T>(req: &Request<T>) -> Result<Grant, Status> {
+    req.extensions()
+        .get::<Grant>()
+        .cloned()
+        .ok_or_else(|| Status::internal("no caller identity"))
 }
 
 /// Reflection over every descriptor (so any message can be described) that lists only the
@@ -143,10 +155,13 @@ pub async fn serve_tcp(
     health_reporter
         .set_serving::<rpb::dapr_server::DaprServer<runtime::Runtime>>()
         .await;
-    let check = TokenCheck(settings.api_token.as_deref().map(Arc::from));
-    let native = npb::state_store_server::StateStoreServer::new(native::Native { engine: engine.clone() })
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let check = Identify(settings.access.clone());
+    let native = npb::state_store_server::StateStoreServer::new(native::Native {
+        engine: engine.clone(),
+        access: settings.access.clone(),
+    })
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let runtime = rpb::dapr_server::DaprServer::new(runtime::Runtime { engine, settings })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);

@@ -49,6 +49,8 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{0}")]
+    Access(#[from] access::FileError),
     #[error("binding the HTTP door to {addr}: {source}")]
     HttpBind {
         addr: SocketAddr,
@@ -70,6 +72,7 @@ enum MqttDoor {
 /// A running service: its engine, its doors and their background tasks.
 pub struct Running {
     engine: Engine,
+    access: access::Access,
     mqtt_addr: (String, u16),
     mqtt: MqttDoor,
     #[cfg(feature = "embedded-broker")]
@@ -95,7 +98,15 @@ pub async fn start(config: Config, store: Store) -> Result<Running, StartError> 
 
 /// [`start`] with the clock every version, deadline and log record uses (open `store` with the
 /// same one: [`Store::open_with_clock`]). Tests move a manual clock instead of waiting.
-pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::Clock>) -> Result<Running, StartError> {
+pub async fn start_with_clock(
+    mut config: Config,
+    store: Store,
+    clock: Arc<dyn hlc::Clock>,
+) -> Result<Running, StartError> {
+    // One access handle for every door: tokens, rules and limits are decided in one place.
+    let access = access::Access::load(&config.access, config.http.api_token.as_deref())?;
+    config.http.access = access.clone();
+    config.mqtt.access = access.clone();
     let engine = Engine::open(store, &config.node_id, clock, config.limits.clone()).await?;
     let (stop, stop_rx) = watch::channel(false);
 
@@ -107,8 +118,13 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
         #[cfg(feature = "embedded-broker")]
         BrokerChoice::Embedded { listen, client_path } => {
             let on_disconnect: mqtt::broker::OnDisconnect = {
-                let engine = engine.clone();
+                // rmqtt keeps its hooks after the broker stops: a strong handle here would keep
+                // the engine (and its storage, locked) alive after shutdown.
+                let engine = engine.downgrade();
                 Arc::new(move |client: &str, session: u64| {
+                    let Some(engine) = engine.upgrade() else {
+                        return;
+                    };
                     let n = engine.drop_client(client, Some(session));
                     if n > 0 {
                         tracing::debug!(
@@ -125,12 +141,17 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
                     max_packet_bytes: config.mqtt.max_packet_bytes,
                     receive_maximum: 1024,
                     default_message_expiry: None,
+                    guard: Some(mqtt::brokerauth::BrokerGuard {
+                        access: access.clone(),
+                        service_id: config.mqtt.client_id.clone(),
+                        client_path: *client_path,
+                    }),
                 },
                 on_disconnect,
             )
             .await?;
             let addr = b.local_addr();
-            if !addr.ip().is_loopback() {
+            if !addr.ip().is_loopback() && !access.mqtt_auth_required() {
                 tracing::warn!(%addr, "the embedded MQTT broker listens beyond loopback, without authentication");
             }
             tracing::info!(%addr, "embedded MQTT broker listening");
@@ -199,7 +220,7 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
         None => (None, None),
         Some((listener, bound)) => {
             if !bound.ip().is_loopback() {
-                tracing::warn!(%bound, token = config.http.api_token.is_some(), "the HTTP door listens beyond loopback");
+                tracing::warn!(%bound, token = access.tokens_required(), "the HTTP door listens beyond loopback");
             }
             tracing::info!(%bound, "HTTP door (Dapr state API) listening");
             if config.http.ui {
@@ -225,7 +246,7 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
         None => None,
         Some((listener, bound)) => {
             if !bound.ip().is_loopback() {
-                tracing::warn!(%bound, token = config.http.api_token.is_some(), "the gRPC door listens beyond loopback");
+                tracing::warn!(%bound, token = access.tokens_required(), "the gRPC door listens beyond loopback");
             }
             tracing::info!(%bound, "gRPC door (statestore.v1, Dapr runtime) listening");
             let (engine, settings, mut stop_rx) = (engine.clone(), dapr_settings.clone(), stop_rx.clone());
@@ -259,11 +280,10 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
         #[cfg(feature = "embedded-broker")]
         match &broker {
             Some(b) => {
-                let door = Arc::new(mqtt::door::Door::new(
-                    engine.clone(),
-                    config.mqtt.client_id.clone(),
-                    config.mqtt.door.clone(),
-                ));
+                let door = Arc::new(
+                    mqtt::door::Door::new(engine.clone(), config.mqtt.client_id.clone(), config.mqtt.door.clone())
+                        .with_access(access.clone()),
+                );
                 tracing::info!("serving the state store inside the embedded broker");
                 MqttDoor::InBroker(b.serve_in_broker(door).await)
             }
@@ -282,6 +302,7 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
     drop(stop_rx);
     Ok(Running {
         engine,
+        access,
         mqtt_addr: (host, port),
         mqtt,
         #[cfg(feature = "embedded-broker")]
@@ -374,6 +395,12 @@ fn connect_host(addr: SocketAddr) -> String {
 impl Running {
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// Tokens, rules and limits in force; [`access::Access::reload`] re-reads their files
+    /// (what SIGHUP does).
+    pub fn access(&self) -> &access::Access {
+        &self.access
     }
 
     /// The broker the MQTT door uses (the embedded one's real address when it runs).

@@ -18,6 +18,7 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 
 use super::{DaprError, ENCODING_METADATA, MAX_LIST_LIMIT, StoreSpec, list_keys, ttl_metadata};
+use crate::access::{Grant, Op};
 use crate::engine::{Change, ChangeKind, Engine, Entry};
 use crate::hlc::Hlc;
 
@@ -69,30 +70,36 @@ pub fn item_of_change(change: &Change) -> ConfigItem {
     }
 }
 
-/// The items of `keys` (missing keys are left out), or of every key of the store when `keys`
-/// is empty. More than `max_keys` keys, named or in the store, is refused before any value is
-/// read; so is any key that is not valid.
+/// The items of `keys` (missing keys are left out), or of every key of the store the caller may
+/// read when `keys` is empty. More than `max_keys` keys, named or in the store, is refused
+/// before any value is read; so is any key that is not valid, and a named key the caller may
+/// not read (a configuration item has no per-item error; the caller named it, nothing leaks).
 pub async fn get(
     engine: &Engine,
+    grant: &Grant,
     store: &StoreSpec,
     keys: Vec<String>,
     max_keys: usize,
     examine: usize,
 ) -> Result<Vec<(String, ConfigItem)>, DaprError> {
-    let keys = if keys.is_empty() {
-        all_keys(engine, store, max_keys, examine).await?
-    } else {
+    let named = !keys.is_empty();
+    let keys = if named {
         if keys.len() > max_keys {
             return Err(DaprError::Malformed(format!(
                 "a configuration get may name at most {max_keys} keys"
             )));
         }
         keys
+    } else {
+        all_keys(engine, grant, store, max_keys, examine).await?
     };
     let engine_keys = keys
         .iter()
         .map(|k| store.engine_key(k))
         .collect::<Result<Vec<_>, _>>()?;
+    if named {
+        grant.check_all(Op::Read, engine_keys.iter().map(|k| &k[..]))?;
+    }
     let mut out = Vec::with_capacity(keys.len());
     for (key, engine_key) in keys.into_iter().zip(engine_keys) {
         if let Some(entry) = engine.read(&engine_key).await? {
@@ -105,6 +112,7 @@ pub async fn get(
 /// Every key of the store, page by page, refusing once there are more than `max_keys`.
 async fn all_keys(
     engine: &Engine,
+    grant: &Grant,
     store: &StoreSpec,
     max_keys: usize,
     examine: usize,
@@ -112,7 +120,16 @@ async fn all_keys(
     let mut keys = Vec::new();
     let mut token: Option<String> = None;
     loop {
-        let page = list_keys(engine, store, None, Some(MAX_LIST_LIMIT), token.as_deref(), examine).await?;
+        let page = list_keys(
+            engine,
+            grant,
+            store,
+            None,
+            Some(MAX_LIST_LIMIT),
+            token.as_deref(),
+            examine,
+        )
+        .await?;
         keys.extend(page.keys);
         if keys.len() > max_keys {
             return Err(DaprError::Malformed(format!(

@@ -16,6 +16,7 @@
 use bytes::Bytes;
 
 use super::{DaprError, StoreSpec};
+use crate::access::{self, Grant};
 use crate::engine::{Command, Engine, Reply, Set, SetCondition, VDel};
 use crate::hlc::Hlc;
 
@@ -62,8 +63,8 @@ fn check(store: &StoreSpec, resource_id: &str, owner: &str) -> Result<Bytes, Dap
     store.engine_key(resource_id)
 }
 
-/// Takes the lock if no one holds it.
-pub async fn try_lock(engine: &Engine, store: &StoreSpec, req: &TryLock) -> Result<Locked, DaprError> {
+/// Takes the lock if no one holds it (a write of the lock's key: the caller needs `write`).
+pub async fn try_lock(engine: &Engine, grant: &Grant, store: &StoreSpec, req: &TryLock) -> Result<Locked, DaprError> {
     if req.expiry_in_seconds <= 0 {
         return Err(DaprError::Malformed(format!(
             "ExpiryInSeconds is not positive in lock store {}",
@@ -79,7 +80,7 @@ pub async fn try_lock(engine: &Engine, store: &StoreSpec, req: &TryLock) -> Resu
         timestamp: None,
         fencing: None,
     };
-    let resp = engine.execute(Command::Set(set)).await?;
+    let resp = access::execute(engine, grant, Command::Set(set)).await?;
     Ok(match (resp.reply, resp.version) {
         (Reply::Ok, Some(version)) => Locked {
             success: true,
@@ -95,6 +96,7 @@ pub async fn try_lock(engine: &Engine, store: &StoreSpec, req: &TryLock) -> Resu
 /// Releases the lock if `owner` holds it.
 pub async fn unlock(
     engine: &Engine,
+    grant: &Grant,
     store: &StoreSpec,
     resource_id: &str,
     owner: &str,
@@ -105,7 +107,7 @@ pub async fn unlock(
         value: Bytes::copy_from_slice(owner.as_bytes()),
         fencing: None,
     };
-    let resp = engine.execute(Command::VDel(vdel)).await?;
+    let resp = access::execute(engine, grant, Command::VDel(vdel)).await?;
     Ok(match resp.reply {
         Reply::Int(1) => UnlockStatus::Success,
         Reply::NotApplied => UnlockStatus::LockBelongsToOthers,

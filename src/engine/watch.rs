@@ -40,7 +40,7 @@ use bytes::Bytes;
 use futures_util::Stream;
 
 use super::feed::{FeedEvent, FeedReader};
-use super::{Engine, EngineError, Entry};
+use super::{Engine, EngineError, Entry, KeyFilter};
 use crate::hlc::Hlc;
 
 /// Which keys a watcher wants: any of `keys`, or any name matching one of `patterns`; every
@@ -84,17 +84,27 @@ impl Selector {
     }
 }
 
-/// Whether a watcher wants an engine key.
-pub type KeyFilter = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
-
 /// What a watch covers.
 #[derive(Clone)]
 pub struct WatchSpec {
+    /// Whether the watcher wants an engine key (and may read it): changes and snapshot items
+    /// of other keys are never sent.
     pub wanted: KeyFilter,
     /// Every wanted key starts with this (it bounds a snapshot's scan; empty: any key).
     pub prefix: Bytes,
     /// The keys, when the watcher named keys and nothing else: a snapshot reads only these.
     pub only: Option<Vec<Bytes>>,
+}
+
+impl WatchSpec {
+    /// The same watch, narrowed to the keys `also` keeps too (e.g. the keys a caller may read).
+    pub fn and(self, also: impl Fn(&[u8]) -> bool + Send + Sync + 'static) -> WatchSpec {
+        let wanted = self.wanted;
+        WatchSpec {
+            wanted: KeyFilter::new(move |k| wanted.keeps(k) && also(k)),
+            ..self
+        }
+    }
 }
 
 impl std::fmt::Debug for WatchSpec {
@@ -291,7 +301,7 @@ impl Watcher {
                 continue;
             }
             match self.reader.recv().await {
-                Ok(event) if (self.spec.wanted)(&event.change.key) => {
+                Ok(event) if self.spec.wanted.keeps(&event.change.key) => {
                     return Some(WatchItem::Change { event, resumable: true });
                 }
                 Ok(_) => {}
@@ -332,7 +342,7 @@ impl Watcher {
                 None => break,
                 Some(Err(lag)) => return Step::End(WatchItem::Overflow { missed: lag.missed }),
                 Some(Ok(event)) => {
-                    if (self.spec.wanted)(&event.change.key) && page.is_news(&event) {
+                    if self.spec.wanted.keeps(&event.change.key) && page.is_news(&event) {
                         return Step::Item(WatchItem::Change {
                             event,
                             resumable: false,
@@ -357,7 +367,7 @@ impl Watcher {
     async fn open_page(&self, covered: Option<Bytes>) -> Result<Page, WatchItem> {
         if let Some(keys) = &self.spec.only {
             // Every wanted key is read (and so observed): no scan, one page.
-            let keys: BTreeSet<Bytes> = keys.iter().cloned().collect();
+            let keys: BTreeSet<Bytes> = keys.iter().filter(|k| self.spec.wanted.keeps(k)).cloned().collect();
             return Ok(Page {
                 lower: None,
                 upper: None,
@@ -381,7 +391,7 @@ impl Watcher {
                 lower.as_deref(),
                 engine.0.limits.scan_page.max(1),
                 engine.now_ms(),
-                &*self.spec.wanted,
+                &|k: &[u8]| self.spec.wanted.keeps(k),
             )
             .await
             .map_err(|e| WatchItem::Failed(e.into()))?;
@@ -397,7 +407,7 @@ impl Watcher {
             .keys_between(before_scan, settled)
             .map_err(|lag| WatchItem::Overflow { missed: lag.missed })?;
         for key in changed {
-            if in_page(&key) && (self.spec.wanted)(&key) {
+            if in_page(&key) && self.spec.wanted.keeps(&key) {
                 to_read.insert(key);
             }
         }

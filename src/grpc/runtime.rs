@@ -8,6 +8,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::error::{Surface, from_dapr};
+use super::grant_of;
 use super::pb::dapr::proto::common::v1 as common;
 use super::pb::dapr::proto::runtime::v1 as pb;
 use crate::dapr::{self, DaprError, DeleteItem, SaveItem, TxItem, query};
@@ -65,10 +66,11 @@ impl Runtime {
 #[tonic::async_trait]
 impl pb::dapr_server::Dapr for Runtime {
     async fn get_state(&self, req: Request<pb::GetStateRequest>) -> Result<Response<pb::GetStateResponse>, Status> {
+        let grant = grant_of(&req)?;
         let r = req.into_inner();
         let store = self.store(&r.store_name)?;
         dapr::consistency_from_proto(r.consistency).map_err(err)?;
-        let entry = dapr::get(&self.engine, store, &r.key).await.map_err(err)?;
+        let entry = dapr::get(&self.engine, &grant, store, &r.key).await.map_err(err)?;
         Ok(Response::new(match entry {
             None => pb::GetStateResponse::default(),
             Some(e) => pb::GetStateResponse {
@@ -83,9 +85,10 @@ impl pb::dapr_server::Dapr for Runtime {
         &self,
         req: Request<pb::GetBulkStateRequest>,
     ) -> Result<Response<pb::GetBulkStateResponse>, Status> {
+        let grant = grant_of(&req)?;
         let r = req.into_inner();
         let store = self.store(&r.store_name)?;
-        let entries = dapr::bulk_get(&self.engine, store, r.keys, self.settings.max_bulk_keys)
+        let entries = dapr::bulk_get(&self.engine, &grant, store, r.keys, self.settings.max_bulk_keys)
             .await
             .map_err(err)?;
         let items = entries
@@ -100,6 +103,7 @@ impl pb::dapr_server::Dapr for Runtime {
                 },
                 None => pb::BulkStateItem {
                     key: b.key,
+                    error: b.error.unwrap_or_default(),
                     ..Default::default()
                 },
             })
@@ -108,6 +112,7 @@ impl pb::dapr_server::Dapr for Runtime {
     }
 
     async fn save_state(&self, req: Request<pb::SaveStateRequest>) -> Result<Response<()>, Status> {
+        let grant = grant_of(&req)?;
         let r = req.into_inner();
         let store = self.store(&r.store_name)?;
         let items = r
@@ -116,7 +121,9 @@ impl pb::dapr_server::Dapr for Runtime {
             .map(save_item)
             .collect::<Result<Vec<_>, _>>()
             .map_err(err)?;
-        dapr::save_each(&self.engine, store, &items).await.map_err(err)?;
+        dapr::save_each(&self.engine, &grant, store, &items)
+            .await
+            .map_err(err)?;
         Ok(Response::new(()))
     }
 
@@ -124,12 +131,13 @@ impl pb::dapr_server::Dapr for Runtime {
         &self,
         req: Request<pb::QueryStateRequest>,
     ) -> Result<Response<pb::QueryStateResponse>, Status> {
+        let grant = grant_of(&req)?;
         let r = req.into_inner();
         let store = self.store(&r.store_name)?;
         let q: serde_json::Value = serde_json::from_str(&r.query)
             .map_err(|e| Status::invalid_argument(format!("failed parsing query: {e}")))?;
         let q = query::Query::parse(&q).map_err(err)?;
-        let page = query::run(&self.engine, store, &q).await.map_err(err)?;
+        let page = query::run(&self.engine, &grant, store, &q).await.map_err(err)?;
         Ok(Response::new(pb::QueryStateResponse {
             results: page
                 .rows
@@ -147,6 +155,7 @@ impl pb::dapr_server::Dapr for Runtime {
     }
 
     async fn delete_state(&self, req: Request<pb::DeleteStateRequest>) -> Result<Response<()>, Status> {
+        let grant = grant_of(&req)?;
         let r = req.into_inner();
         let store = self.store(&r.store_name)?;
         let item = delete_item(common::StateItem {
@@ -157,11 +166,12 @@ impl pb::dapr_server::Dapr for Runtime {
             options: r.options,
         })
         .map_err(err)?;
-        dapr::delete(&self.engine, store, &item).await.map_err(err)?;
+        dapr::delete(&self.engine, &grant, store, &item).await.map_err(err)?;
         Ok(Response::new(()))
     }
 
     async fn delete_bulk_state(&self, req: Request<pb::DeleteBulkStateRequest>) -> Result<Response<()>, Status> {
+        let grant = grant_of(&req)?;
         let r = req.into_inner();
         let store = self.store(&r.store_name)?;
         let items = r
@@ -170,7 +180,9 @@ impl pb::dapr_server::Dapr for Runtime {
             .map(delete_item)
             .collect::<Result<Vec<_>, _>>()
             .map_err(err)?;
-        dapr::delete_each(&self.engine, store, &items).await.map_err(err)?;
+        dapr::delete_each(&self.engine, &grant, store, &items)
+            .await
+            .map_err(err)?;
         Ok(Response::new(()))
     }
 
@@ -179,6 +191,7 @@ impl pb::dapr_server::Dapr for Runtime {
         req: Request<pb::ExecuteStateTransactionRequest>,
     ) -> Result<Response<()>, Status> {
         let tx = Surface::Runtime { transaction: true };
+        let grant = grant_of(&req)?;
         let r = req.into_inner();
         let store = self.settings.stores.get(&r.store_name).map_err(|e| from_dapr(tx, e))?;
         let mut items = Vec::with_capacity(r.operations.len());
@@ -193,7 +206,7 @@ impl pb::dapr_server::Dapr for Runtime {
                 other => return Err(from_dapr(tx, DaprError::UnsupportedOperation(other.to_owned()))),
             });
         }
-        dapr::transact(&self.engine, store, &items, self.settings.max_transaction_ops)
+        dapr::transact(&self.engine, &grant, store, &items, self.settings.max_transaction_ops)
             .await
             .map_err(|e| from_dapr(tx, e))?;
         Ok(Response::new(()))
@@ -228,14 +241,16 @@ impl pb::dapr_server::Dapr for Runtime {
         &self,
         req: Request<pb::GetConfigurationRequest>,
     ) -> Result<Response<pb::GetConfigurationResponse>, Status> {
-        self.do_get_configuration(req.into_inner()).await
+        let grant = grant_of(&req)?;
+        self.do_get_configuration(&grant, req.into_inner()).await
     }
 
     async fn get_configuration(
         &self,
         req: Request<pb::GetConfigurationRequest>,
     ) -> Result<Response<pb::GetConfigurationResponse>, Status> {
-        self.do_get_configuration(req.into_inner()).await
+        let grant = grant_of(&req)?;
+        self.do_get_configuration(&grant, req.into_inner()).await
     }
 
     type SubscribeConfigurationAlpha1Stream = blocks::ConfigurationStream;
@@ -244,7 +259,8 @@ impl pb::dapr_server::Dapr for Runtime {
         &self,
         req: Request<pb::SubscribeConfigurationRequest>,
     ) -> Result<Response<Self::SubscribeConfigurationAlpha1Stream>, Status> {
-        self.do_subscribe_configuration(req.into_inner()).await
+        let grant = grant_of(&req)?;
+        self.do_subscribe_configuration(grant, req.into_inner()).await
     }
 
     type SubscribeConfigurationStream = blocks::ConfigurationStream;
@@ -253,7 +269,8 @@ impl pb::dapr_server::Dapr for Runtime {
         &self,
         req: Request<pb::SubscribeConfigurationRequest>,
     ) -> Result<Response<Self::SubscribeConfigurationStream>, Status> {
-        self.do_subscribe_configuration(req.into_inner()).await
+        let grant = grant_of(&req)?;
+        self.do_subscribe_configuration(grant, req.into_inner()).await
     }
 
     async fn unsubscribe_configuration_alpha1(
@@ -271,10 +288,12 @@ impl pb::dapr_server::Dapr for Runtime {
     }
 
     async fn try_lock_alpha1(&self, req: Request<pb::TryLockRequest>) -> Result<Response<pb::TryLockResponse>, Status> {
-        self.do_try_lock(req.into_inner()).await
+        let grant = grant_of(&req)?;
+        self.do_try_lock(&grant, req.into_inner()).await
     }
 
     async fn unlock_alpha1(&self, req: Request<pb::UnlockRequest>) -> Result<Response<pb::UnlockResponse>, Status> {
-        self.do_unlock(req.into_inner()).await
+        let grant = grant_of(&req)?;
+        self.do_unlock(&grant, req.into_inner()).await
     }
 }

@@ -16,7 +16,8 @@ use tokio_stream::StreamExt;
 use super::dto::{self, ConfigurationItem, ConfigurationUpdate};
 use super::error::{ApiError, ErrorBody, Op};
 use super::sse::{KEEP_ALIVE, flag, start_of};
-use super::{AppState, DaprPath, DaprQuery};
+use super::{AppState, Caller, DaprPath, DaprQuery};
+use crate::access::Op as AccessOp;
 use crate::dapr::configuration::{self as config, ConfigItem};
 use crate::engine::watch::WatchItem;
 
@@ -62,6 +63,7 @@ fn keys_of(params: &[(String, String)], extra: &[&str]) -> Result<Vec<String>, A
 )]
 pub async fn get_configuration(
     State(st): State<AppState>,
+    Caller(grant): Caller,
     DaprPath(store): DaprPath<String>,
     DaprQuery(params): DaprQuery,
 ) -> Result<Response, ApiError> {
@@ -69,6 +71,7 @@ pub async fn get_configuration(
     let keys = keys_of(&params, &[])?;
     let items = config::get(
         &st.engine,
+        &grant,
         store,
         keys,
         st.settings.max_bulk_keys,
@@ -120,6 +123,7 @@ fn json_event(name: &str, body: &impl serde::Serialize) -> Event {
 )]
 pub async fn subscribe_configuration(
     State(st): State<AppState>,
+    Caller(grant): Caller,
     DaprPath(store): DaprPath<String>,
     DaprQuery(params): DaprQuery,
     headers: HeaderMap,
@@ -139,7 +143,16 @@ pub async fn subscribe_configuration(
         crate::engine::watch::Start::Live | crate::engine::watch::Start::Snapshot => String::new(),
     };
     let engine_keys = config::subscription_keys(&store, &keys).map_err(|e| ApiError::from_dapr(op, e))?;
-    let watch = store.watch(engine_keys, &[]).map_err(|e| ApiError::from_dapr(op, e))?;
+    let slot = st
+        .settings
+        .access
+        .open_stream(grant.principal())
+        .map_err(|e| ApiError::from_engine(op, e))?;
+    // Only keys the caller may read, by the rules in force when each is sent.
+    let watch = store
+        .watch(engine_keys, &[])
+        .map_err(|e| ApiError::from_dapr(op, e))?
+        .and(move |k| grant.may(AccessOp::Read, k));
     let subscription = st.settings.subscriptions.open();
     let id = subscription.id().to_owned();
     let first = json_event(
@@ -190,12 +203,16 @@ pub async fn subscribe_configuration(
             )
         }
     });
-    // The subscription lives as long as the stream; unsubscribe ends it.
+    // The subscription lives as long as the stream (as does its slot of the caller's stream
+    // limit); unsubscribe ends it.
     let stream = futures_util::stream::once(async move { first })
         .chain(futures_util::StreamExt::take_until(events, async move {
             subscription.stopped().await
         }))
-        .map(Ok);
+        .map(move |e| {
+            let _open = &slot;
+            Ok(e)
+        });
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
 }
 

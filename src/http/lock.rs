@@ -7,20 +7,26 @@ use axum::response::{IntoResponse, Response};
 
 use super::dto;
 use super::error::{ApiError, ErrorBody, Op};
-use super::{AppState, Body, DaprPath};
+use super::{AppState, Body, Caller, DaprPath};
 use crate::dapr::lock::{self, TryLock};
 
 /// The response header (and gRPC response metadata) carrying a lock's fencing token.
 pub const FENCING_TOKEN_HEADER: &str = "metadata.fencingToken";
 
-/// A body as daprd reads it: empty is every field at its default.
+/// A body as daprd reads it (protojson): empty or `null` is every field at its default;
+/// anything else must be a JSON object (serde would also read a struct from an array, by
+/// position).
 fn body<T: serde::de::DeserializeOwned + Default>(raw: &[u8]) -> Result<T, ApiError> {
-    if raw.iter().all(u8::is_ascii_whitespace) {
+    let raw = raw.trim_ascii();
+    if raw.is_empty() || raw == b"null" {
         return Ok(T::default());
     }
-    serde_json::from_slice::<Option<T>>(raw)
-        .map(Option::unwrap_or_default)
-        .map_err(|e| ApiError::malformed(format!("failed to parse the request body: {e}")))
+    if raw.first() != Some(&b'{') {
+        return Err(ApiError::malformed(
+            "failed to parse the request body: expected a JSON object",
+        ));
+    }
+    serde_json::from_slice(raw).map_err(|e| ApiError::malformed(format!("failed to parse the request body: {e}")))
 }
 
 /// Try to take a lock: `{resourceId, lockOwner, expiryInSeconds}` -> `{"success": bool}`. The
@@ -46,6 +52,7 @@ fn body<T: serde::de::DeserializeOwned + Default>(raw: &[u8]) -> Result<T, ApiEr
 )]
 pub async fn try_lock(
     State(st): State<AppState>,
+    Caller(grant): Caller,
     DaprPath(store): DaprPath<String>,
     Body(raw): Body,
 ) -> Result<Response, ApiError> {
@@ -56,7 +63,7 @@ pub async fn try_lock(
         owner: req.lock_owner.unwrap_or_default(),
         expiry_in_seconds: req.expiry_in_seconds,
     };
-    let locked = lock::try_lock(&st.engine, store, &req)
+    let locked = lock::try_lock(&st.engine, &grant, store, &req)
         .await
         .map_err(|e| ApiError::from_dapr(Op::TryLock, e))?;
     let mut headers = HeaderMap::new();
@@ -89,6 +96,7 @@ pub async fn try_lock(
 )]
 pub async fn unlock(
     State(st): State<AppState>,
+    Caller(grant): Caller,
     DaprPath(store): DaprPath<String>,
     Body(raw): Body,
 ) -> Result<axum::Json<dto::UnlockResponse>, ApiError> {
@@ -96,6 +104,7 @@ pub async fn unlock(
     let req: dto::UnlockRequest = body(&raw)?;
     let status = lock::unlock(
         &st.engine,
+        &grant,
         store,
         req.resource_id.as_deref().unwrap_or_default(),
         req.lock_owner.as_deref().unwrap_or_default(),

@@ -14,7 +14,8 @@ use tokio_stream::StreamExt;
 
 use super::dto::{ChangeEvent, ResetEvent, SyncedEvent};
 use super::error::{ApiError, ErrorBody, Op};
-use super::{AppState, DaprPath, DaprQuery};
+use super::{AppState, Caller, DaprPath, DaprQuery};
+use crate::access::Op as AccessOp;
 use crate::dapr::{self, StoreSpec};
 use crate::engine::watch::{Start, WatchItem};
 use crate::engine::{ChangeKind, Entry};
@@ -191,6 +192,7 @@ fn snapshot_event(store: &StoreSpec, key: &[u8], entry: &Entry, base64: bool) ->
 )]
 pub async fn subscribe(
     State(st): State<AppState>,
+    Caller(grant): Caller,
     DaprPath(store): DaprPath<String>,
     DaprQuery(params): DaprQuery,
     headers: HeaderMap,
@@ -223,12 +225,20 @@ pub async fn subscribe(
         Start::After(v) => Some(v.to_string()),
         Start::Live | Start::Snapshot => None,
     };
+    let slot = st
+        .settings
+        .access
+        .open_stream(grant.principal())
+        .map_err(|e| ApiError::from_engine(Op::Subscribe, e))?;
+    // Only keys the caller may read, by the rules in force when each is sent.
     let watch = spec
         .watch(keys, &patterns)
-        .map_err(|e| ApiError::from_dapr(Op::Subscribe, e))?;
-    let stream = st
-        .engine
-        .watch(watch, start)
-        .map(move |item| Ok(to_event(&spec, item, base64, &asked)));
+        .map_err(|e| ApiError::from_dapr(Op::Subscribe, e))?
+        .and(move |k| grant.may(AccessOp::Read, k));
+    let stream = st.engine.watch(watch, start).map(move |item| {
+        // The stream holds its slot of the caller's stream limit until it ends.
+        let _open = &slot;
+        Ok(to_event(&spec, item, base64, &asked))
+    });
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
 }

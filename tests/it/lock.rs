@@ -2,14 +2,13 @@
 //! the fencing token (HTTP header, gRPC metadata) stopping a stale holder, and a Dapr lock and
 //! an Azure IoT Operations lease on the same name excluding each other, both ways.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
-use stategate::engine::ChangeKind;
 use stategate::engine::watch::{Start, WatchItem, WatchSpec};
+use stategate::engine::{ChangeKind, KeyFilter};
 use stategate::grpc::pb::dapr::proto::runtime::v1 as rpb;
 use stategate::hlc::Hlc;
 
@@ -22,7 +21,7 @@ const STORE: &str = "lockstore";
 /// Resolves when `key` expires (the service's expiry driver removed it).
 fn expiry_of(env: &TestEnv, key: &'static [u8]) -> impl std::future::Future<Output = ()> + use<> {
     let spec = WatchSpec {
-        wanted: Arc::new(move |k| k == key),
+        wanted: KeyFilter::new(move |k| k == key),
         prefix: Bytes::new(),
         only: Some(vec![Bytes::from_static(key)]),
     };

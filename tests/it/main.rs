@@ -1,5 +1,6 @@
 //! The one integration test binary: real brokers, real ports, real peer clients.
 
+mod access_rules;
 mod aio;
 mod cli;
 mod configuration;
@@ -13,8 +14,10 @@ mod http_fuzz;
 mod inbroker;
 mod lock;
 mod mqtt;
+mod mqtt_auth;
 mod openapi;
 mod pysdk;
 mod redis;
+mod resources;
 mod support;
 mod watch;

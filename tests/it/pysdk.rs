@@ -27,9 +27,7 @@ pub struct PySdk {
 impl PySdk {
     /// Starts the SDK against the service's gRPC and HTTP doors; returns once it is connected.
     pub async fn start(env: &TestEnv) -> PySdk {
-        let python = tokio::task::spawn_blocking(crate::grpc::dapr_sdk_python)
-            .await
-            .expect("venv");
+        let python = crate::grpc::dapr_sdk_python().await;
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/dapr_sdk_repl.py");
         let mut child = Command::new(python)
             .arg(script)

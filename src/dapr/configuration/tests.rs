@@ -1,6 +1,7 @@
 use std::sync::Arc;
 
 use super::*;
+use crate::access::Grant;
 use crate::engine::{Command, Limits, Set, SetCondition};
 use crate::hlc::ManualClock;
 use crate::storage::Store;
@@ -39,7 +40,9 @@ async fn get_named_keys_and_every_key() {
     set(&e, "b", b"\xff\x00", None).await;
     set(&e, "other||c", b"x", None).await;
     let s = store("configstore");
-    let got = get(&e, &s, vec!["a".into(), "missing".into()], 10, 100).await.unwrap();
+    let got = get(&e, &Grant::all(), &s, vec!["a".into(), "missing".into()], 10, 100)
+        .await
+        .unwrap();
     assert_eq!(got.len(), 1, "a missing key is left out");
     let (key, a) = &got[0];
     assert_eq!(key, "a");
@@ -47,12 +50,14 @@ async fn get_named_keys_and_every_key() {
     assert_eq!(a.version, v.to_string());
     assert_eq!(a.metadata["ttlExpireTime"], crate::dapr::rfc3339(1_005_000));
     // Every key of the store: not the keys of prefixed stores.
-    let all = get(&e, &s, vec![], 10, 100).await.unwrap();
+    let all = get(&e, &Grant::all(), &s, vec![], 10, 100).await.unwrap();
     let names: Vec<_> = all.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(names, ["a", "b"]);
     assert_eq!(all[1].1.value, "/wA=");
     assert_eq!(all[1].1.metadata[ENCODING_METADATA], "base64");
-    let prefixed = get(&e, &store("cfg=other"), vec![], 10, 100).await.unwrap();
+    let prefixed = get(&e, &Grant::all(), &store("cfg=other"), vec![], 10, 100)
+        .await
+        .unwrap();
     assert_eq!(prefixed.len(), 1);
     assert_eq!(prefixed[0].0, "c");
 }
@@ -64,13 +69,19 @@ async fn get_is_bounded() {
         set(&e, &format!("k{i}"), b"1", None).await;
     }
     let s = store("configstore");
-    assert_eq!(get(&e, &s, vec![], 5, 2).await.unwrap().len(), 5);
-    let err = get(&e, &s, vec![], 4, 2).await.unwrap_err().to_string();
+    assert_eq!(get(&e, &Grant::all(), &s, vec![], 5, 2).await.unwrap().len(), 5);
+    let err = get(&e, &Grant::all(), &s, vec![], 4, 2).await.unwrap_err().to_string();
     assert!(err.contains("more than 4 keys"), "{err}");
     let named = (0..5).map(|i| format!("k{i}")).collect();
-    assert!(matches!(get(&e, &s, named, 4, 2).await, Err(DaprError::Malformed(_))));
+    assert!(matches!(
+        get(&e, &Grant::all(), &s, named, 4, 2).await,
+        Err(DaprError::Malformed(_))
+    ));
     let bad = vec!["k1".into(), "a||b".into()];
-    assert!(matches!(get(&e, &s, bad, 4, 2).await, Err(DaprError::Malformed(_))));
+    assert!(matches!(
+        get(&e, &Grant::all(), &s, bad, 4, 2).await,
+        Err(DaprError::Malformed(_))
+    ));
 }
 
 #[test]

@@ -2,6 +2,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::*;
+use crate::access::Grant;
 use crate::dapr::{SaveItem, save};
 use crate::engine::{EngineError, Limits};
 use crate::hlc::ManualClock;
@@ -33,7 +34,7 @@ fn req(resource: &str, owner: &str, secs: i64) -> TryLock {
 async fn try_lock_excludes_everyone_until_unlock_or_expiry() {
     let (e, clock) = engine().await;
     let s = store();
-    let first = try_lock(&e, &s, &req("job", "a", 10)).await.unwrap();
+    let first = try_lock(&e, &Grant::all(), &s, &req("job", "a", 10)).await.unwrap();
     assert!(first.success);
     let token = first.fencing_token.unwrap();
     // The record is the AIO leased lock's: the owner as the value, the expiry as the deadline.
@@ -41,7 +42,7 @@ async fn try_lock_excludes_everyone_until_unlock_or_expiry() {
     assert_eq!((&held.value[..], held.version.clone()), (&b"a"[..], token.clone()));
     assert_eq!(held.expires_at_ms, Some(T0 + 10_000));
     for owner in ["b", "a"] {
-        let again = try_lock(&e, &s, &req("job", owner, 10)).await.unwrap();
+        let again = try_lock(&e, &Grant::all(), &s, &req("job", owner, 10)).await.unwrap();
         assert_eq!(
             again,
             Locked {
@@ -52,22 +53,30 @@ async fn try_lock_excludes_everyone_until_unlock_or_expiry() {
         );
     }
     assert_eq!(
-        unlock(&e, &s, "job", "b").await.unwrap(),
+        unlock(&e, &Grant::all(), &s, "job", "b").await.unwrap(),
         UnlockStatus::LockBelongsToOthers
     );
-    assert_eq!(unlock(&e, &s, "job", "a").await.unwrap(), UnlockStatus::Success);
     assert_eq!(
-        unlock(&e, &s, "job", "a").await.unwrap(),
+        unlock(&e, &Grant::all(), &s, "job", "a").await.unwrap(),
+        UnlockStatus::Success
+    );
+    assert_eq!(
+        unlock(&e, &Grant::all(), &s, "job", "a").await.unwrap(),
         UnlockStatus::LockDoesNotExist
     );
     // Expiry frees it, and the next holding gets a higher token.
-    assert!(try_lock(&e, &s, &req("job", "b", 1)).await.unwrap().success);
+    assert!(
+        try_lock(&e, &Grant::all(), &s, &req("job", "b", 1))
+            .await
+            .unwrap()
+            .success
+    );
     clock.advance(1_000);
-    let next = try_lock(&e, &s, &req("job", "c", 5)).await.unwrap();
+    let next = try_lock(&e, &Grant::all(), &s, &req("job", "c", 5)).await.unwrap();
     assert!(next.success);
     assert!(next.fencing_token.unwrap() > token);
     assert_eq!(
-        unlock(&e, &s, "job", "b").await.unwrap(),
+        unlock(&e, &Grant::all(), &s, "job", "b").await.unwrap(),
         UnlockStatus::LockBelongsToOthers
     );
 }
@@ -90,13 +99,19 @@ async fn malformed_requests_are_refused_with_daprd_messages() {
         (req("x||y", "a", 1), "can't contain '||'"),
     ];
     for (r, want) in cases {
-        match try_lock(&e, &s, &r).await {
+        match try_lock(&e, &Grant::all(), &s, &r).await {
             Err(DaprError::Malformed(m)) => assert!(m.contains(want), "{m}"),
             other => panic!("{r:?}: {other:?}"),
         }
     }
-    assert!(matches!(unlock(&e, &s, "", "a").await, Err(DaprError::Malformed(_))));
-    assert!(matches!(unlock(&e, &s, "r", "").await, Err(DaprError::Malformed(_))));
+    assert!(matches!(
+        unlock(&e, &Grant::all(), &s, "", "a").await,
+        Err(DaprError::Malformed(_))
+    ));
+    assert!(matches!(
+        unlock(&e, &Grant::all(), &s, "r", "").await,
+        Err(DaprError::Malformed(_))
+    ));
     assert_eq!(e.key_count().await.unwrap(), 0, "nothing was written");
 }
 
@@ -104,8 +119,18 @@ async fn malformed_requests_are_refused_with_daprd_messages() {
 async fn a_prefixed_lock_store_keeps_its_locks_apart() {
     let (e, _) = engine().await;
     let named: StoreSpec = "locks=name".parse().unwrap();
-    assert!(try_lock(&e, &named, &req("job", "a", 10)).await.unwrap().success);
-    assert!(try_lock(&e, &store(), &req("job", "b", 10)).await.unwrap().success);
+    assert!(
+        try_lock(&e, &Grant::all(), &named, &req("job", "a", 10))
+            .await
+            .unwrap()
+            .success
+    );
+    assert!(
+        try_lock(&e, &Grant::all(), &store(), &req("job", "b", 10))
+            .await
+            .unwrap()
+            .success
+    );
     assert!(e.read(&Bytes::from("locks||job")).await.unwrap().is_some());
 }
 
@@ -124,20 +149,22 @@ async fn the_fencing_token_stops_a_stale_holder() {
         concurrency: None,
         consistency: None,
     };
-    let old = try_lock(&e, &locks, &req("job", "a", 1))
+    let old = try_lock(&e, &Grant::all(), &locks, &req("job", "a", 1))
         .await
         .unwrap()
         .fencing_token
         .unwrap();
-    save(&e, &state, &write(&old, "\"a\"")).await.unwrap();
+    save(&e, &Grant::all(), &state, &write(&old, "\"a\"")).await.unwrap();
     clock.advance(1_000);
-    let new = try_lock(&e, &locks, &req("job", "b", 10))
+    let new = try_lock(&e, &Grant::all(), &locks, &req("job", "b", 10))
         .await
         .unwrap()
         .fencing_token
         .unwrap();
-    save(&e, &state, &write(&new, "\"b\"")).await.unwrap();
-    let stale = save(&e, &state, &write(&old, "\"a again\"")).await.unwrap_err();
+    save(&e, &Grant::all(), &state, &write(&new, "\"b\"")).await.unwrap();
+    let stale = save(&e, &Grant::all(), &state, &write(&old, "\"a again\""))
+        .await
+        .unwrap_err();
     assert!(
         matches!(stale, DaprError::Engine(EngineError::FencingTokenLower)),
         "{stale:?}"

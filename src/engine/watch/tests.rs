@@ -10,7 +10,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 
 use super::*;
-use crate::engine::{ChangeKind, Command, Del, DelCondition, FeedLimits, Limits, Set, SetCondition};
+use crate::engine::{ChangeKind, Command, Del, DelCondition, FeedLimits, KeyFilter, Limits, Set, SetCondition};
 use crate::hlc::ManualClock;
 use crate::storage::memory::MemoryBackend;
 use crate::storage::{Backend, KeyPage, Record, StorageError, Store, Swap, SwapOutcome};
@@ -59,7 +59,7 @@ async fn del(e: &Engine, key: &str) {
 
 fn every_key() -> WatchSpec {
     WatchSpec {
-        wanted: Arc::new(|_| true),
+        wanted: KeyFilter::new(|_| true),
         prefix: Bytes::new(),
         only: None,
     }
@@ -163,7 +163,7 @@ async fn live_changes_are_filtered_then_an_overflow_ends_the_stream() {
     };
     let e = engine_with(Store::memory(), 10, feed).await;
     let spec = WatchSpec {
-        wanted: Arc::new(|k| k.starts_with(b"a")),
+        wanted: KeyFilter::new(|k| k.starts_with(b"a")),
         ..every_key()
     };
     let s = e.watch(spec, Start::Live);
@@ -403,7 +403,7 @@ async fn a_snapshot_of_named_keys_reads_only_them() {
     set(&e, "x", "1").await;
     set(&e, "y", "2").await;
     let spec = WatchSpec {
-        wanted: Arc::new(|k| k == b"y" || k == b"missing"),
+        wanted: KeyFilter::new(|k| k == b"y" || k == b"missing"),
         prefix: Bytes::new(),
         only: Some(vec![b("y"), b("missing")]),
     };
@@ -423,7 +423,7 @@ async fn a_prefixed_snapshot_stays_in_its_range() {
         set(&e, k, k).await;
     }
     let spec = WatchSpec {
-        wanted: Arc::new(|k| k.starts_with(b"s||")),
+        wanted: KeyFilter::new(|k| k.starts_with(b"s||")),
         prefix: b("s||"),
         only: None,
     };

@@ -10,6 +10,7 @@ use tonic::metadata::MetadataValue;
 use tonic::{Response, Status};
 
 use super::{Runtime, err};
+use crate::access::{Grant, Op};
 use crate::dapr::configuration::{self as config, ConfigItem};
 use crate::dapr::lock::{self, TryLock};
 use crate::engine::watch::{Start, WatchItem};
@@ -41,14 +42,18 @@ impl Runtime {
             .map_err(err)
     }
 
-    pub(super) async fn do_try_lock(&self, r: pb::TryLockRequest) -> Result<Response<pb::TryLockResponse>, Status> {
+    pub(super) async fn do_try_lock(
+        &self,
+        grant: &Grant,
+        r: pb::TryLockRequest,
+    ) -> Result<Response<pb::TryLockResponse>, Status> {
         let store = self.lock_store(&r.store_name)?;
         let req = TryLock {
             resource_id: r.resource_id,
             owner: r.lock_owner,
             expiry_in_seconds: i64::from(r.expiry_in_seconds),
         };
-        let locked = lock::try_lock(&self.engine, store, &req).await.map_err(err)?;
+        let locked = lock::try_lock(&self.engine, grant, store, &req).await.map_err(err)?;
         let mut resp = Response::new(pb::TryLockResponse {
             success: locked.success,
         });
@@ -60,9 +65,13 @@ impl Runtime {
         Ok(resp)
     }
 
-    pub(super) async fn do_unlock(&self, r: pb::UnlockRequest) -> Result<Response<pb::UnlockResponse>, Status> {
+    pub(super) async fn do_unlock(
+        &self,
+        grant: &Grant,
+        r: pb::UnlockRequest,
+    ) -> Result<Response<pb::UnlockResponse>, Status> {
         let store = self.lock_store(&r.store_name)?;
-        let status = lock::unlock(&self.engine, store, &r.resource_id, &r.lock_owner)
+        let status = lock::unlock(&self.engine, grant, store, &r.resource_id, &r.lock_owner)
             .await
             .map_err(err)?;
         Ok(Response::new(pb::UnlockResponse { status: status as i32 }))
@@ -70,11 +79,13 @@ impl Runtime {
 
     pub(super) async fn do_get_configuration(
         &self,
+        grant: &Grant,
         r: pb::GetConfigurationRequest,
     ) -> Result<Response<pb::GetConfigurationResponse>, Status> {
         let store = self.configuration_store(&r.store_name)?;
         let items = config::get(
             &self.engine,
+            grant,
             store,
             r.keys,
             self.settings.max_bulk_keys,
@@ -92,31 +103,45 @@ impl Runtime {
     /// subscriber that falls behind the history kept gets ABORTED.
     pub(super) async fn do_subscribe_configuration(
         &self,
+        grant: Grant,
         r: pb::SubscribeConfigurationRequest,
     ) -> Result<Response<ConfigurationStream>, Status> {
         let store = self.configuration_store(&r.store_name)?.clone();
         let keys = config::subscription_keys(&store, &r.keys).map_err(err)?;
-        let watch = store.watch(keys, &[]).map_err(err)?;
+        let slot = self
+            .settings
+            .access
+            .open_stream(grant.principal())
+            .map_err(|e| err(e.into()))?;
+        // Only keys the caller may read, by the rules in force when each is sent.
+        let watch = store
+            .watch(keys, &[])
+            .map_err(err)?
+            .and(move |k| grant.may(Op::Read, k));
         let subscription = self.settings.subscriptions.open();
         let id = subscription.id().to_owned();
         let first = pb::SubscribeConfigurationResponse {
             id: id.clone(),
             items: HashMap::new(),
         };
-        let changes = self.engine.watch(watch, Start::Live).filter_map(move |w| match w {
-            WatchItem::Change { event, .. } => {
-                let c = &event.change;
-                Some(Ok(pb::SubscribeConfigurationResponse {
-                    id: id.clone(),
-                    items: HashMap::from([(store.dapr_key(&c.key), item(config::item_of_change(c)))]),
-                }))
+        let changes = self.engine.watch(watch, Start::Live).filter_map(move |w| {
+            // The stream holds its slot of the caller's stream limit until it ends.
+            let _open = &slot;
+            match w {
+                WatchItem::Change { event, .. } => {
+                    let c = &event.change;
+                    Some(Ok(pb::SubscribeConfigurationResponse {
+                        id: id.clone(),
+                        items: HashMap::from([(store.dapr_key(&c.key), item(config::item_of_change(c)))]),
+                    }))
+                }
+                WatchItem::Overflow { missed } => Some(Err(Status::aborted(format!(
+                    "the subscriber fell behind and missed {missed} changes; subscribe again"
+                )))),
+                WatchItem::Failed(e) => Some(Err(err(e.into()))),
+                // A live watch has no snapshot.
+                WatchItem::Snapshot { .. } | WatchItem::Reset | WatchItem::Synced { .. } => None,
             }
-            WatchItem::Overflow { missed } => Some(Err(Status::aborted(format!(
-                "the subscriber fell behind and missed {missed} changes; subscribe again"
-            )))),
-            WatchItem::Failed(e) => Some(Err(err(e.into()))),
-            // A live watch has no snapshot.
-            WatchItem::Snapshot { .. } | WatchItem::Reset | WatchItem::Synced { .. } => None,
         });
         let stream = tokio_stream::once(Ok(first)).chain(futures_util::StreamExt::take_until(changes, async move {
             subscription.stopped().await
