@@ -160,6 +160,11 @@ pub struct ServeArgs {
     /// Seconds to wait at startup for Redis to answer before giving up (exit status 1).
     #[arg(long, env = "STATEGATE_REDIS_STARTUP_WAIT_SECS", default_value_t = 60)]
     pub redis_startup_wait_secs: u64,
+    /// About how many entries the change log shared by replicas on Redis keeps (Redis trims it
+    /// approximately). A replica cut off from Redis for longer than these entries take to be
+    /// written ends its watchers' streams with `overflow` instead of skipping changes.
+    #[arg(long, env = "STATEGATE_REDIS_CHANGE_LOG_LEN", default_value_t = 100_000)]
+    pub redis_change_log_len: u64,
     /// The durable store's directory (created if missing; one process at a time).
     #[arg(long, env = "STATEGATE_DATA_DIR", default_value = "./stategate-data")]
     pub data_dir: PathBuf,
@@ -169,14 +174,22 @@ pub struct ServeArgs {
     /// not written back). A process crash loses nothing acknowledged in any mode.
     #[arg(long, env = "STATEGATE_FSYNC", default_value = "always")]
     pub fsync: FsyncMode,
+    /// A file of exactly 32 random bytes (`head -c 32 /dev/urandom > FILE; chmod 600 FILE`):
+    /// the durable store seals every log record and snapshot chunk with it (XChaCha20-Poly1305),
+    /// so the data directory shows no key or value. The file must not be accessible to other
+    /// users. Changing keys: `stategate rekey` on the stopped store.
+    #[arg(long, env = "STATEGATE_ENCRYPTION_KEY_FILE")]
+    pub encryption_key_file: Option<PathBuf>,
     /// Log bytes after which the durable store starts a new segment and writes a snapshot (or
     /// half the last snapshot, if more). For tests: small values make compaction constant.
     #[arg(long, env = "STATEGATE_SEGMENT_BYTES", default_value_t = 64 * 1024 * 1024, hide = true)]
     pub segment_bytes: u64,
     /// Seconds the broker keeps the service's MQTT session (and queues requests for it) while
-    /// it is disconnected; 0 = a clean session on every connect.
-    #[arg(long, env = "STATEGATE_MQTT_SESSION_EXPIRY_SECS", default_value_t = 3600)]
-    pub mqtt_session_expiry_secs: u64,
+    /// it is disconnected; 0 = a clean session on every connect. Default: 3600, or 0 with
+    /// --mqtt-share-group (a broker keeps routing a share of the group's requests to a member's
+    /// offline session, where they wait unanswered until it comes back).
+    #[arg(long, env = "STATEGATE_MQTT_SESSION_EXPIRY_SECS")]
+    pub mqtt_session_expiry_secs: Option<u64>,
     /// Most MQTT requests executing at once; past that a request is answered `__stat=503`.
     #[arg(long, env = "STATEGATE_MQTT_MAX_INFLIGHT", default_value_t = 8192)]
     pub mqtt_max_inflight: usize,
@@ -277,6 +290,10 @@ pub enum ConfigError {
     BadListen { flag: &'static str, value: String },
     #[error("{flag}: {reason}")]
     BadStore { flag: &'static str, reason: String },
+    #[error(
+        "--encryption-key-file applies to --storage durable only (Redis keeps its own data: use its TLS and disk encryption)"
+    )]
+    EncryptionNeedsDurable,
     #[error("{0}")]
     Access(#[from] crate::access::FileError),
     #[error("--mqtt-auth-file needs the embedded broker (an external broker authenticates its own clients)")]
@@ -339,11 +356,17 @@ impl Config {
             Some(url) => parse_mqtt_url(url)?,
         };
         let external = matches!(broker, BrokerChoice::External { .. });
+        // A share-group member asks for a clean session by default: a broker keeps routing
+        // part of the group's requests to an offline member's persistent session (Mosquitto
+        // does), so while a replica is down a share of the requests would go unanswered.
+        let session_expiry_secs =
+            a.mqtt_session_expiry_secs
+                .unwrap_or(if a.mqtt_share_group.is_some() { 0 } else { 3600 });
         let mqtt = MqttSettings {
             client_id: a.mqtt_client_id,
             share_group: a.mqtt_share_group,
             max_packet_bytes: a.mqtt_max_packet_bytes,
-            session_expiry: Duration::from_secs(a.mqtt_session_expiry_secs),
+            session_expiry: Duration::from_secs(session_expiry_secs),
             door: DoorLimits {
                 max_inflight: a.mqtt_max_inflight.max(1),
                 max_inflight_bytes: a.mqtt_max_inflight_bytes.max(1),
@@ -402,6 +425,9 @@ impl Config {
             ui: !a.no_ui,
             ..HttpSettings::default()
         };
+        if a.encryption_key_file.is_some() && a.storage != StorageKind::Durable {
+            return Err(ConfigError::EncryptionNeedsDurable);
+        }
         let access = AccessSettings {
             mqtt_auth_file: a.mqtt_auth_file,
             acl_file: a.acl_file,
@@ -429,6 +455,7 @@ impl Config {
             kind: a.storage,
             data_dir: a.data_dir,
             fsync: a.fsync,
+            encryption_key_file: a.encryption_key_file,
             segment_bytes: a.segment_bytes.max(4096),
             redis: RedisOptions {
                 prefix: a.redis_prefix,
@@ -436,6 +463,7 @@ impl Config {
                 timeout: Duration::from_millis(a.redis_timeout_ms.max(1)),
                 wait_replicas: a.redis_wait_replicas,
                 startup_wait: Duration::from_secs(a.redis_startup_wait_secs),
+                change_log_len: a.redis_change_log_len.max(1),
             },
         };
         Ok(Config {

@@ -8,6 +8,7 @@
 //! - [`resp3`]: the sans-I/O payload codec the MQTT door speaks.
 //! - [`engine`]: commands, rules, versions, fencing, expiry, change feed.
 //! - [`storage`]: records behind a conditional-swap interface.
+//! - [`dump`]: the export format (JSON lines) shared by the HTTP door and the client.
 //! - [`hlc`]: hybrid logical clocks.
 
 use std::net::SocketAddr;
@@ -20,6 +21,7 @@ pub mod access;
 pub mod cli;
 pub mod config;
 pub mod dapr;
+pub mod dump;
 pub mod engine;
 pub mod grpc;
 pub mod hlc;
@@ -125,14 +127,18 @@ pub async fn start_with_clock(
                     let Some(engine) = engine.upgrade() else {
                         return;
                     };
-                    let n = engine.drop_client(client, Some(session));
-                    if n > 0 {
-                        tracing::debug!(
-                            client,
-                            keys = n,
-                            "dropped KEYNOTIFY registrations of a disconnected client"
-                        );
-                    }
+                    // On shared storage the drop goes through the shared log: not here.
+                    let client = client.to_owned();
+                    tokio::spawn(async move {
+                        let n = engine.drop_client(&client, Some(session)).await;
+                        if n > 0 {
+                            tracing::debug!(
+                                client,
+                                keys = n,
+                                "dropped KEYNOTIFY registrations of a disconnected client"
+                            );
+                        }
+                    });
                 })
             };
             let b = mqtt::broker::EmbeddedBroker::start(

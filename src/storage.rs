@@ -14,6 +14,7 @@ use bytes::Bytes;
 use crate::hlc::Hlc;
 
 pub mod durable;
+pub mod log;
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
@@ -56,6 +57,65 @@ pub enum SwapOutcome {
     TooManyKeys,
 }
 
+/// What [`Backend::write`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Written {
+    /// Applied; `logged` is the shared change log's sequence number of the last change
+    /// appended, when the backend has a shared log ([`Backend::change_log`]).
+    Done { logged: Option<u64> },
+    /// A stored version differed from `expected`: nothing was written.
+    Conflict,
+    /// The swap would create keys beyond `max_keys`: nothing was written.
+    TooManyKeys,
+    /// The request was applied before (by this or another replica): nothing was written, and
+    /// this is the outcome stored with it then.
+    Repeated(Bytes),
+}
+
+/// A conditional swap with what travels with it in the same atomic step: the changes for the
+/// shared change log and the mark of the request it executes. A backend without a shared log
+/// applies the swaps only (its engine publishes changes itself, and one process needs no
+/// shared redelivery marks).
+#[derive(Debug, Clone, Copy)]
+pub struct Write<'a> {
+    pub swaps: &'a [Swap],
+    pub max_keys: Option<u64>,
+    /// Appended to the shared change log, in this order, if the swaps apply.
+    pub changes: &'a [ChangeRecord],
+    /// Stored if the swaps apply; when the request's mark exists already nothing is applied.
+    pub request: Option<&'a RequestMark>,
+}
+
+/// The mark a write request leaves so that a redelivery of it, to any replica, is not executed
+/// again: its id (unique per request, chosen by the door) and the engine's encoded outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestMark {
+    pub id: Bytes,
+    pub outcome: Bytes,
+    /// How long the mark is kept.
+    pub ttl_ms: u64,
+}
+
+/// One change as the shared change log carries it. A storage type: the engine converts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChangeRecord {
+    pub key: Bytes,
+    /// The key's new version; for a removal, the version issued for it.
+    pub version: Hlc,
+    pub kind: ChangeRecordKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChangeRecordKind {
+    /// A new value; its deadline, if any (so every replica's expiry driver learns of it).
+    Set {
+        value: Bytes,
+        expires_at_ms: Option<u64>,
+    },
+    Delete,
+    Expire,
+}
+
 /// A page of keys in key order.
 #[derive(Debug, Clone, Default)]
 pub struct KeyPage {
@@ -80,6 +140,60 @@ pub enum StorageError {
     /// No space left for a write; the write changed nothing and reads still work.
     #[error("storage full: {0}")]
     Full(String),
+    /// Encryption at rest: a key file that cannot be used, a store written in the other mode
+    /// (encrypted, opened without a key, or the reverse) or under another key.
+    #[error("{0}")]
+    Encryption(String),
+}
+
+/// Whether a backend takes writes right now ([`Backend::health`]). Readiness probes and metrics
+/// report it; the doors learn of it from the errors of the calls themselves.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum StorageHealth {
+    /// Reads and writes work.
+    #[default]
+    Ok,
+    /// The disk is full (or over quota): reads work, writes are refused with
+    /// [`StorageError::Full`]. The backend retries by itself and returns to `Ok` once a write
+    /// fits again.
+    Full { cause: String },
+    /// A fault the backend cannot recover from (an I/O error while logging): every call fails
+    /// until a restart recovers from disk.
+    Failed { cause: String },
+}
+
+/// Which file of an online backup some bytes belong to (see [`OnlineBackup`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackupFile {
+    /// `snap-<seq>.snap`: sent first, whole.
+    Snapshot { seq: u64 },
+    /// `log-<seq>.log`: sent after the snapshot.
+    Log { seq: u64 },
+}
+
+/// Where an online backup goes, in order: every byte of the snapshot, then of the log.
+pub trait BackupSink {
+    fn write(&mut self, file: BackupFile, bytes: &[u8]) -> std::io::Result<()>;
+}
+
+/// What an online backup holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackupInfo {
+    pub seq: u64,
+    /// Keys in the snapshot.
+    pub keys: u64,
+    /// Log records replayed over the snapshot at restore.
+    pub log_records: u64,
+    pub snapshot_bytes: u64,
+    pub log_bytes: u64,
+}
+
+/// A consistent copy of a store as of one moment, taken while it serves (durable backend:
+/// `durable/backup.rs`). Blocks the calling thread while it copies.
+pub trait OnlineBackup {
+    /// Sends the copy to `sink`: a data directory of one snapshot and one log segment that
+    /// recovery turns into the store's state at one point of its log.
+    fn backup(&self, sink: &mut dyn BackupSink) -> Result<BackupInfo, StorageError>;
 }
 
 /// The contract every backend implements. All methods are atomic per call.
@@ -91,6 +205,33 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Applies every swap or none. `max_keys` bounds the number of keys after the swap.
     async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError>;
+
+    /// [`Backend::swap_many`] with the changes for the shared change log and the request's
+    /// mark, all in one atomic step. Without a shared log: the swaps only.
+    async fn write(&self, w: &Write<'_>) -> Result<Written, StorageError> {
+        Ok(match self.swap_many(w.swaps, w.max_keys).await? {
+            SwapOutcome::Done => Written::Done { logged: None },
+            SwapOutcome::Conflict => Written::Conflict,
+            SwapOutcome::TooManyKeys => Written::TooManyKeys,
+        })
+    }
+
+    /// The stored record, and the stored outcome of `request` if a request with that id was
+    /// applied before (in one round trip where the backend shares marks).
+    async fn get_marked(
+        &self,
+        key: &[u8],
+        request: Option<&[u8]>,
+    ) -> Result<(Option<Record>, Option<Bytes>), StorageError> {
+        let _ = request;
+        Ok((self.get(key).await?, None))
+    }
+
+    /// The change log shared by every replica on this storage, if it has one. Then every change
+    /// and every KEYNOTIFY registration goes through it, and each replica reads it back.
+    fn change_log(&self) -> Option<Arc<dyn log::ChangeLog>> {
+        None
+    }
 
     /// Examines up to `examine` keys strictly after `after`, in byte order, and returns those
     /// that are not expired at `now_ms` and satisfy `keep`.
@@ -113,6 +254,23 @@ pub trait Backend: Send + Sync + 'static {
 
     /// The highest version stored anywhere (to seed the clock after a restart).
     async fn max_version(&self) -> Result<Option<Hlc>, StorageError>;
+
+    /// Whether writes work right now; cheap (no I/O). Backends that cannot tell say `Ok`.
+    fn health(&self) -> StorageHealth {
+        StorageHealth::Ok
+    }
+
+    /// Changes of [`Backend::health`] as they happen, for those who wait for one (`None`: the
+    /// backend's health never changes).
+    fn health_changes(&self) -> Option<tokio::sync::watch::Receiver<StorageHealth>> {
+        None
+    }
+
+    /// The backend's online backup, if it has one (durable only: Redis has its own, and memory
+    /// has nothing to keep; `stategate export` works with every backend).
+    fn online_backup(&self) -> Option<&dyn OnlineBackup> {
+        None
+    }
 }
 
 /// Which backend stores the records (`--storage`). Every backend is listed whatever cargo
@@ -214,6 +372,8 @@ pub struct RedisOptions {
     pub wait_replicas: u32,
     /// How long opening the store waits for Redis to answer before giving up.
     pub startup_wait: std::time::Duration,
+    /// About how many entries the shared change log keeps (Redis trims it approximately).
+    pub change_log_len: u64,
 }
 
 impl Default for RedisOptions {
@@ -223,6 +383,7 @@ impl Default for RedisOptions {
             timeout: std::time::Duration::from_millis(1000),
             wait_replicas: 0,
             startup_wait: std::time::Duration::from_secs(60),
+            change_log_len: 100_000,
         }
     }
 }
@@ -233,6 +394,8 @@ pub struct StorageConfig {
     pub kind: StorageKind,
     pub data_dir: std::path::PathBuf,
     pub fsync: durable::FsyncMode,
+    /// The durable store's encryption key file (`--encryption-key-file`), read at open.
+    pub encryption_key_file: Option<std::path::PathBuf>,
     /// See [`durable::DurableOptions::segment_bytes`].
     pub segment_bytes: u64,
     pub redis: RedisOptions,
@@ -276,6 +439,10 @@ impl Store {
                 options.fsync = config.fsync;
                 options.segment_bytes = config.segment_bytes;
                 options.clock = clock;
+                options.encryption = match &config.encryption_key_file {
+                    Some(path) => Some(durable::EncryptionKey::from_file(path)?),
+                    None => None,
+                };
                 let backend = tokio::task::spawn_blocking(move || durable::DurableBackend::open(options))
                     .await
                     .map_err(|e| StorageError::Backend(format!("the opening thread failed: {e}")))??;

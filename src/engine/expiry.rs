@@ -5,14 +5,16 @@
 
 use bytes::Bytes;
 
-use super::{ChangeKind, Engine, EngineError};
+use super::{Change, ChangeKind, Engine, EngineError};
 use crate::hlc::Hlc;
-use crate::storage::{Swap, SwapOutcome};
+use crate::storage::{Swap, Written};
 
 /// Due keys removed per storage write (one log record, one fsync, one script call).
 const EXPIRY_BATCH: usize = 256;
 /// Most due keys a write refused at `max_keys` removes itself before giving up.
 const INLINE_EXPIRY: usize = 64;
+/// After a sweep that failed, the driver tries again this much later.
+const SWEEP_RETRY_MS: u64 = 1_000;
 
 impl Engine {
     /// Removes up to `limit` keys whose deadline has passed, telling observers. Returns how many.
@@ -45,7 +47,7 @@ impl Engine {
             guards.push(self.0.stripes[i].lock().await);
         }
         let mut swaps = Vec::with_capacity(due.len());
-        let mut changes = Vec::with_capacity(due.len());
+        let mut changes: Vec<(Change, Option<u64>)> = Vec::with_capacity(due.len());
         for (key, _) in due {
             let Some(r) = self.0.store.backend().get(&key).await? else {
                 continue;
@@ -53,7 +55,12 @@ impl Engine {
             if !r.is_expired(now) {
                 continue;
             }
-            changes.push((key.clone(), self.0.hlc.next_after(&[&r.version])));
+            let change = Change {
+                key: key.clone(),
+                version: self.0.hlc.next_after(&[&r.version]),
+                kind: ChangeKind::Expire,
+            };
+            changes.push((change, None));
             swaps.push(Swap {
                 key,
                 expected: Some(r.version),
@@ -63,21 +70,19 @@ impl Engine {
         if swaps.is_empty() {
             return Ok(0);
         }
-        match self.0.store.backend().swap_many(&swaps, None).await? {
-            SwapOutcome::Done => {
-                let n = changes.len();
-                for (key, version) in changes {
-                    self.publish(key, version, ChangeKind::Expire);
-                }
-                Ok(n)
-            }
+        let n = changes.len();
+        match self.commit(&swaps, None, changes, None).await? {
+            Written::Done { .. } => Ok(n),
             // Another node changed one of them first: remove the others one by one.
-            SwapOutcome::Conflict | SwapOutcome::TooManyKeys => {
+            Written::Conflict | Written::TooManyKeys | Written::Repeated(_) => {
                 let mut n = 0;
                 for swap in swaps {
                     if let Some(r) = self.0.store.backend().get(&swap.key).await?
                         && r.is_expired(now)
-                        && self.remove(&swap.key, &r, ChangeKind::Expire).await?.is_some()
+                        && matches!(
+                            self.remove(&swap.key, &r, ChangeKind::Expire, None).await?,
+                            super::Removed::Done(_)
+                        )
                     {
                         n += 1;
                     }
@@ -106,14 +111,21 @@ impl Engine {
     pub async fn run_expiry(&self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         loop {
-            if let Err(e) = self.expire_due(usize::MAX).await {
-                tracing::error!(cause = %e, source = ?std::error::Error::source(&e), "expiry sweep failed");
-            }
-            let wait = match self.0.store.backend().next_deadline().await {
-                Ok(Some(d)) => d.saturating_sub(self.0.hlc.wall_ms()).max(1),
-                Ok(None) => 60_000,
-                Err(_) => 1_000,
+            let swept = self.expire_due(usize::MAX).await;
+            let wait = match (&swept, self.0.store.backend().next_deadline().await) {
+                // Due keys that could not be removed (the disk is full, the storage is away)
+                // stay due: try again in a while, not at once.
+                (Err(_), _) | (Ok(_), Err(_)) => SWEEP_RETRY_MS,
+                (Ok(_), Ok(Some(d))) => d.saturating_sub(self.0.hlc.wall_ms()).max(1),
+                (Ok(_), Ok(None)) => 60_000,
             };
+            match swept {
+                Err(EngineError::StorageFull) => {
+                    tracing::debug!("expiry sweep deferred: the storage is full")
+                }
+                Err(e) => tracing::error!(cause = %e, source = ?std::error::Error::source(&e), "expiry sweep failed"),
+                Ok(_) => {}
+            }
             tokio::select! {
                 _ = &mut shutdown => return,
                 _ = tokio::time::sleep(std::time::Duration::from_millis(wait)) => {}

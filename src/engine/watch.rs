@@ -28,6 +28,14 @@
 //!   under their lock, as listed keys are;
 //! - a key after the page is left to the page that will read it, which then reflects it.
 //!
+//! With replicas on shared storage, another replica's change reaches this history through the
+//! shared log, after its write and not under this replica's lock. So the snapshot also waits
+//! until the history holds every change the log had (after the scan, and after a page's reads),
+//! and a key read with a version takes no change of that version or older. One case stays
+//! loose: a key the scan listed that another replica deletes before it is read, then its
+//! `delete` (after a `set`, if it was set again in between) can be sent though the snapshot left
+//! the key out; the replayed state is still the store's.
+//!
 //! Changes sent during a snapshot are not resume positions (a resume from there would skip
 //! keys the snapshot had not reached); [`WatchItem::Synced`] ends the snapshot and names the
 //! position from which a resume is exact.
@@ -204,10 +212,23 @@ impl Engine {
 
     /// Waits until every write that was in flight when called has published its change: a
     /// write holds its stripe lock from before its storage swap until after it publishes, so
-    /// taking each lock once is enough. New writes wait only while their stripe is taken.
-    async fn settle_writes(&self) {
+    /// taking each lock once is enough (new writes wait only while their stripe is taken).
+    /// With replicas on shared storage, also until this replica's history holds every change
+    /// the others had applied by then (see [`Engine::settle_replicas`]).
+    async fn settle_writes(&self) -> Result<(), EngineError> {
         for stripe in &self.0.stripes {
             drop(stripe.lock().await);
+        }
+        self.settle_replicas().await
+    }
+
+    /// With replicas on shared storage: waits until this replica's history holds every change
+    /// any replica had applied when called. Another replica's change reaches this history
+    /// through the shared log, after its write, not under this replica's stripe lock.
+    async fn settle_replicas(&self) -> Result<(), EngineError> {
+        match self.shared() {
+            Some(shared) => shared.settle().await,
+            None => Ok(()),
         }
     }
 }
@@ -238,8 +259,8 @@ struct Page {
     /// Feed position after the scan and the writes in flight during it had settled.
     settled: u64,
     to_read: VecDeque<Bytes>,
-    /// The feed position at which each key of the page was read.
-    observed: HashMap<Bytes, u64>,
+    /// The feed position at which each key of the page was read, and the version read.
+    observed: HashMap<Bytes, (u64, Option<Hlc>)>,
     /// How far the feed is read once the page's values are sent.
     drain_to: Option<u64>,
 }
@@ -258,7 +279,9 @@ impl Page {
             return true;
         }
         match self.observed.get(key) {
-            Some(&read_at) => e.seq >= read_at,
+            // The version check matters with replicas on shared storage only: another
+            // replica's change can reach this feed after the read that reflects it.
+            Some((read_at, read)) => e.seq >= *read_at && read.as_ref().is_none_or(|v| e.change.version > *v),
             None => e.seq >= self.settled,
         }
     }
@@ -325,7 +348,8 @@ impl Watcher {
         if let Some(key) = page.to_read.pop_front() {
             return match self.engine.read_observed(&key).await {
                 Ok((entry, read_at)) => {
-                    page.observed.insert(key.clone(), read_at);
+                    let version = entry.as_ref().map(|e| e.version.clone());
+                    page.observed.insert(key.clone(), (read_at, version));
                     match entry {
                         Some(entry) => Step::Item(WatchItem::Snapshot { key, entry }),
                         None => Step::Continue,
@@ -335,7 +359,14 @@ impl Watcher {
             };
         }
         // The page's values are sent: now the changes published meanwhile, up to a fixed point
-        // (later ones wait for the next page or the live phase).
+        // (later ones wait for the next page or the live phase). With replicas, first every
+        // change another replica had applied before the reads, so it is decided here, where
+        // the versions read are known.
+        if page.drain_to.is_none()
+            && let Err(e) = self.engine.settle_replicas().await
+        {
+            return Step::End(WatchItem::Failed(e));
+        }
         let drain_to = *page.drain_to.get_or_insert_with(|| self.engine.0.feed.head());
         while self.reader.position() < drain_to {
             match self.reader.try_recv() {
@@ -395,7 +426,7 @@ impl Watcher {
             )
             .await
             .map_err(|e| WatchItem::Failed(e.into()))?;
-        engine.settle_writes().await;
+        engine.settle_writes().await.map_err(WatchItem::Failed)?;
         let settled = feed.head();
         // Past the prefix's range there is nothing more to find.
         let upper = scanned.resume_after.filter(|r| r.starts_with(prefix));

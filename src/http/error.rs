@@ -33,6 +33,7 @@ pub enum Op {
     ConfigurationGet,
     ConfigurationSubscribe,
     ConfigurationUnsubscribe,
+    Import,
 }
 
 impl Op {
@@ -44,6 +45,7 @@ impl Op {
             Op::Delete => "ERR_STATE_DELETE",
             Op::Transaction => "ERR_STATE_TRANSACTION",
             Op::Query => "ERR_STATE_QUERY",
+            Op::Import => "ERR_STATE_IMPORT",
             Op::TryLock => "ERR_TRY_LOCK",
             Op::Unlock => "ERR_UNLOCK",
             Op::ConfigurationGet => "ERR_CONFIGURATION_GET",
@@ -55,9 +57,15 @@ impl Op {
     /// daprd's code for a store name it does not know, per building block.
     fn store_not_found(self) -> &'static str {
         match self {
-            Op::Get | Op::BulkGet | Op::Save | Op::Delete | Op::Transaction | Op::Query | Op::Subscribe | Op::List => {
-                "ERR_STATE_STORE_NOT_FOUND"
-            }
+            Op::Get
+            | Op::BulkGet
+            | Op::Save
+            | Op::Delete
+            | Op::Transaction
+            | Op::Query
+            | Op::Subscribe
+            | Op::List
+            | Op::Import => "ERR_STATE_STORE_NOT_FOUND",
             Op::TryLock | Op::Unlock => "ERR_LOCK_STORE_NOT_FOUND",
             Op::ConfigurationGet | Op::ConfigurationSubscribe | Op::ConfigurationUnsubscribe => {
                 "ERR_CONFIGURATION_STORE_NOT_FOUND"
