@@ -674,7 +674,62 @@ impl rpb::dapr_server::Dapr for Bare {
     ) -> Result<tonic::Response<rpb::GetMetadataResponse>, tonic::Status> {
         Ok(tonic::Response::new(rpb::GetMetadataResponse::default()))
     }
+    // Not measured: the lock and configuration RPCs.
+    async fn get_configuration_alpha1(
+        &self,
+        _r: tonic::Request<rpb::GetConfigurationRequest>,
+    ) -> Result<tonic::Response<rpb::GetConfigurationResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bare"))
+    }
+    async fn get_configuration(
+        &self,
+        _r: tonic::Request<rpb::GetConfigurationRequest>,
+    ) -> Result<tonic::Response<rpb::GetConfigurationResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bare"))
+    }
+    type SubscribeConfigurationAlpha1Stream = BareStream;
+    async fn subscribe_configuration_alpha1(
+        &self,
+        _r: tonic::Request<rpb::SubscribeConfigurationRequest>,
+    ) -> Result<tonic::Response<BareStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bare"))
+    }
+    type SubscribeConfigurationStream = BareStream;
+    async fn subscribe_configuration(
+        &self,
+        _r: tonic::Request<rpb::SubscribeConfigurationRequest>,
+    ) -> Result<tonic::Response<BareStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bare"))
+    }
+    async fn unsubscribe_configuration_alpha1(
+        &self,
+        _r: tonic::Request<rpb::UnsubscribeConfigurationRequest>,
+    ) -> Result<tonic::Response<rpb::UnsubscribeConfigurationResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bare"))
+    }
+    async fn unsubscribe_configuration(
+        &self,
+        _r: tonic::Request<rpb::UnsubscribeConfigurationRequest>,
+    ) -> Result<tonic::Response<rpb::UnsubscribeConfigurationResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bare"))
+    }
+    async fn try_lock_alpha1(
+        &self,
+        _r: tonic::Request<rpb::TryLockRequest>,
+    ) -> Result<tonic::Response<rpb::TryLockResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bare"))
+    }
+    async fn unlock_alpha1(
+        &self,
+        _r: tonic::Request<rpb::UnlockRequest>,
+    ) -> Result<tonic::Response<rpb::UnlockResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bare"))
+    }
 }
+
+type BareStream = std::pin::Pin<
+    Box<dyn futures_util::Stream<Item = Result<rpb::SubscribeConfigurationResponse, tonic::Status>> + Send>,
+>;
 
 async fn grpc(o: &Opts) {
     println!(

@@ -106,7 +106,8 @@ pub struct ServeArgs {
     #[arg(long, env = "STATEGATE_KEYNOTIFY_QUEUE_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub keynotify_queue_bytes: usize,
     /// Changes the watch history keeps (what SSE and gRPC Watch readers are served from, and
-    /// resume from); a reader that falls further behind gets the `overflow` event.
+    /// resume from: SSE Last-Event-ID, gRPC since_version); a reader that falls further behind
+    /// gets the `overflow` event, one that resumes from before it a reset and a snapshot.
     #[arg(long, env = "STATEGATE_WATCH_HISTORY_EVENTS", default_value_t = 65_536)]
     pub watch_history_events: usize,
     /// Bytes of keys and values the watch history keeps (the newest change is always kept).
@@ -126,6 +127,22 @@ pub struct ServeArgs {
     /// `name=name` or `name=<literal>` (repeatable; default `statestore=none`).
     #[arg(long = "state-store", env = "STATEGATE_STATE_STORES", value_delimiter = ',')]
     pub state_stores: Vec<String>,
+    /// A Dapr lock store name, with its key prefix as for --state-store (repeatable; default
+    /// `lockstore=none`, so Dapr locks and Azure IoT Operations leased locks share names).
+    #[arg(long = "lock-store", env = "STATEGATE_LOCK_STORES", value_delimiter = ',')]
+    pub lock_stores: Vec<String>,
+    /// A Dapr configuration store name, with its key prefix as for --state-store (repeatable;
+    /// default `configstore=none`: the same keys as the default state store).
+    #[arg(
+        long = "configuration-store",
+        env = "STATEGATE_CONFIGURATION_STORES",
+        value_delimiter = ','
+    )]
+    pub configuration_stores: Vec<String>,
+    /// Most keys one bulk get or one configuration get may return (a configuration get of
+    /// every key of a store with more keys is refused with a 400 / INVALID_ARGUMENT).
+    #[arg(long, env = "STATEGATE_MAX_BULK_KEYS", default_value_t = 10_000)]
+    pub max_bulk_keys: usize,
     /// Largest HTTP request body, bytes.
     #[arg(long, env = "STATEGATE_HTTP_BODY_LIMIT", default_value_t = 4 * 1024 * 1024)]
     pub http_body_limit: usize,
@@ -292,8 +309,8 @@ pub enum ConfigError {
     NoEmbeddedBroker,
     #[error("{flag} must be an address like 127.0.0.1:3500, or off (got {value:?})")]
     BadListen { flag: &'static str, value: String },
-    #[error("--state-store: {0}")]
-    BadStateStore(String),
+    #[error("{flag}: {reason}")]
+    BadStore { flag: &'static str, reason: String },
     #[error(
         "--encryption-key-file applies to --storage durable only (Redis keeps its own data: use its TLS and disk encryption)"
     )]
@@ -415,18 +432,26 @@ impl Config {
         };
         let http_listen = parse_listen("--http-listen", &a.http_listen)?;
         let grpc_listen = parse_listen("--grpc-listen", &a.grpc_listen)?;
-        let stores = if a.state_stores.is_empty() {
-            Stores::default()
-        } else {
-            let specs = a
-                .state_stores
-                .iter()
-                .map(|s| s.parse::<StoreSpec>().map_err(ConfigError::BadStateStore))
+        let stores = |given: &[String], default: &str, flag: &'static str| -> Result<Stores, ConfigError> {
+            let given: Vec<&str> = if given.is_empty() {
+                vec![default]
+            } else {
+                given.iter().map(String::as_str).collect()
+            };
+            let specs = given
+                .into_iter()
+                .map(|s| {
+                    s.parse::<StoreSpec>()
+                        .map_err(|e| ConfigError::BadStore { flag, reason: e })
+                })
                 .collect::<Result<Vec<_>, _>>()?;
-            Stores::new(specs)
+            Ok(Stores::new(specs))
         };
         let http = HttpSettings {
-            stores,
+            stores: stores(&a.state_stores, "statestore", "--state-store")?,
+            lock_stores: stores(&a.lock_stores, "lockstore", "--lock-store")?,
+            configuration_stores: stores(&a.configuration_stores, "configstore", "--configuration-store")?,
+            max_bulk_keys: a.max_bulk_keys.max(1),
             api_token: a.api_token.filter(|t| !t.is_empty()),
             body_limit: a.http_body_limit,
             max_transaction_ops: a.max_transaction_ops.max(1),

@@ -191,7 +191,8 @@ impl Engine {
         if let Some(max) = store.backend().max_version().await? {
             hlc.observe(&max);
         }
-        let feed = Arc::new(Feed::new(limits.feed.clone()));
+        // A version of its own names the feed's start (see `Feed::position_after`).
+        let feed = Arc::new(Feed::new(limits.feed.clone(), hlc.now()));
         let (shared, cursor, observers) = match store.backend().change_log() {
             Some(log) => {
                 let (shared, cursor, observers) = shared::SharedLog::open(log).await?;

@@ -63,13 +63,18 @@ impl FromStr for Hlc {
     type Err = ParseHlcError;
 
     /// Parses `ms:counter:node`. The node is everything after the second `:` and must be
-    /// non-empty and free of `:`. Numbers are decimal digits only, padded or not.
+    /// non-empty and free of `:` and of control characters (a version travels in headers and
+    /// event ids, where a line break cannot). Numbers are decimal digits only, padded or not.
     fn from_str(s: &str) -> Result<Hlc, ParseHlcError> {
         let mut parts = s.splitn(3, ':');
         let ms = parse_digits(parts.next())?;
         let counter = parse_digits(parts.next())?;
         let node = parts.next().ok_or(ParseHlcError)?;
-        if node.is_empty() || node.contains(':') || counter > u64::from(MAX_COUNTER) {
+        if node.is_empty()
+            || node.contains(':')
+            || node.chars().any(char::is_control)
+            || counter > u64::from(MAX_COUNTER)
+        {
             return Err(ParseHlcError);
         }
         Ok(Hlc::new(ms, counter as u32, node))

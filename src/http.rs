@@ -1,7 +1,8 @@
 //! The HTTP door: the Dapr state API (`/v1.0/state/...`), server-sent change events, health,
 //! metadata, the service status, the OpenAPI document and the web console.
 //!
-//! - `state.rs`: the routes; `sse.rs`: change events; `status.rs`: the service status;
+//! - `state.rs`: the state routes; `sse.rs`: change events; `lock.rs`, `configuration.rs`:
+//!   the Dapr lock and configuration APIs; `status.rs`: the service status;
 //!   `ui.rs`: the web console's embedded files (`src/ui/`); `dto.rs`: JSON shapes (the only
 //!   place that derives serde/utoipa traits); `error.rs`: Dapr's error body and the error mapping.
 
@@ -26,8 +27,10 @@ use crate::engine::Engine;
 use crate::listener::Listener;
 use crate::listener::inflight::{InFlight, Kind, SlotBody};
 
+mod configuration;
 pub mod dto;
 pub mod error;
+mod lock;
 mod sse;
 mod state;
 pub mod status;
@@ -41,6 +44,10 @@ pub use status::ServiceInfo;
 #[derive(Debug, Clone)]
 pub struct HttpSettings {
     pub stores: Stores,
+    /// Dapr lock stores (`/v1.0-alpha1/lock/{store}`, gRPC TryLockAlpha1).
+    pub lock_stores: Stores,
+    /// Dapr configuration stores (`/v1.0/configuration/{store}`, gRPC GetConfiguration).
+    pub configuration_stores: Stores,
     /// When set, every route but health needs header `dapr-api-token` with this value (or
     /// one of `access`'s named tokens).
     pub api_token: Option<String>,
@@ -52,7 +59,7 @@ pub struct HttpSettings {
     pub request_timeout: Duration,
     /// Most operations in one transaction.
     pub max_transaction_ops: usize,
-    /// Most keys in one bulk get.
+    /// Most keys in one bulk get or configuration get.
     pub max_bulk_keys: usize,
     /// The id reported by `/v1.0/metadata`.
     pub app_id: String,
@@ -62,12 +69,17 @@ pub struct HttpSettings {
     pub max_inflight: usize,
     /// Most server-sent event streams open at once; past it 503.
     pub max_streams: usize,
+    /// Live Dapr configuration subscriptions: clones of these settings share it, so the HTTP and
+    /// gRPC doors end each other's subscriptions by id.
+    pub subscriptions: Arc<crate::dapr::configuration::Subscriptions>,
 }
 
 impl Default for HttpSettings {
     fn default() -> HttpSettings {
         HttpSettings {
             stores: Stores::default(),
+            lock_stores: Stores::named("lockstore"),
+            configuration_stores: Stores::named("configstore"),
             api_token: None,
             access: Access::open(),
             body_limit: 4 * 1024 * 1024,
@@ -78,6 +90,7 @@ impl Default for HttpSettings {
             ui: true,
             max_inflight: 1024,
             max_streams: 1024,
+            subscriptions: Arc::default(),
         }
     }
 }
@@ -93,6 +106,20 @@ pub struct AppState {
 impl AppState {
     fn store(&self, name: &str, op: Op) -> Result<&StoreSpec, ApiError> {
         self.settings.stores.get(name).map_err(|e| ApiError::from_dapr(op, e))
+    }
+
+    fn lock_store(&self, name: &str, op: Op) -> Result<&StoreSpec, ApiError> {
+        self.settings
+            .lock_stores
+            .get_kind(name, "lock")
+            .map_err(|e| ApiError::from_dapr(op, e))
+    }
+
+    fn configuration_store(&self, name: &str, op: Op) -> Result<&StoreSpec, ApiError> {
+        self.settings
+            .configuration_stores
+            .get_kind(name, "configuration")
+            .map_err(|e| ApiError::from_dapr(op, e))
     }
 }
 
@@ -153,6 +180,8 @@ impl<S: Send + Sync> FromRequest<S> for Body {
     ),
     tags(
         (name = "state", description = "Dapr state API"),
+        (name = "lock", description = "Dapr distributed lock API (alpha), with fencing tokens"),
+        (name = "configuration", description = "Dapr configuration API over the same keys"),
         (name = "health", description = "Health probes"),
         (name = "metadata", description = "Stores and features"),
         (name = "stategate", description = "stategate extensions"),
@@ -169,6 +198,11 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(state::query_state))
         .routes(routes!(state::list_keys))
         .routes(routes!(sse::subscribe))
+        .routes(routes!(lock::try_lock))
+        .routes(routes!(lock::unlock))
+        .routes(routes!(configuration::get_configuration))
+        .routes(routes!(configuration::subscribe_configuration))
+        .routes(routes!(configuration::unsubscribe_configuration))
         .routes(routes!(state::healthz))
         .routes(routes!(state::healthz_outbound))
         .routes(routes!(state::metadata))
@@ -219,6 +253,7 @@ pub fn router_with_limits(engine: Engine, settings: HttpSettings, info: ServiceI
         router = router.merge(ui::routes());
     }
     let doc = openapi_json();
+    router = configuration::alpha_routes(router);
     router
         .route(
             "/openapi.json",

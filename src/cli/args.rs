@@ -322,6 +322,12 @@ pub struct WatchArgs {
     /// Also watch the keys matching this glob (repeatable; HTTP and gRPC only).
     #[arg(long, env = "STATEGATE_PATTERN")]
     pub pattern: Vec<String>,
+    /// Resume after the change with this version (the last `version` a watch printed, or its
+    /// `synced` version): every change since, then live ones. When the service no longer has
+    /// that history it says `reset` and prints every watched key's current value first.
+    /// HTTP and gRPC only (MQTT notifications have no history).
+    #[arg(long, env = "STATEGATE_SINCE")]
+    pub since: Option<String>,
     #[command(flatten)]
     pub connect: ConnectArgs,
     #[command(flatten)]

@@ -202,10 +202,12 @@ impl Door for GrpcDoor {
         })
     }
 
-    async fn watch(&self, keys: &[Bytes], patterns: &[String]) -> Result<Watch, CliError> {
+    async fn watch(&self, keys: &[Bytes], patterns: &[String], since: Option<&str>) -> Result<Watch, CliError> {
         let req = pb::WatchRequest {
             keys: keys.iter().map(|k| k.to_vec()).collect(),
             patterns: patterns.to_vec(),
+            since_version: since.unwrap_or_default().to_owned(),
+            snapshot: false,
         };
         let mut c = self.client.clone();
         // Bounded until the answer's headers: the service has subscribed by then.
@@ -247,6 +249,10 @@ fn to_event(ev: pb::WatchEvent) -> Option<Event> {
         Ok(pb::watch_event::Kind::Delete) => Some(Event::Delete { key, version }),
         Ok(pb::watch_event::Kind::Expire) => Some(Event::Expire { key, version }),
         Ok(pb::watch_event::Kind::Overflow) => Some(Event::Overflow),
+        Ok(pb::watch_event::Kind::Reset) => Some(Event::Reset),
+        Ok(pb::watch_event::Kind::Synced) => Some(Event::Synced {
+            version: (!version.is_empty()).then_some(version),
+        }),
         Ok(pb::watch_event::Kind::Unspecified) | Err(_) => None,
     }
 }

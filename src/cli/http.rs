@@ -372,8 +372,11 @@ impl Door for HttpDoor {
         parse_keys_page(&raw)
     }
 
-    async fn watch(&self, keys: &[Bytes], patterns: &[String]) -> Result<Watch, CliError> {
+    async fn watch(&self, keys: &[Bytes], patterns: &[String], since: Option<&str>) -> Result<Watch, CliError> {
         let mut query: Vec<(&str, String)> = Vec::new();
+        if let Some(v) = since {
+            query.push(("since", v.to_owned()));
+        }
         for k in keys {
             query.push(("key", text_key(k)?.to_owned()));
         }

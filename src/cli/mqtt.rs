@@ -477,9 +477,14 @@ impl Door for MqttDoor {
         Ok(ScanPage { keys, token })
     }
 
-    async fn watch(&self, keys: &[Bytes], patterns: &[String]) -> Result<Watch, CliError> {
+    async fn watch(&self, keys: &[Bytes], patterns: &[String], since: Option<&str>) -> Result<Watch, CliError> {
         if keys.is_empty() || !patterns.is_empty() {
             return Err(CliError::usage("over MQTT only named keys can be watched"));
+        }
+        if since.is_some() {
+            return Err(CliError::usage(
+                "over MQTT a watch cannot resume: KEYNOTIFY keeps no history",
+            ));
         }
         let (raw_tx, mut raw_rx) = mpsc::channel::<Publish>(NOTIFY_BUFFER);
         self.shared.overflowed.store(false, Ordering::SeqCst);

@@ -35,6 +35,9 @@ fn parse_rejects_garbage() {
         " 1:2:n",
         "99999999999999999999999:0:n",
         "+1:2:n",
+        "1:2:line\nbreak",
+        "1:2:\r",
+        "1:2:nul\0",
     ] {
         assert_eq!(s.parse::<Hlc>(), Err(ParseHlcError), "{s:?}");
     }

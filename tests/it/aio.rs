@@ -40,8 +40,8 @@ async fn within<F: Future>(what: &str, f: F) -> F::Output {
 }
 
 /// One SDK client: an MQTT session (running in a task) and the state store client on it.
-struct Sdk {
-    id: String,
+pub(crate) struct Sdk {
+    pub(crate) id: String,
     client: Arc<state_store::Client>,
     exit: SessionExitHandle,
     session: JoinHandle<Result<(), SessionError>>,
@@ -50,7 +50,7 @@ struct Sdk {
 impl Sdk {
     /// Connects a session as the SDK's own samples do, waits for CONNACK, and makes sure the
     /// client's notification subscription is in place.
-    async fn connect(port: u16, prefix: &str) -> Sdk {
+    pub(crate) async fn connect(port: u16, prefix: &str) -> Sdk {
         let id = support::unique_id(prefix);
         let settings = MqttConnectionSettingsBuilder::default()
             .client_id(id.clone())
@@ -201,7 +201,7 @@ impl Sdk {
         .response
     }
 
-    fn lease(&self, name: &[u8]) -> lease::Client {
+    pub(crate) fn lease(&self, name: &[u8]) -> lease::Client {
         lease::Client::new(self.client.clone(), name.to_vec(), self.id.clone().into_bytes()).expect("lease client")
     }
 
@@ -210,7 +210,7 @@ impl Sdk {
     }
 
     /// Shuts the client down and ends the session gracefully (DISCONNECT, session expiry 0).
-    async fn close(self) {
+    pub(crate) async fn close(self) {
         within("the SDK client to shut down", self.client.shutdown())
             .await
             .expect("state store client shutdown");

@@ -581,3 +581,11 @@ pub fn now_ts() -> String {
 pub fn unique_id(prefix: &str) -> String {
     format!("{prefix}-{}", hex::encode(&uuid_like()[..8]))
 }
+
+/// Awaits `f`, failing the test with `what` if it takes longer than [`WAIT`].
+pub async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
+    match tokio::time::timeout(WAIT, f).await {
+        Ok(out) => out,
+        Err(_) => panic!("timed out after {WAIT:?} waiting for {what}"),
+    }
+}
