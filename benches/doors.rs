@@ -4,6 +4,7 @@
 //! cargo bench --bench doors -- [--mqtt-url mqtt://host:port] [--secs 5] [--warmup-secs 1]
 //!                              [--only mqtt,http,grpc,memory] [--keys 1000000]
 //!                              [--inflight 1,16,64,256] [--verbs GET,SET] [--rounds 3]
+//!                              [--paths inbroker,client]
 //!
 //! Echo and stategate run alternately `--rounds` times per row and the run with the median
 //! throughput is printed for each, so a burst of noise on a shared 2-core machine does not
@@ -11,7 +12,8 @@
 //! ```
 //!
 //! - MQTT: an echo responder on the same broker (the limit of MQTT request/response here), then
-//!   stategate, with the same load: QoS 1 requests, 1/16/64/256 in flight, GET and SET of 16-byte
+//!   stategate, with the same load; on the embedded broker both ways of serving, each on its own
+//!   broker with its own echo: in-broker (the default) and the client path (`--mqtt-client-path`): QoS 1 requests, 1/16/64/256 in flight, GET and SET of 16-byte
 //!   keys with 100-byte values. Prints throughput, p50/p90/p99/p99.9 and stategate/echo ratios.
 //! - HTTP: GET and SAVE at a fixed 1,000 requests/s and at saturation with 16 connections, next
 //!   to a bare axum handler returning a constant body.
@@ -45,6 +47,8 @@ struct Opts {
     inflight: Vec<usize>,
     verbs: Vec<String>,
     rounds: usize,
+    /// MQTT serving paths on the embedded broker: `inbroker`, `client`.
+    paths: Vec<String>,
 }
 
 fn opts() -> Opts {
@@ -57,6 +61,7 @@ fn opts() -> Opts {
         inflight: vec![1, 16, 64, 256],
         verbs: vec!["GET".into(), "SET".into()],
         rounds: 3,
+        paths: vec!["inbroker".into(), "client".into()],
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -79,6 +84,12 @@ fn opts() -> Opts {
                     .unwrap_or_default()
             }
             "--rounds" => o.rounds = it.next().and_then(|v| v.parse().ok()).unwrap_or(3).max(1),
+            "--paths" => {
+                o.paths = it
+                    .next()
+                    .map(|v| v.split(',').map(str::to_lowercase).collect())
+                    .unwrap_or_default()
+            }
             "--verbs" => {
                 o.verbs = it
                     .next()
@@ -252,8 +263,8 @@ fn mqtt_opts(id: &str, host: &str, port: u16) -> MqttOptions {
 }
 
 /// The physical limit: republishes each request's payload to its Response Topic.
-async fn echo_responder(host: &str, port: u16) {
-    let (client, mut el) = AsyncClient::new(mqtt_opts("bench-echo", host, port), 4096);
+async fn echo_responder(host: &str, port: u16, n: usize) {
+    let (client, mut el) = AsyncClient::new(mqtt_opts(&format!("bench-echo-{n}"), host, port), 4096);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<rumqttc::v5::mqttbytes::v5::Publish>();
     let (ready_tx, ready_rx) = oneshot::channel();
     let c2 = client.clone();
@@ -380,26 +391,23 @@ fn now_ts() -> String {
     format!("{ms:015}:00000:bench")
 }
 
-async fn mqtt(o: &Opts) {
-    println!(
-        "\n== MQTT: QoS 1 request/response, 16-byte keys, 100-byte values, {} s per row",
-        o.secs
-    );
-    let mut config = Config::default();
-    config.http_listen = None;
-    config.grpc_listen = None;
-    config.broker = match &o.mqtt_url {
-        Some(url) => {
-            let mut a = stategate::config::ServeArgs::default();
-            a.mqtt_url = Some(url.clone());
-            Config::from_args(a).expect("--mqtt-url").broker
-        }
-        None => BrokerChoice::Embedded {
-            listen: "127.0.0.1:0".parse().expect("addr"),
-            client_path: false,
-        },
+/// One way of serving MQTT requests, with an echo responder on the same broker.
+struct MqttTarget {
+    label: &'static str,
+    running: stategate::Running,
+    req: Requester,
+}
+
+/// Starts stategate on `broker` with the echo responder and a load client beside it, and fills
+/// the GET keys.
+async fn mqtt_target(label: &'static str, broker: BrokerChoice, n: usize) -> MqttTarget {
+    let mut config = Config {
+        http_listen: None,
+        grpc_listen: None,
+        broker,
+        ..Config::default()
     };
-    config.mqtt.client_id = "stategate-bench".into();
+    config.mqtt.client_id = format!("stategate-bench-{n}");
     if std::env::var_os("BENCH_CLEAN_SESSION").is_some() {
         config.mqtt.session_expiry = Duration::ZERO;
     }
@@ -410,18 +418,10 @@ async fn mqtt(o: &Opts) {
         let (h, p) = running.mqtt_broker();
         (h.to_owned(), p)
     };
-    println!(
-        "broker: {host}:{port} ({})",
-        if o.mqtt_url.is_some() {
-            "external"
-        } else {
-            "embedded rmqtt"
-        }
-    );
-    echo_responder(&host, port).await;
+    println!("{label}: broker {host}:{port}");
+    echo_responder(&host, port, n).await;
     let value = vec![b'v'; 100];
-    // Populate the GET keys.
-    let setup = Requester::connect("bench-setup", &host, port).await;
+    let setup = Requester::connect(&format!("bench-setup-{n}"), &host, port).await;
     for i in 0..10_000u64 {
         let payload = stategate::resp3::encode_request([&b"SET"[..], &bench_key(i), &value]);
         setup
@@ -433,7 +433,40 @@ async fn mqtt(o: &Opts) {
             )
             .await;
     }
-    let req = Requester::connect("bench-load", &host, port).await;
+    let req = Requester::connect(&format!("bench-load-{n}"), &host, port).await;
+    MqttTarget { label, running, req }
+}
+
+async fn mqtt(o: &Opts) {
+    println!(
+        "\n== MQTT: QoS 1 request/response, 16-byte keys, 100-byte values, {} s per row",
+        o.secs
+    );
+    let mut targets = Vec::new();
+    match &o.mqtt_url {
+        Some(url) => {
+            let a = stategate::config::ServeArgs {
+                mqtt_url: Some(url.clone()),
+                ..Default::default()
+            };
+            let broker = Config::from_args(a).expect("--mqtt-url").broker;
+            targets.push(mqtt_target("client   ", broker, 0).await);
+        }
+        None => {
+            for (n, (label, client_path)) in [("in-broker", false), ("client   ", true)].into_iter().enumerate() {
+                let wanted = if client_path { "client" } else { "inbroker" };
+                if !o.paths.iter().any(|p| p == wanted) {
+                    continue;
+                }
+                let broker = BrokerChoice::Embedded {
+                    listen: "127.0.0.1:0".parse().expect("addr"),
+                    client_path,
+                };
+                targets.push(mqtt_target(label, broker, n).await);
+            }
+        }
+    }
+    let value = vec![b'v'; 100];
     for &inflight in &o.inflight {
         for verb in ["GET", "SET"].into_iter().filter(|v| o.verbs.iter().any(|w| w == v)) {
             let mk = {
@@ -449,32 +482,36 @@ async fn mqtt(o: &Opts) {
                 }
             };
             let seq = Arc::new(std::sync::atomic::AtomicU64::new(1 << 40));
-            let (mut echoes, mut sgs) = (Vec::new(), Vec::new());
+            // Per target: its echo runs and its stategate runs, alternating round by round.
+            let mut runs: Vec<(Vec<Row>, Vec<Row>)> = targets.iter().map(|_| (vec![], vec![])).collect();
             for _ in 0..o.rounds {
-                let (r, mk2, s2) = (req.clone(), mk.clone(), seq.clone());
-                let echo = closed_loop(format!("echo      {verb} x{inflight:<3}"), inflight, o, move |i| {
-                    let (r, (payload, user)) = (r.clone(), mk2(i));
-                    let id = s2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    async move { r.request(ECHO_TOPIC, id, payload, user).await }
-                })
-                .await;
-                let (r, mk2, s2) = (req.clone(), mk.clone(), seq.clone());
-                let sg = closed_loop(format!("stategate {verb} x{inflight:<3}"), inflight, o, move |i| {
-                    let (r, (payload, user)) = (r.clone(), mk2(i));
-                    let id = s2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    async move { r.request(stategate::mqtt::INVOKE_TOPIC, id, payload, user).await }
-                })
-                .await;
-                echoes.push(echo);
-                sgs.push(sg);
+                for (t, (echoes, sgs)) in targets.iter().zip(runs.iter_mut()) {
+                    for (topic, name, out) in [
+                        (ECHO_TOPIC, "echo     ", &mut *echoes),
+                        (stategate::mqtt::INVOKE_TOPIC, t.label, &mut *sgs),
+                    ] {
+                        let (r, mk2, s2) = (t.req.clone(), mk.clone(), seq.clone());
+                        let row = closed_loop(format!("{name} {verb} x{inflight:<3}"), inflight, o, move |i| {
+                            let (r, (payload, user)) = (r.clone(), mk2(i));
+                            let id = s2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            async move { r.request(topic, id, payload, user).await }
+                        })
+                        .await;
+                        out.push(row);
+                    }
+                }
             }
-            let echo = median(echoes);
-            let sg = median(sgs);
-            echo.print(None);
-            sg.print(Some(&echo));
+            for (echoes, sgs) in runs {
+                let echo = median(echoes);
+                let sg = median(sgs);
+                echo.print(None);
+                sg.print(Some(&echo));
+            }
         }
     }
-    running.shutdown().await;
+    for t in targets {
+        t.running.shutdown().await;
+    }
 }
 
 // ---------------------------------------------------------------- HTTP
@@ -637,7 +674,62 @@ impl rpb::dapr_server::Dapr for Bare {
     ) -> Result<tonic::Response<rpb::GetMetadataResponse>, tonic::Status> {
         Ok(tonic::Response::new(rpb::GetMetadataResponse::default()))
     }
+    // Not measured: the lock and configuration RPCs.
+    async fn get_configuration_alpha1(
+        &self,
+        _r: tonic::Request<rpb::GetConfigurationRequest>,
+    ) -> Result<tonic::Response<rpb::GetConfigurationResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bare"))
+    }
+    async fn get_configuration(
+        &self,
+        _r: tonic::Request<rpb::GetConfigurationRequest>,
+    ) -> Result<tonic::Response<rpb::GetConfigurationResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bare"))
+    }
+    type SubscribeConfigurationAlpha1Stream = BareStream;
+    async fn subscribe_configuration_alpha1(
+        &self,
+        _r: tonic::Request<rpb::SubscribeConfigurationRequest>,
+    ) -> Result<tonic::Response<BareStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bare"))
+    }
+    type SubscribeConfigurationStream = BareStream;
+    async fn subscribe_configuration(
+        &self,
+        _r: tonic::Request<rpb::SubscribeConfigurationRequest>,
+    ) -> Result<tonic::Response<BareStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bare"))
+    }
+    async fn unsubscribe_configuration_alpha1(
+        &self,
+        _r: tonic::Request<rpb::UnsubscribeConfigurationRequest>,
+    ) -> Result<tonic::Response<rpb::UnsubscribeConfigurationResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bare"))
+    }
+    async fn unsubscribe_configuration(
+        &self,
+        _r: tonic::Request<rpb::UnsubscribeConfigurationRequest>,
+    ) -> Result<tonic::Response<rpb::UnsubscribeConfigurationResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bare"))
+    }
+    async fn try_lock_alpha1(
+        &self,
+        _r: tonic::Request<rpb::TryLockRequest>,
+    ) -> Result<tonic::Response<rpb::TryLockResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bare"))
+    }
+    async fn unlock_alpha1(
+        &self,
+        _r: tonic::Request<rpb::UnlockRequest>,
+    ) -> Result<tonic::Response<rpb::UnlockResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("bare"))
+    }
 }
+
+type BareStream = std::pin::Pin<
+    Box<dyn futures_util::Stream<Item = Result<rpb::SubscribeConfigurationResponse, tonic::Status>> + Send>,
+>;
 
 async fn grpc(o: &Opts) {
     println!(
@@ -750,17 +842,17 @@ fn rss_bytes() -> u64 {
     pages * 4096
 }
 
-async fn memory(o: &Opts) {
-    let n = o.keys;
-    println!("\n== Memory: {n} keys of 16 bytes with 100-byte values");
-    let engine = stategate::engine::Engine::open(
-        Store::memory(),
-        "bench",
-        Arc::new(stategate::hlc::SystemClock),
-        stategate::engine::Limits::default(),
-    )
-    .await
-    .expect("engine");
+/// Resident set growth per key for `n` keys written through the engine, with the change
+/// history kept (the default) or not.
+async fn engine_bytes_per_key(n: usize, history: bool) -> (f64, usize) {
+    let mut limits = stategate::engine::Limits::default();
+    if !history {
+        limits.feed.max_events = 0;
+    }
+    let engine =
+        stategate::engine::Engine::open(Store::memory(), "bench", Arc::new(stategate::hlc::SystemClock), limits)
+            .await
+            .expect("engine");
     let before = rss_bytes();
     for i in 0..n {
         // Every value its own 100 bytes, as values arriving over a door are.
@@ -776,16 +868,33 @@ async fn memory(o: &Opts) {
         });
         engine.execute(cmd).await.expect("set");
     }
-    let ours = rss_bytes().saturating_sub(before) as f64 / n as f64;
-    println!("stategate (memory storage): {ours:>7.1} bytes/key (resident set growth)");
+    let per_key = rss_bytes().saturating_sub(before) as f64 / n as f64;
+    let held = engine.feed_held().1;
+    drop(engine);
+    // Hand the freed pages back, so the next measurement starts from a clean slate.
+    // SAFETY: malloc_trim has no preconditions.
+    unsafe { libc::malloc_trim(0) };
+    (per_key, held)
+}
+
+async fn memory(o: &Opts) {
+    let n = o.keys;
+    println!("\n== Memory: {n} keys of 16 bytes with 100-byte values");
+    let (index, _) = engine_bytes_per_key(n, false).await;
+    let (total, held) = engine_bytes_per_key(n, true).await;
+    println!("stategate (memory storage):   {index:>7.1} bytes/key (resident set growth, no change history)");
+    println!(
+        "  with the change history:    {total:>7.1} bytes/key (the history is a fixed budget, here {:.1} MiB held)",
+        held as f64 / (1024.0 * 1024.0)
+    );
     match redis_bytes_per_key(n) {
         Some(theirs) => println!(
-            "redis-server used_memory:   {theirs:>7.1} bytes/key   stategate/redis x{:.2}",
-            ours / theirs
+            "redis-server used_memory:     {theirs:>7.1} bytes/key   stategate/redis x{:.2} (x{:.2} with the history)",
+            index / theirs,
+            total / theirs
         ),
         None => println!("redis-server: not installed (apt-get install redis-server), comparison skipped"),
     }
-    drop(engine);
 }
 
 fn redis_bytes_per_key(n: usize) -> Option<f64> {

@@ -148,6 +148,13 @@ pub enum Event {
     },
     /// The service ended the watch because the client fell behind.
     Overflow,
+    /// The position `--since` named is gone from the service's history: the current value of
+    /// every watched key follows (as `Set` events), then `Synced`.
+    Reset,
+    /// The values after a `Reset` are complete; `version` resumes from here.
+    Synced {
+        version: Option<String>,
+    },
 }
 
 /// A live watch: its events, and what a door needs to end it.
@@ -169,8 +176,9 @@ pub trait Door: Send + Sync {
     async fn del(&self, key: &Bytes, if_version: Option<&str>, fencing: Option<&str>) -> Result<DelOutcome, CliError>;
     async fn vdel(&self, key: &Bytes, value: &Bytes, fencing: Option<&str>) -> Result<DelOutcome, CliError>;
     async fn scan_page(&self, pattern: &str, token: Option<Bytes>) -> Result<ScanPage, CliError>;
-    /// Starts watching; returns once changes are being delivered.
-    async fn watch(&self, keys: &[Bytes], patterns: &[String]) -> Result<Watch, CliError>;
+    /// Starts watching (after the change with version `since`, when given); returns once
+    /// changes are being delivered.
+    async fn watch(&self, keys: &[Bytes], patterns: &[String], since: Option<&str>) -> Result<Watch, CliError>;
     /// Ends a watch (MQTT: KEYNOTIFY STOP for each key).
     async fn unwatch(&self, watch: Watch) {
         if let Some(t) = watch.task {
@@ -378,9 +386,18 @@ async fn dispatch(cmd: ClientCommand, out: Output) -> Result<i32, CliError> {
                      registered one by one (KEYNOTIFY); use --http or --grpc to watch patterns or every key",
                 ));
             }
+            if door_kind(&a.connect) == DoorKind::Mqtt && a.since.is_some() {
+                return Err(CliError::usage(
+                    "--since needs --http or --grpc: MQTT notifications (KEYNOTIFY) keep no history to resume from",
+                ));
+            }
+            let since = a.since.as_deref().map(str::trim).filter(|s| !s.is_empty());
             // Registered before the watch starts, so a signal is never lost once it is ready.
             let mut stop = lock::Signals::new()?;
-            with_door(&a.connect, async |d| watch(d, &keys, &a.pattern, out, &mut stop).await).await
+            with_door(&a.connect, async |d| {
+                watch(d, &keys, &a.pattern, since, out, &mut stop).await
+            })
+            .await
         }
         ClientCommand::Lock(a) => {
             let lease = lock::Lease {
@@ -437,20 +454,34 @@ async fn watch(
     door: &dyn Door,
     keys: &[Bytes],
     patterns: &[String],
+    since: Option<&str>,
     out: Output,
     stop: &mut lock::Signals,
 ) -> Result<i32, CliError> {
-    let mut w = door.watch(keys, patterns).await?;
+    let mut w = door.watch(keys, patterns, since).await?;
     out.progress(|| "watching (Ctrl-C to stop)".to_owned());
+    // The last version printed that a resume can start from.
+    let mut resume: Option<String> = since.map(str::to_owned);
     let result = loop {
         tokio::select! {
             _ = stop.recv() => break Ok(Exit::Done as i32),
             ev = w.events.recv() => match ev {
                 Some(Ok(Event::Overflow)) => {
                     let _ = out.print(output::event(out.format, out.verbose, &Event::Overflow));
-                    break Err(CliError::unavailable("the watch fell behind and the service ended it; start it again"));
+                    let how = match &resume {
+                        Some(v) => format!("start it again with --since {v}"),
+                        None => "start it again".to_owned(),
+                    };
+                    break Err(CliError::unavailable(format!("the watch fell behind and the service ended it; {how}")));
                 }
                 Some(Ok(e)) => {
+                    match &e {
+                        Event::Set { version, .. } | Event::Delete { version, .. } | Event::Expire { version, .. } => {
+                            resume = Some(version.clone())
+                        }
+                        Event::Synced { version } => resume = version.clone(),
+                        Event::Reset | Event::Overflow => {}
+                    }
                     if let Err(e) = out.print(output::event(out.format, out.verbose, &e)) {
                         break Err(e);
                     }
@@ -467,20 +498,28 @@ async fn watch(
 /// `http://` is assumed when a URL has no scheme; only plain HTTP is supported so far.
 fn base_url(url: &str, flag: &str) -> Result<String, CliError> {
     let url = url.trim();
-    let rest = if let Some(rest) = url.strip_prefix("http://") {
-        rest
-    } else if url.starts_with("https://") {
-        return Err(CliError::usage(format!("{flag}: TLS (https://) is not supported yet")));
+    let (scheme, rest) = if let Some(rest) = url.strip_prefix("http://") {
+        ("http", rest)
+    } else if let Some(rest) = url.strip_prefix("https://") {
+        ("https", rest)
     } else if url.contains("://") {
-        return Err(CliError::usage(format!("{flag} must be an http:// URL (got {url:?})")));
+        return Err(CliError::usage(format!(
+            "{flag} must be an http:// or https:// URL (got {url:?})"
+        )));
     } else {
-        url
+        ("http", url)
     };
     let rest = rest.trim_end_matches('/');
     if rest.is_empty() || rest.starts_with('/') {
         return Err(CliError::usage(format!("{flag} has no host (got {url:?})")));
     }
-    Ok(format!("http://{rest}"))
+    Ok(format!("{scheme}://{rest}"))
+}
+
+/// The TLS client configuration of the HTTP and gRPC doors: servers verified against
+/// `--ca-file`, or the system's trusted roots.
+fn tls_client_config(c: &args::ConnectArgs, alpn: &[&[u8]]) -> Result<std::sync::Arc<rustls::ClientConfig>, CliError> {
+    crate::tls::client_config(c.ca_file.as_deref(), alpn).map_err(|e| CliError::usage(format!("--ca-file: {e}")))
 }
 
 /// Whole milliseconds of a TTL, rounded up (a TTL is never shortened).
@@ -502,7 +541,7 @@ mod tests {
     fn urls_and_ttls() {
         assert_eq!(base_url("127.0.0.1:3500/", "--http").unwrap(), "http://127.0.0.1:3500");
         assert_eq!(base_url("http://h:1", "--http").unwrap(), "http://h:1");
-        assert_eq!(base_url("https://h", "--http").unwrap_err().exit, Exit::Usage);
+        assert_eq!(base_url("https://h:1/", "--http").unwrap(), "https://h:1");
         assert_eq!(base_url("ftp://h", "--http").unwrap_err().exit, Exit::Usage);
         assert_eq!(base_url("http://", "--http").unwrap_err().exit, Exit::Usage);
         assert_eq!(ttl_ms(Duration::from_millis(1500)), 1500);

@@ -12,9 +12,15 @@ use crate::dapr::{StoreSpec, Stores};
 use crate::engine::{FeedLimits, Limits, ObserverLimits};
 use crate::http::HttpSettings;
 use crate::mqtt::door::DoorLimits;
-use crate::mqtt::service::MqttSettings;
+use crate::mqtt::service::{MqttClientTls, MqttSettings};
 use crate::storage::durable::FsyncMode;
 use crate::storage::{RedisOptions, StorageConfig, StorageKind};
+
+mod net;
+mod url;
+
+pub use net::{CertIdentity, MqttTlsListener, NetArgs, NetSettings, TlsFiles};
+pub use url::{BrokerUrl, MqttCredentials, mask_url_password, parse_broker_url, parse_mqtt_url};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -36,6 +42,8 @@ pub struct Cli {
     pub serve: ServeArgs,
 }
 
+// Parsed once at startup: the size of the serve variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum CliCommand {
     /// Run the service (the default).
@@ -98,7 +106,8 @@ pub struct ServeArgs {
     #[arg(long, env = "STATEGATE_KEYNOTIFY_QUEUE_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub keynotify_queue_bytes: usize,
     /// Changes the watch history keeps (what SSE and gRPC Watch readers are served from, and
-    /// resume from); a reader that falls further behind gets the `overflow` event.
+    /// resume from: SSE Last-Event-ID, gRPC since_version); a reader that falls further behind
+    /// gets the `overflow` event, one that resumes from before it a reset and a snapshot.
     #[arg(long, env = "STATEGATE_WATCH_HISTORY_EVENTS", default_value_t = 65_536)]
     pub watch_history_events: usize,
     /// Bytes of keys and values the watch history keeps (the newest change is always kept).
@@ -118,6 +127,22 @@ pub struct ServeArgs {
     /// `name=name` or `name=<literal>` (repeatable; default `statestore=none`).
     #[arg(long = "state-store", env = "STATEGATE_STATE_STORES", value_delimiter = ',')]
     pub state_stores: Vec<String>,
+    /// A Dapr lock store name, with its key prefix as for --state-store (repeatable; default
+    /// `lockstore=none`, so Dapr locks and Azure IoT Operations leased locks share names).
+    #[arg(long = "lock-store", env = "STATEGATE_LOCK_STORES", value_delimiter = ',')]
+    pub lock_stores: Vec<String>,
+    /// A Dapr configuration store name, with its key prefix as for --state-store (repeatable;
+    /// default `configstore=none`: the same keys as the default state store).
+    #[arg(
+        long = "configuration-store",
+        env = "STATEGATE_CONFIGURATION_STORES",
+        value_delimiter = ','
+    )]
+    pub configuration_stores: Vec<String>,
+    /// Most keys one bulk get or one configuration get may return (a configuration get of
+    /// every key of a store with more keys is refused with a 400 / INVALID_ARGUMENT).
+    #[arg(long, env = "STATEGATE_MAX_BULK_KEYS", default_value_t = 10_000)]
+    pub max_bulk_keys: usize,
     /// Largest HTTP request body, bytes.
     #[arg(long, env = "STATEGATE_HTTP_BODY_LIMIT", default_value_t = 4 * 1024 * 1024)]
     pub http_body_limit: usize,
@@ -242,6 +267,8 @@ pub struct ServeArgs {
     /// `/tmp/dapr-components-sockets/stategate.sock` (daprd's component type `state.stategate`).
     #[arg(long, env = "STATEGATE_DAPR_COMPONENT_SOCKET")]
     pub dapr_component_socket: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub net: NetArgs,
 }
 
 impl Default for ServeArgs {
@@ -268,10 +295,21 @@ pub enum BrokerChoice {
 /// A bad flag value.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("--mqtt-url must look like mqtt://host:port (got {0:?})")]
+    #[error("--mqtt-url must look like mqtt[s]://[user[:password]@]host[:port] (got {0})")]
     BadMqttUrl(String),
-    #[error("--mqtt-url {0:?}: TLS (mqtts://) is not supported yet")]
+    #[error("--mqtt-url {0}: TLS (mqtts://) needs the cargo feature `mqtt-client-tls`")]
     TlsUnsupported(String),
+    #[error(
+        "{flag} {addr} is a plain (non-TLS) listener beyond loopback: anyone who can reach it could read and \
+         write every key. Use TLS ({tls_hint}), bind it to 127.0.0.1, or pass --allow-insecure-listen"
+    )]
+    InsecureListen {
+        flag: &'static str,
+        addr: SocketAddr,
+        tls_hint: &'static str,
+    },
+    #[error("--mqtt-tls-client-ca needs the embedded broker's TLS listener (--tls-cert, --mqtt-tls-listen)")]
+    ClientCaWithoutListener,
     #[error(
         "--node-id must be 1 to 64 ASCII letters, digits, '-', '_' or '.' (it is part of every version, event id and log line; got {0:?})"
     )]
@@ -282,8 +320,8 @@ pub enum ConfigError {
     NoEmbeddedBroker,
     #[error("{flag} must be an address like 127.0.0.1:3500, or off (got {value:?})")]
     BadListen { flag: &'static str, value: String },
-    #[error("--state-store: {0}")]
-    BadStateStore(String),
+    #[error("{flag}: {reason}")]
+    BadStore { flag: &'static str, reason: String },
     #[error(
         "--encryption-key-file applies to --storage durable only (Redis keeps its own data: use its TLS and disk encryption)"
     )]
@@ -315,6 +353,8 @@ pub struct Config {
     pub grpc_listen: Option<SocketAddr>,
     /// Unix socket of the Dapr pluggable state component (`None`: off).
     pub dapr_component_socket: Option<std::path::PathBuf>,
+    /// TLS and listener limits.
+    pub net: NetSettings,
     /// Access files and per-principal limits (loaded by `lib::start`, with `http.api_token`).
     pub access: AccessSettings,
 }
@@ -349,6 +389,10 @@ impl Config {
             None => return Err(ConfigError::NoEmbeddedBroker),
             Some(url) => parse_mqtt_url(url)?,
         };
+        let broker_url = match &a.mqtt_url {
+            Some(url) => Some(parse_broker_url(url)?),
+            None => None,
+        };
         let external = matches!(broker, BrokerChoice::External { .. });
         // A share-group member asks for a clean session by default: a broker keeps routing
         // part of the group's requests to an offline member's persistent session (Mosquitto
@@ -368,6 +412,13 @@ impl Config {
                 response_cache_bytes: a.mqtt_response_cache_bytes,
                 ..DoorLimits::default()
             },
+            tls: match &broker_url {
+                Some(u) if u.tls => Some(MqttClientTls {
+                    ca_file: a.net.mqtt_ca_file.clone(),
+                }),
+                _ => None,
+            },
+            credentials: broker_url.and_then(|u| u.credentials),
             ..MqttSettings::default()
         };
         let limits = Limits {
@@ -393,18 +444,26 @@ impl Config {
         };
         let http_listen = parse_listen("--http-listen", &a.http_listen)?;
         let grpc_listen = parse_listen("--grpc-listen", &a.grpc_listen)?;
-        let stores = if a.state_stores.is_empty() {
-            Stores::default()
-        } else {
-            let specs = a
-                .state_stores
-                .iter()
-                .map(|s| s.parse::<StoreSpec>().map_err(ConfigError::BadStateStore))
+        let stores = |given: &[String], default: &str, flag: &'static str| -> Result<Stores, ConfigError> {
+            let given: Vec<&str> = if given.is_empty() {
+                vec![default]
+            } else {
+                given.iter().map(String::as_str).collect()
+            };
+            let specs = given
+                .into_iter()
+                .map(|s| {
+                    s.parse::<StoreSpec>()
+                        .map_err(|e| ConfigError::BadStore { flag, reason: e })
+                })
                 .collect::<Result<Vec<_>, _>>()?;
-            Stores::new(specs)
+            Ok(Stores::new(specs))
         };
         let http = HttpSettings {
-            stores,
+            stores: stores(&a.state_stores, "statestore", "--state-store")?,
+            lock_stores: stores(&a.lock_stores, "lockstore", "--lock-store")?,
+            configuration_stores: stores(&a.configuration_stores, "configstore", "--configuration-store")?,
+            max_bulk_keys: a.max_bulk_keys.max(1),
             api_token: a.api_token.filter(|t| !t.is_empty()),
             body_limit: a.http_body_limit,
             max_transaction_ops: a.max_transaction_ops.max(1),
@@ -454,7 +513,27 @@ impl Config {
                 member_timeout: Duration::from_millis(a.redis_member_timeout_ms.max(50)),
             },
         };
+        let net = NetSettings::from_args(&a.net)?;
+        if net.mqtt_tls.is_none() && a.net.mqtt_tls_client_ca.is_some() {
+            return Err(ConfigError::ClientCaWithoutListener);
+        }
+        if !a.net.allow_insecure_listen {
+            let tls = net.tls.is_some();
+            let mut plain: Vec<(&'static str, SocketAddr, &'static str)> = Vec::new();
+            if let BrokerChoice::Embedded { listen, .. } = &broker {
+                plain.push(("--mqtt-listen", *listen, "--tls-cert/--tls-key and --mqtt-tls-listen"));
+            }
+            if !tls {
+                let hint = "--tls-cert/--tls-key";
+                plain.extend(http_listen.map(|addr| ("--http-listen", addr, hint)));
+                plain.extend(grpc_listen.map(|addr| ("--grpc-listen", addr, hint)));
+            }
+            if let Some((flag, addr, tls_hint)) = plain.into_iter().find(|(_, addr, _)| !addr.ip().is_loopback()) {
+                return Err(ConfigError::InsecureListen { flag, addr, tls_hint });
+            }
+        }
         Ok(Config {
+            net,
             node_id: a.node_id,
             broker,
             mqtt,
@@ -479,184 +558,5 @@ fn parse_listen(flag: &'static str, value: &str) -> Result<Option<SocketAddr>, C
     }
 }
 
-/// `mqtt://host[:port]` (or `tcp://`); the port defaults to 1883.
-pub fn parse_mqtt_url(url: &str) -> Result<BrokerChoice, ConfigError> {
-    let bad = || ConfigError::BadMqttUrl(url.to_owned());
-    let rest = if let Some(r) = url.strip_prefix("mqtt://").or_else(|| url.strip_prefix("tcp://")) {
-        r
-    } else if url.starts_with("mqtts://") || url.starts_with("ssl://") {
-        return Err(ConfigError::TlsUnsupported(url.to_owned()));
-    } else {
-        return Err(bad());
-    };
-    let rest = rest.trim_end_matches('/');
-    let (host, port) = match rest.rsplit_once(':') {
-        Some((h, p)) => (h, p.parse::<u16>().map_err(|_| bad())?),
-        None => (rest, 1883),
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    if host.is_empty() || host.contains('/') {
-        return Err(bad());
-    }
-    Ok(BrokerChoice::External {
-        host: host.to_owned(),
-        port,
-    })
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn defaults_are_valid_and_embedded_on_loopback() {
-        let c = Config::default();
-        assert_eq!(c.node_id, "stategate");
-        if cfg!(feature = "embedded-broker") {
-            assert_eq!(
-                c.broker,
-                BrokerChoice::Embedded {
-                    listen: "127.0.0.1:1883".parse().unwrap(),
-                    client_path: false,
-                }
-            );
-        }
-        assert!(c.limits.observers.idle.is_none());
-    }
-
-    #[test]
-    fn mqtt_urls() {
-        let ext = |h: &str, p| BrokerChoice::External {
-            host: h.into(),
-            port: p,
-        };
-        assert_eq!(parse_mqtt_url("mqtt://localhost:1884").unwrap(), ext("localhost", 1884));
-        assert_eq!(parse_mqtt_url("mqtt://10.0.0.1").unwrap(), ext("10.0.0.1", 1883));
-        assert_eq!(parse_mqtt_url("tcp://[::1]:1883/").unwrap(), ext("::1", 1883));
-        assert!(matches!(
-            parse_mqtt_url("mqtts://h:8883"),
-            Err(ConfigError::TlsUnsupported(_))
-        ));
-        for bad in ["http://h:1", "mqtt://", "mqtt://h:x", "mqtt://h:70000", "h:1883"] {
-            assert!(matches!(parse_mqtt_url(bad), Err(ConfigError::BadMqttUrl(_))), "{bad}");
-        }
-    }
-
-    #[test]
-    fn external_broker_turns_on_observer_idle_expiry() {
-        let mut a = ServeArgs::default();
-        a.mqtt_url = Some("mqtt://127.0.0.1:1".into());
-        let c = Config::from_args(a).unwrap();
-        assert_eq!(c.limits.observers.idle, Some(Duration::from_secs(86_400)));
-    }
-
-    #[test]
-    fn bad_values_are_refused() {
-        let mut a = ServeArgs::default();
-        a.node_id = "a:b".into();
-        assert!(matches!(Config::from_args(a), Err(ConfigError::BadNodeId(_))));
-        // What would break a version, an SSE event id (a newline) or a log line is refused.
-        for bad in ["", "a\nb", "a b", "é", "a/b", &"n".repeat(65)] {
-            let mut a = ServeArgs::default();
-            a.node_id = bad.into();
-            assert!(
-                matches!(Config::from_args(a), Err(ConfigError::BadNodeId(_))),
-                "{bad:?}"
-            );
-        }
-        for good in ["n1", "edge-gw_01.site", &"n".repeat(64)] {
-            let mut a = ServeArgs::default();
-            a.node_id = good.into();
-            assert!(Config::from_args(a).is_ok(), "{good:?}");
-        }
-        let mut a = ServeArgs::default();
-        a.mqtt_max_packet_bytes = 1024;
-        assert!(matches!(Config::from_args(a), Err(ConfigError::PacketTooSmall { .. })));
-    }
-
-    #[test]
-    fn storage_flags() {
-        let c = Config::default();
-        assert_eq!(c.storage.kind, StorageKind::Durable);
-        assert_eq!(c.storage.data_dir, PathBuf::from("./stategate-data"));
-        assert_eq!(c.storage.fsync, FsyncMode::Always);
-        let cli = Cli::try_parse_from([
-            "stategate",
-            "--storage",
-            "memory",
-            "--fsync",
-            "batch",
-            "--data-dir",
-            "/d",
-        ])
-        .unwrap();
-        let c = Config::from_args(cli.serve).unwrap();
-        assert_eq!(c.storage.kind, StorageKind::Memory);
-        assert_eq!(c.storage.fsync, FsyncMode::Batch);
-        assert_eq!(c.storage.data_dir, PathBuf::from("/d"));
-        let err = Cli::try_parse_from(["stategate", "--storage", "disk"])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("expected durable, memory or redis://host:port"), "{err}");
-        let err = Cli::try_parse_from(["stategate", "--fsync", "sometimes"])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("expected always, batch or never"), "{err}");
-    }
-
-    #[test]
-    fn redis_storage_flags() {
-        let c = Config::default();
-        assert_eq!(c.storage.redis, RedisOptions::default());
-        assert_eq!(c.storage.redis.prefix, "stategate:");
-        assert_eq!(c.storage.redis.timeout, Duration::from_millis(1000));
-        let cli = Cli::try_parse_from([
-            "stategate",
-            "--storage",
-            "redis://app:s3cret@10.0.0.5:6380/2",
-            "--redis-prefix",
-            "{sg}:",
-            "--redis-timeout-ms",
-            "250",
-            "--redis-wait-replicas",
-            "1",
-            "--redis-startup-wait-secs",
-            "5",
-        ]);
-        if cfg!(feature = "redis") {
-            let c = Config::from_args(cli.unwrap().serve).unwrap();
-            let StorageKind::Redis(url) = &c.storage.kind else {
-                panic!("not redis: {:?}", c.storage.kind);
-            };
-            assert_eq!(url.expose(), "redis://app:s3cret@10.0.0.5:6380/2");
-            assert_eq!(
-                url.to_string(),
-                "redis://app:***@10.0.0.5:6380/2",
-                "no password in logs"
-            );
-            assert!(!format!("{c:?}").contains("s3cret"), "no password in Debug either");
-            assert_eq!(c.storage.redis.prefix, "{sg}:");
-            assert_eq!(c.storage.redis.timeout, Duration::from_millis(250));
-            assert_eq!(c.storage.redis.wait_replicas, 1);
-            assert_eq!(c.storage.redis.startup_wait, Duration::from_secs(5));
-        } else {
-            let err = cli.unwrap_err().to_string();
-            assert!(err.contains("without the cargo feature `redis`"), "{err}");
-            assert!(!err.contains("s3cret"), "{err}");
-        }
-    }
-
-    #[test]
-    fn flags_parse_with_and_without_the_subcommand() {
-        let cli = Cli::try_parse_from(["stategate", "--max-keys", "5"]).unwrap();
-        assert_eq!(cli.serve.max_keys, Some(5));
-        assert!(Config::default().http.ui, "the web console is on by default");
-        let cli = Cli::try_parse_from(["stategate", "--no-ui"]).unwrap();
-        assert!(!Config::from_args(cli.serve).unwrap().http.ui);
-        let cli = Cli::try_parse_from(["stategate", "serve", "--node-id", "n2"]).unwrap();
-        match cli.command {
-            Some(CliCommand::Serve(a)) => assert_eq!(a.node_id, "n2"),
-            other => panic!("expected serve, got {other:?}"),
-        }
-    }
-}
+mod tests;

@@ -7,11 +7,15 @@ use std::collections::HashMap;
 
 use base64::Engine as _;
 use bytes::Bytes;
+use serde_json::value::RawValue;
 
 use crate::access::{self, Grant, Op};
-use crate::engine::{Del, DelCondition, Engine, EngineError, Entry, Reply, Set, SetCondition, TxOp};
+use crate::engine::watch::{Selector, WatchSpec};
+use crate::engine::{Del, DelCondition, Engine, EngineError, Entry, KeyFilter, Reply, Set, SetCondition, TxOp};
 use crate::hlc::Hlc;
 
+pub mod configuration;
+pub mod lock;
 pub mod query;
 
 /// The separator Dapr puts between a key prefix and a key.
@@ -88,15 +92,32 @@ impl Stores {
         Stores(specs)
     }
 
+    /// One store without a key prefix.
+    pub fn named(name: &str) -> Stores {
+        Stores(vec![StoreSpec {
+            name: name.to_owned(),
+            prefix: KeyPrefix::None,
+        }])
+    }
+
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.0.iter().map(|s| s.name.as_str())
     }
 
+    /// A state store by name.
     pub fn get(&self, name: &str) -> Result<&StoreSpec, DaprError> {
+        self.get_kind(name, "state")
+    }
+
+    /// A store of building block `kind` (`lock`, `configuration`, ...) by name.
+    pub fn get_kind(&self, name: &str, kind: &'static str) -> Result<&StoreSpec, DaprError> {
         self.0
             .iter()
             .find(|s| s.name == name)
-            .ok_or_else(|| DaprError::StoreNotFound(name.to_owned()))
+            .ok_or_else(|| DaprError::StoreNotFound {
+                kind,
+                name: name.to_owned(),
+            })
     }
 }
 
@@ -153,13 +174,27 @@ impl StoreSpec {
         let p = self.key_prefix();
         String::from_utf8_lossy(engine_key.strip_prefix(&p[..]).unwrap_or(engine_key)).into_owned()
     }
+
+    /// A watch of this store's keys: `keys` (engine keys) and keys whose Dapr name matches one
+    /// of `patterns`; every key of the store when both are empty.
+    pub fn watch(&self, keys: Vec<Bytes>, patterns: &[String]) -> Result<WatchSpec, DaprError> {
+        let selector = Selector::new(keys, patterns).map_err(DaprError::Malformed)?;
+        let only = selector.only_keys();
+        let store = self.clone();
+        Ok(WatchSpec {
+            wanted: KeyFilter::new(move |k| store.owns(k) && selector.wants(k, || store.dapr_key(k).into())),
+            prefix: Bytes::from(self.key_prefix()),
+            only,
+        })
+    }
 }
 
 /// What went wrong with a Dapr request. Each door maps it (with the operation) to its codes.
 #[derive(Debug, thiserror::Error)]
 pub enum DaprError {
-    #[error("state store {0} is not found")]
-    StoreNotFound(String),
+    /// `kind`: the building block (`state`, `lock`, `configuration`).
+    #[error("{kind} store {name} is not found")]
+    StoreNotFound { kind: &'static str, name: String },
     #[error("{0}")]
     Malformed(String),
     #[error("invalid etag value: {0}")]
@@ -262,11 +297,97 @@ pub fn stored_value(value: Vec<u8>, metadata: &HashMap<String, String>) -> Resul
     if !json {
         return Ok(Bytes::from(value));
     }
-    let v: serde_json::Value = serde_json::from_slice(&value)
+    let raw: &RawValue = serde_json::from_slice(&value)
         .map_err(|e| DaprError::Malformed(format!("contentType is application/json but the value is not: {e}")))?;
-    serde_json::to_vec(&v)
-        .map(Bytes::from)
-        .map_err(|e| DaprError::Malformed(e.to_string()))
+    check_decodes(raw.get())?;
+    Ok(Bytes::from(compact_json(raw.get())))
+}
+
+/// Refuses JSON that does not decode into values, as daprd refuses it (Go decodes a saved value
+/// before storing it): a number outside the range of a double (`1e400`), a string escape that
+/// is not Unicode (a lone surrogate, `"\ud800"`). Such text would be stored, yet no one who
+/// decodes JSON could read it (the query engine included). Nothing is kept: numbers in range
+/// keep their text, every digit, whatever their precision. `json` must be syntactically valid.
+pub fn check_decodes(json: &str) -> Result<(), DaprError> {
+    serde_json::from_str::<Decodes>(json)
+        .map(|_| ())
+        .map_err(|e| DaprError::Malformed(format!("the value does not decode: {e}")))
+}
+
+/// Decodes every scalar of a JSON document (validating it) and keeps nothing.
+struct Decodes;
+
+impl<'de> serde::Deserialize<'de> for Decodes {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Decodes, D::Error> {
+        d.deserialize_any(DecodesVisitor)
+    }
+}
+
+struct DecodesVisitor;
+
+impl<'de> serde::de::Visitor<'de> for DecodesVisitor {
+    type Value = Decodes;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Decodes, E> {
+        Ok(Decodes)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Decodes, E> {
+        Ok(Decodes)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Decodes, E> {
+        Ok(Decodes)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Decodes, E> {
+        Ok(Decodes)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Decodes, E> {
+        Ok(Decodes)
+    }
+    fn visit_unit<E>(self) -> Result<Decodes, E> {
+        Ok(Decodes)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Decodes, A::Error> {
+        while seq.next_element::<Decodes>()?.is_some() {}
+        Ok(Decodes)
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Decodes, A::Error> {
+        while map.next_entry::<Decodes, Decodes>()?.is_some() {}
+        Ok(Decodes)
+    }
+}
+
+/// JSON text without the whitespace between its tokens; everything else (numbers, string
+/// escapes, key order) exactly as given. `json` must be valid JSON (a parsed [`RawValue`]).
+/// Re-serialising a parsed document instead would change numbers: a double can come back with
+/// another last digit, and integers past 2^64 as doubles.
+pub fn compact_json(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for c in json.chars() {
+        if in_string {
+            out.push(c);
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            ' ' | '\t' | '\n' | '\r' => {}
+            '"' => {
+                in_string = true;
+                out.push(c);
+            }
+            _ => out.push(c),
+        }
+    }
+    out
 }
 
 /// One key of a bulk get, in request order.
@@ -330,22 +451,35 @@ pub struct ComponentInfo {
     pub capabilities: Vec<String>,
 }
 
-/// The configured stores as the metadata answers list them.
-pub fn components(stores: &Stores) -> Vec<ComponentInfo> {
-    stores
-        .names()
-        .map(|name| ComponentInfo {
-            name: name.to_owned(),
-            kind: "state.stategate",
-            version: "v1",
-            capabilities: FEATURES.iter().map(|f| f.to_string()).collect(),
-        })
-        .collect()
+/// The configured stores as the metadata answers list them: state stores (with their
+/// features), then lock stores, then configuration stores.
+pub fn components(state: &Stores, locks: &Stores, configuration: &Stores) -> Vec<ComponentInfo> {
+    let of = |stores: &Stores, kind: &'static str, features: &[&str]| -> Vec<ComponentInfo> {
+        stores
+            .names()
+            .map(|name| ComponentInfo {
+                name: name.to_owned(),
+                kind,
+                version: "v1",
+                capabilities: features.iter().map(|f| f.to_string()).collect(),
+            })
+            .collect()
+    };
+    let mut all = of(state, "state.stategate", &FEATURES);
+    all.extend(of(locks, "lock.stategate", &[]));
+    all.extend(of(configuration, "configuration.stategate", &[]));
+    all
 }
 
 /// Saves every item (each its own atomic write; good items land even when another fails) and
-/// returns the first failure.
+/// returns the first failure. As daprd does, what makes the request itself malformed (a key
+/// that is empty or has `||`, a value that cannot be decoded) fails it before anything is
+/// written; the rest (ETags, options, metadata, the rules) is decided item by item.
 pub async fn save_each(engine: &Engine, grant: &Grant, store: &StoreSpec, items: &[SaveItem]) -> Result<(), DaprError> {
+    for item in items {
+        store.engine_key(&item.key)?;
+        decode_value(&item.value, &item.metadata)?;
+    }
     let mut first = None;
     for item in items {
         if let Err(e) = save(engine, grant, store, item).await {
@@ -355,13 +489,16 @@ pub async fn save_each(engine: &Engine, grant: &Grant, store: &StoreSpec, items:
     first.map_or(Ok(()), Err)
 }
 
-/// Deletes every item, like [`save_each`].
+/// Deletes every item, like [`save_each`] (keys are checked before anything is deleted).
 pub async fn delete_each(
     engine: &Engine,
     grant: &Grant,
     store: &StoreSpec,
     items: &[DeleteItem],
 ) -> Result<(), DaprError> {
+    for item in items {
+        store.engine_key(&item.key)?;
+    }
     let mut first = None;
     for item in items {
         if let Err(e) = delete(engine, grant, store, item).await {
@@ -688,17 +825,24 @@ pub fn decode_value(value: &Bytes, metadata: &HashMap<String, String>) -> Result
         })
 }
 
-/// A value placed inside a JSON document (bulk get, query, events): JSON values as they are;
-/// anything else as a base64 string, flagged by item metadata `contentEncoding: base64`.
-pub fn value_to_json(value: &[u8]) -> (serde_json::Value, Option<(&'static str, &'static str)>) {
-    // One parse: the parsed document is what goes in the answer.
-    match serde_json::from_slice::<serde_json::Value>(value) {
-        Ok(v) => (v, None),
-        Err(_) => (
-            serde_json::Value::String(base64::engine::general_purpose::STANDARD.encode(value)),
-            Some((ENCODING_METADATA, "base64")),
-        ),
+/// A value placed inside a JSON document (bulk get, query, events): JSON values as their stored
+/// text (never re-parsed, so numbers keep every digit); anything else as a base64 string,
+/// flagged by item metadata `contentEncoding: base64`.
+pub fn value_to_json(value: &[u8]) -> (Box<RawValue>, Option<(&'static str, &'static str)>) {
+    let json = std::str::from_utf8(value)
+        .ok()
+        .and_then(|text| serde_json::from_str::<Box<RawValue>>(text).ok());
+    match json {
+        Some(raw) => (raw, None),
+        None => (base64_json(value), Some((ENCODING_METADATA, "base64"))),
     }
+}
+
+/// Bytes as a JSON string of their base64.
+pub fn base64_json(value: &[u8]) -> Box<RawValue> {
+    let text = format!("\"{}\"", base64::engine::general_purpose::STANDARD.encode(value));
+    // Base64 has no character that needs escaping in a JSON string.
+    RawValue::from_string(text).unwrap_or_else(|_| Box::<RawValue>::default())
 }
 
 /// RFC 3339 (UTC) of a deadline in ms since the epoch, for `ttlExpireTime`.

@@ -199,7 +199,8 @@ impl Engine {
         if let Some(max) = store.backend().max_version().await? {
             hlc.observe(&max);
         }
-        let feed = Arc::new(Feed::new(limits.feed.clone()));
+        // A version of its own names the feed's start (see `Feed::position_after`).
+        let feed = Arc::new(Feed::new(limits.feed.clone(), hlc.now()));
         let (shared, cursor, observers) = match store.backend().change_log() {
             Some(log) => {
                 let (shared, cursor, observers) = shared::SharedLog::open(log).await?;
@@ -441,20 +442,37 @@ impl Engine {
         }
     }
 
+    /// Whether a record read now is past its deadline (the clock is read only for records
+    /// that have one).
+    fn is_expired(&self, r: &Record) -> bool {
+        r.expires_at_ms.is_some() && r.is_expired(self.0.hlc.wall_ms())
+    }
+
     /// Reads a key under its stripe lock; an expired record is removed (observers are told) and
     /// reads as absent.
     async fn load_live(&self, key: &Bytes) -> Result<Option<Record>, EngineError> {
-        match self.load_live_marked(key, None).await? {
+        match self.load_live_marked(key, None, true).await? {
             Loaded::Record(r) => Ok(r),
             Loaded::Repeated(_) => Err(contended()),
         }
     }
 
     /// [`Engine::load_live`] for a request that may be a repeat: its first outcome instead,
-    /// when it was applied before.
-    async fn load_live_marked(&self, key: &Bytes, request: Option<&RequestId>) -> Result<Loaded, EngineError> {
+    /// when it was applied before. Without `value` the record's value may be left empty (a
+    /// write that does not compare it; the memory index then copies nothing).
+    async fn load_live_marked(
+        &self,
+        key: &Bytes,
+        request: Option<&RequestId>,
+        value: bool,
+    ) -> Result<Loaded, EngineError> {
         let request = request.filter(|_| self.shared().is_some()).map(|r| &r.id[..]);
-        let (rec, mark) = self.0.store.backend().get_marked(key, request).await?;
+        let backend = self.0.store.backend();
+        let (rec, mark) = match request {
+            // The record cache keeps whole records, so with one every read takes the value.
+            None if !value && self.0.cache.is_none() => (backend.get_head(key).await?, None),
+            request => backend.get_marked(key, request).await?,
+        };
         if let Some(outcome) = mark {
             return Ok(Loaded::Repeated(shared::decode_outcome(&outcome)?));
         }
@@ -462,7 +480,7 @@ impl Engine {
             cache.read(key, rec.as_ref());
         }
         Ok(Loaded::Record(match rec {
-            Some(r) if r.is_expired(self.0.hlc.wall_ms()) => {
+            Some(r) if self.is_expired(&r) => {
                 self.remove(key, &r, ChangeKind::Expire, None).await?;
                 None
             }
@@ -573,14 +591,26 @@ impl Engine {
         if !applies {
             return Ok(None);
         }
-        let floors: Vec<&Hlc> = c.timestamp.iter().chain(cur.map(|r| &r.version)).collect();
+        // No allocation: one or two floors live on the stack.
+        let (two, one);
+        let floors: &[&Hlc] = match (c.timestamp.as_ref(), cur.map(|r| &r.version)) {
+            (Some(a), Some(b)) => {
+                two = [a, b];
+                &two
+            }
+            (Some(a), None) | (None, Some(a)) => {
+                one = [a];
+                &one
+            }
+            (None, None) => &[],
+        };
         let fencing = match (cur.and_then(|r| r.fencing.clone()), c.fencing.clone()) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
         };
         Ok(Some(Record {
             value: c.value.clone(),
-            version: self.0.hlc.next_after(&floors),
+            version: self.0.hlc.next_after(floors),
             fencing,
             expires_at_ms: c.ttl_ms.map(|t| self.0.hlc.wall_ms().saturating_add(t)),
         }))
@@ -610,9 +640,11 @@ impl Engine {
     async fn set_once(&self, c: &Set, request: Option<&RequestId>) -> Result<Response, EngineError> {
         self.check_set(c)?;
         let _guard = self.lock(&c.key).await;
+        // Only NEX compares the stored value.
+        let value = matches!(c.condition, SetCondition::IfAbsentOrEqual);
         let mut fresh = false;
         for _ in 0..MAX_SWAP_ATTEMPTS {
-            let (cur, cached) = match self.start_write(&c.key, request, fresh).await? {
+            let (cur, cached) = match self.start_write(&c.key, request, value, fresh).await? {
                 Start::Record { record, cached } => (record, cached),
                 Start::Repeated(first) => return Ok(first),
                 Start::Stale => {
@@ -685,7 +717,7 @@ impl Engine {
         }
         match record {
             None => Ok(None),
-            Some(r) if r.is_expired(self.0.hlc.wall_ms()) => {
+            Some(r) if self.is_expired(&r) => {
                 let _guard = self.lock(key).await;
                 match self.load_live(key).await {
                     // The key is absent either way; a full disk only delays its removal (the
@@ -857,7 +889,7 @@ impl Engine {
         let _guard = self.lock(&key).await;
         let mut fresh = false;
         for _ in 0..MAX_SWAP_ATTEMPTS {
-            let (cur, cached) = match self.start_write(&key, request, fresh).await? {
+            let (cur, cached) = match self.start_write(&key, request, if_value.is_some(), fresh).await? {
                 Start::Record { record, cached } => (record, cached),
                 Start::Repeated(first) => return Ok(first),
                 Start::Stale => {

@@ -7,8 +7,12 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tokio::net::{TcpListener, UnixListener};
-use tokio_stream::wrappers::UnixListenerStream;
+use std::time::Duration;
+
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
 use tonic::service::Interceptor;
 use tonic::transport::Server;
 use tonic::{Request, Status};
@@ -17,9 +21,12 @@ use crate::access::{Access, Grant};
 use crate::dapr::StoreSpec;
 use crate::engine::Engine;
 use crate::http::HttpSettings;
+use crate::listener::Listener;
+use crate::listener::inflight::InFlight;
 
 mod component;
 pub mod error;
+mod limit;
 mod native;
 mod runtime;
 
@@ -141,12 +148,48 @@ pub enum GrpcError {
     },
 }
 
-/// Serves the TCP gRPC door on an already bound listener until `shutdown` resolves.
+/// How the TCP gRPC door bounds its work (the listener bounds its connections).
+#[derive(Debug, Clone)]
+pub struct GrpcLimits {
+    /// Calls and streams in flight for the whole door.
+    pub inflight: InFlight,
+    /// HTTP/2 streams one connection may have open.
+    pub max_streams_per_connection: u32,
+    /// HTTP/2 keep-alive ping interval, and how long a ping may go unanswered.
+    pub keepalive: Duration,
+}
+
+impl Default for GrpcLimits {
+    fn default() -> GrpcLimits {
+        GrpcLimits {
+            inflight: InFlight::new(1024, 1024),
+            max_streams_per_connection: 256,
+            keepalive: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Aborts a task when dropped (the accept loop dies with the server that consumes it).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Connections handed from the listener to tonic and not yet taken by it. Small: a connection
+/// waiting here already holds its listener slot, so the listener's limit still bounds them.
+const HANDOFF_QUEUE: usize = 16;
+
+/// Serves the TCP gRPC door on `listener` (plain or TLS, with its connection limit) until
+/// `stop` changes.
 pub async fn serve_tcp(
     engine: Engine,
     settings: Arc<HttpSettings>,
-    listener: TcpListener,
-    shutdown: impl std::future::Future<Output = ()> + Send,
+    listener: Listener,
+    limits: GrpcLimits,
+    stop: watch::Receiver<bool>,
 ) -> Result<(), GrpcError> {
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter
@@ -165,8 +208,24 @@ pub async fn serve_tcp(
     let runtime = rpb::dapr_server::DaprServer::new(runtime::Runtime { engine, settings })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let (handoff, connections) = tokio::sync::mpsc::channel(HANDOFF_QUEUE);
+    let _accept = AbortOnDrop(tokio::spawn(listener.run(stop.clone(), move |conn| {
+        let handoff = handoff.clone();
+        async move {
+            // Fails only when the server has stopped: the connection is then dropped.
+            let _ = handoff.send(conn).await;
+        }
+    })));
+    let incoming = ReceiverStream::new(connections).map(Ok::<_, std::io::Error>);
+    let mut stop = stop;
+    let shutdown = async move {
+        let _ = stop.changed().await;
+    };
     Server::builder()
-        .tcp_nodelay(true)
+        .layer(limit::InFlightLayer(limits.inflight))
+        .max_concurrent_streams(limits.max_streams_per_connection)
+        .http2_keepalive_interval(Some(limits.keepalive))
+        .http2_keepalive_timeout(Some(limits.keepalive))
         .add_service(tonic::service::interceptor::InterceptedService::new(
             native,
             check.clone(),
@@ -175,12 +234,7 @@ pub async fn serve_tcp(
         .add_service(health)
         .add_service(reflection_v1(TCP_SERVICES)?)
         .add_service(reflection_v1alpha(TCP_SERVICES)?)
-        // `Server::tcp_nodelay` only reaches sockets the server binds itself; ours are accepted
-        // from a bound listener, so set it here (without it: 40 ms stalls from Nagle + delayed ACK).
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     Ok(())
 }

@@ -63,13 +63,18 @@ impl FromStr for Hlc {
     type Err = ParseHlcError;
 
     /// Parses `ms:counter:node`. The node is everything after the second `:` and must be
-    /// non-empty and free of `:`. Numbers are decimal digits only, padded or not.
+    /// non-empty and free of `:` and of control characters (a version travels in headers and
+    /// event ids, where a line break cannot). Numbers are decimal digits only, padded or not.
     fn from_str(s: &str) -> Result<Hlc, ParseHlcError> {
         let mut parts = s.splitn(3, ':');
         let ms = parse_digits(parts.next())?;
         let counter = parse_digits(parts.next())?;
         let node = parts.next().ok_or(ParseHlcError)?;
-        if node.is_empty() || node.contains(':') || counter > u64::from(MAX_COUNTER) {
+        if node.is_empty()
+            || node.contains(':')
+            || node.chars().any(char::is_control)
+            || counter > u64::from(MAX_COUNTER)
+        {
             return Err(ParseHlcError);
         }
         Ok(Hlc::new(ms, counter as u32, node))
@@ -131,10 +136,49 @@ impl<C: Clock> Clock for Arc<C> {
 }
 
 /// The service's one hybrid logical clock.
+///
+/// The last timestamp issued is one atomic word, `ms << 17 | counter` (the counter never passes
+/// [`MAX_COUNTER`] < 2^17), so issuing a version is a compare-and-swap, not a lock. Should the
+/// milliseconds ever reach 2^47 (the year 6429, or a stored version claiming it) the clock moves
+/// for good to a mutex-guarded pair, [`HlcClock::wide`].
 pub struct HlcClock {
     node: Arc<str>,
     clock: Arc<dyn Clock>,
-    last: Mutex<(u64, u32)>,
+    /// The last timestamp issued, packed; [`WIDE`] once it no longer packs.
+    last: AtomicU64,
+    /// The last timestamp issued once `last` is [`WIDE`].
+    wide: Mutex<(u64, u32)>,
+}
+
+const COUNTER_BITS: u32 = 17;
+const PACKED_MS_LIMIT: u64 = 1 << (64 - COUNTER_BITS);
+/// `last` once timestamps no longer pack (never a packed value: its ms would be the limit).
+const WIDE: u64 = u64::MAX;
+
+fn pack((ms, counter): (u64, u32)) -> Option<u64> {
+    (ms < PACKED_MS_LIMIT).then_some((ms << COUNTER_BITS) | u64::from(counter))
+}
+
+fn unpack(p: u64) -> (u64, u32) {
+    (p >> COUNTER_BITS, (p & ((1 << COUNTER_BITS) - 1)) as u32)
+}
+
+/// A counter past [`MAX_COUNTER`] steps exactly like [`MAX_COUNTER`] (to the next millisecond),
+/// so inputs are clamped to it and every tick packs.
+fn clamped(t: (u64, u32)) -> (u64, u32) {
+    (t.0, t.1.min(MAX_COUNTER))
+}
+
+/// The HLC step: the wall clock if it is ahead, otherwise one tick past `cur`.
+fn step(cur: (u64, u32), wall: u64) -> (u64, u32) {
+    if wall > cur.0 {
+        (wall, 0)
+    } else if cur.1 >= MAX_COUNTER {
+        // The counter is full: borrow the next millisecond rather than overflow the wire form.
+        (cur.0.saturating_add(1), 0)
+    } else {
+        (cur.0, cur.1 + 1)
+    }
 }
 
 impl fmt::Debug for HlcClock {
@@ -149,7 +193,8 @@ impl HlcClock {
         HlcClock {
             node: node.into(),
             clock,
-            last: Mutex::new((0, 0)),
+            last: AtomicU64::new(0),
+            wide: Mutex::new((0, 0)),
         }
     }
 
@@ -165,35 +210,63 @@ impl HlcClock {
     /// Makes sure no timestamp issued from now on is at or below `floor` (used at startup
     /// with the highest version found in durable storage, so versions never go backwards).
     pub fn observe(&self, floor: &Hlc) {
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        if floor.tick() > *last {
-            *last = floor.tick();
+        let floor = clamped(floor.tick());
+        let mut last = self.last.load(Ordering::Acquire);
+        while last != WIDE {
+            if unpack(last) >= floor {
+                return;
+            }
+            let Some(p) = pack(floor) else { break };
+            match self
+                .last
+                .compare_exchange_weak(last, p, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return,
+                Err(now) => last = now,
+            }
         }
+        let mut wide = self.go_wide();
+        *wide = (*wide).max(floor);
     }
 
     /// A fresh timestamp strictly greater than every timestamp issued before and than every
     /// timestamp in `floors` (the standard HLC receive rule, applied to several inputs).
     pub fn next_after(&self, floors: &[&Hlc]) -> Hlc {
         let wall = self.clock.now_ms();
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        let mut cur = *last;
-        for f in floors {
-            if f.tick() > cur {
-                cur = f.tick();
+        let floor = floors.iter().map(|f| clamped(f.tick())).max().unwrap_or((0, 0));
+        let mut last = self.last.load(Ordering::Acquire);
+        while last != WIDE {
+            let next = step(unpack(last).max(floor), wall);
+            let Some(p) = pack(next) else { break };
+            match self
+                .last
+                .compare_exchange_weak(last, p, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return self.stamp(next),
+                Err(now) => last = now,
             }
         }
-        let next = if wall > cur.0 {
-            (wall, 0)
-        } else if cur.1 >= MAX_COUNTER {
-            // The counter is full: borrow the next millisecond rather than overflow the wire form.
-            (cur.0 + 1, 0)
-        } else {
-            (cur.0, cur.1 + 1)
-        };
-        *last = next;
+        let mut wide = self.go_wide();
+        let next = step((*wide).max(floor), wall);
+        *wide = next;
+        self.stamp(next)
+    }
+
+    /// The wide clock, with the packed word retired into it (once; a packed issuer racing with
+    /// this fails its compare-and-swap and comes here too).
+    fn go_wide(&self) -> std::sync::MutexGuard<'_, (u64, u32)> {
+        let mut wide = self.wide.lock().unwrap_or_else(|e| e.into_inner());
+        let before = self.last.swap(WIDE, Ordering::AcqRel);
+        if before != WIDE {
+            *wide = (*wide).max(unpack(before));
+        }
+        wide
+    }
+
+    fn stamp(&self, (ms, counter): (u64, u32)) -> Hlc {
         Hlc {
-            ms: next.0,
-            counter: next.1,
+            ms,
+            counter,
             node: self.node.clone(),
         }
     }

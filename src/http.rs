@@ -1,7 +1,8 @@
 //! The HTTP door: the Dapr state API (`/v1.0/state/...`), server-sent change events, health,
 //! metadata, the service status, the OpenAPI document and the web console.
 //!
-//! - `state.rs`: the routes; `sse.rs`: change events; `status.rs`: the service status;
+//! - `state.rs`: the state routes; `sse.rs`: change events; `lock.rs`, `configuration.rs`:
+//!   the Dapr lock and configuration APIs; `status.rs`: the service status;
 //!   `ui.rs`: the web console's embedded files (`src/ui/`); `dto.rs`: JSON shapes (the only
 //!   place that derives serde/utoipa traits); `error.rs`: Dapr's error body and the error mapping.
 
@@ -15,7 +16,7 @@ use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use tokio::net::TcpListener;
+use tokio::sync::watch;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -23,9 +24,13 @@ use utoipa_axum::routes;
 use crate::access::{Access, Grant};
 use crate::dapr::{StoreSpec, Stores};
 use crate::engine::Engine;
+use crate::listener::Listener;
+use crate::listener::inflight::{InFlight, Kind, SlotBody};
 
+mod configuration;
 pub mod dto;
 pub mod error;
+mod lock;
 mod sse;
 mod state;
 pub mod status;
@@ -39,6 +44,10 @@ pub use status::ServiceInfo;
 #[derive(Debug, Clone)]
 pub struct HttpSettings {
     pub stores: Stores,
+    /// Dapr lock stores (`/v1.0-alpha1/lock/{store}`, gRPC TryLockAlpha1).
+    pub lock_stores: Stores,
+    /// Dapr configuration stores (`/v1.0/configuration/{store}`, gRPC GetConfiguration).
+    pub configuration_stores: Stores,
     /// When set, every route but health needs header `dapr-api-token` with this value (or
     /// one of `access`'s named tokens).
     pub api_token: Option<String>,
@@ -50,18 +59,27 @@ pub struct HttpSettings {
     pub request_timeout: Duration,
     /// Most operations in one transaction.
     pub max_transaction_ops: usize,
-    /// Most keys in one bulk get.
+    /// Most keys in one bulk get or configuration get.
     pub max_bulk_keys: usize,
     /// The id reported by `/v1.0/metadata`.
     pub app_id: String,
     /// Serve the web console at `/ui`.
     pub ui: bool,
+    /// Most requests executing at once (event streams excepted); past it 503.
+    pub max_inflight: usize,
+    /// Most server-sent event streams open at once; past it 503.
+    pub max_streams: usize,
+    /// Live Dapr configuration subscriptions: clones of these settings share it, so the HTTP and
+    /// gRPC doors end each other's subscriptions by id.
+    pub subscriptions: Arc<crate::dapr::configuration::Subscriptions>,
 }
 
 impl Default for HttpSettings {
     fn default() -> HttpSettings {
         HttpSettings {
             stores: Stores::default(),
+            lock_stores: Stores::named("lockstore"),
+            configuration_stores: Stores::named("configstore"),
             api_token: None,
             access: Access::open(),
             body_limit: 4 * 1024 * 1024,
@@ -70,6 +88,9 @@ impl Default for HttpSettings {
             max_bulk_keys: 10_000,
             app_id: "stategate".into(),
             ui: true,
+            max_inflight: 1024,
+            max_streams: 1024,
+            subscriptions: Arc::default(),
         }
     }
 }
@@ -85,6 +106,20 @@ pub struct AppState {
 impl AppState {
     fn store(&self, name: &str, op: Op) -> Result<&StoreSpec, ApiError> {
         self.settings.stores.get(name).map_err(|e| ApiError::from_dapr(op, e))
+    }
+
+    fn lock_store(&self, name: &str, op: Op) -> Result<&StoreSpec, ApiError> {
+        self.settings
+            .lock_stores
+            .get_kind(name, "lock")
+            .map_err(|e| ApiError::from_dapr(op, e))
+    }
+
+    fn configuration_store(&self, name: &str, op: Op) -> Result<&StoreSpec, ApiError> {
+        self.settings
+            .configuration_stores
+            .get_kind(name, "configuration")
+            .map_err(|e| ApiError::from_dapr(op, e))
     }
 }
 
@@ -145,6 +180,8 @@ impl<S: Send + Sync> FromRequest<S> for Body {
     ),
     tags(
         (name = "state", description = "Dapr state API"),
+        (name = "lock", description = "Dapr distributed lock API (alpha), with fencing tokens"),
+        (name = "configuration", description = "Dapr configuration API over the same keys"),
         (name = "health", description = "Health probes"),
         (name = "metadata", description = "Stores and features"),
         (name = "stategate", description = "stategate extensions"),
@@ -161,6 +198,11 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(state::query_state))
         .routes(routes!(state::list_keys))
         .routes(routes!(sse::subscribe))
+        .routes(routes!(lock::try_lock))
+        .routes(routes!(lock::unlock))
+        .routes(routes!(configuration::get_configuration))
+        .routes(routes!(configuration::subscribe_configuration))
+        .routes(routes!(configuration::unsubscribe_configuration))
         .routes(routes!(state::healthz))
         .routes(routes!(state::healthz_outbound))
         .routes(routes!(state::metadata))
@@ -186,6 +228,12 @@ pub fn openapi_json() -> String {
 
 /// The HTTP door's router. `info` is what the status route reports about the service.
 pub fn router(engine: Engine, settings: HttpSettings, info: ServiceInfo) -> Router {
+    let inflight = InFlight::new(settings.max_inflight, settings.max_streams);
+    router_with_limits(engine, settings, info, inflight)
+}
+
+/// [`router`] counting requests in `inflight` (tests read it to know a request is in flight).
+pub fn router_with_limits(engine: Engine, settings: HttpSettings, info: ServiceInfo, inflight: InFlight) -> Router {
     let settings = Arc::new(settings);
     let state = AppState {
         engine,
@@ -205,6 +253,7 @@ pub fn router(engine: Engine, settings: HttpSettings, info: ServiceInfo) -> Rout
         router = router.merge(ui::routes());
     }
     let doc = openapi_json();
+    router = configuration::alpha_routes(router);
     router
         .route(
             "/openapi.json",
@@ -218,7 +267,35 @@ pub fn router(engine: Engine, settings: HttpSettings, info: ServiceInfo) -> Rout
             StatusCode::REQUEST_TIMEOUT,
             settings.request_timeout,
         ))
+        // Outermost: a request over the limit is refused before any other work.
+        .layer(middleware::from_fn_with_state(inflight, limit_in_flight))
         .with_state(state)
+}
+
+/// The Dapr error code of a request refused because the door is at its in-flight limit.
+pub const TOO_MANY_REQUESTS: &str = "ERR_TOO_MANY_REQUESTS";
+
+/// Takes a request or stream slot for the whole response (held by its body), or answers 503
+/// with Dapr's error body and `Retry-After: 1` at once.
+async fn limit_in_flight(State(inflight): State<InFlight>, req: Request, next: Next) -> Response {
+    let kind = if sse::is_subscribe(req.uri().path()) {
+        Kind::Stream
+    } else {
+        Kind::Request
+    };
+    match inflight.try_admit(kind) {
+        Ok(slot) => next
+            .run(req)
+            .await
+            .map(|body| axum::body::Body::new(SlotBody::new(body, slot))),
+        Err(refused) => {
+            let mut resp =
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, TOO_MANY_REQUESTS, refused.to_string()).into_response();
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            resp
+        }
+    }
 }
 
 async fn not_found() -> ApiError {
@@ -270,22 +347,42 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
     }
 }
 
-/// Serves `router` on an already bound listener until `shutdown` resolves.
-pub async fn serve(
-    listener: TcpListener,
-    router: Router,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+/// Serves `router` over HTTP/1.1 on `listener` (plain or TLS, with its connection limit) until
+/// `stop` changes; then open connections finish their current request and close.
+///
+/// hyper's `header_read_timeout` runs whenever a connection waits for a request head: it bounds
+/// a slow client's headers and a kept-alive connection's idle time alike (not an open response,
+/// so event streams are not cut).
+pub async fn serve(listener: Listener, router: Router, header_timeout: Duration, stop: watch::Receiver<bool>) {
     // Dapr ignores a trailing slash; trimming must happen before routing, so it wraps the router.
     let app = tower::Layer::layer(
         &tower_http::normalize_path::NormalizePathLayer::trim_trailing_slash(),
         router,
     );
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        // Small responses must not wait for Nagle's algorithm.
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, axum::ServiceExt::<Request>::into_make_service(app))
-        .with_graceful_shutdown(shutdown)
+    let conn_stop = stop.clone();
+    listener
+        .run(stop, move |conn| {
+            let service = hyper_util::service::TowerToHyperService::new(app.clone());
+            let mut stop = conn_stop.clone();
+            async move {
+                let peer = conn.peer();
+                let mut builder = hyper::server::conn::http1::Builder::new();
+                builder
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(header_timeout);
+                let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(conn), service);
+                let mut conn = std::pin::pin!(conn);
+                let result = tokio::select! {
+                    r = conn.as_mut() => r,
+                    _ = stop.changed() => {
+                        conn.as_mut().graceful_shutdown();
+                        conn.await
+                    }
+                };
+                if let Err(e) = result {
+                    tracing::debug!(%peer, cause = %e, "HTTP connection ended");
+                }
+            }
+        })
         .await
 }

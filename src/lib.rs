@@ -10,6 +10,8 @@
 //! - [`storage`]: records behind a conditional-swap interface.
 //! - [`dump`]: the export format (JSON lines) shared by the HTTP door and the client.
 //! - [`hlc`]: hybrid logical clocks.
+//! - [`listener`]: the HTTP and gRPC doors' listeners (TLS, connection and in-flight limits).
+//! - [`tls`]: the crypto provider, certificates and their reload.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,9 +28,11 @@ pub mod engine;
 pub mod grpc;
 pub mod hlc;
 pub mod http;
+pub mod listener;
 pub mod mqtt;
 pub mod resp3;
 pub mod storage;
+pub mod tls;
 
 use config::{BrokerChoice, Config};
 use engine::{Engine, EngineError};
@@ -59,6 +63,8 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    #[error("TLS: {0}")]
+    Tls(#[from] tls::TlsError),
 }
 
 /// How the MQTT door reaches requests.
@@ -85,6 +91,18 @@ pub struct Running {
     http: Option<tokio::task::JoinHandle<()>>,
     grpc_addr: Option<SocketAddr>,
     grpc: Vec<tokio::task::JoinHandle<()>>,
+    certs: Option<Arc<tls::CertReloader>>,
+    cert_watcher: Option<tokio::task::JoinHandle<()>>,
+    limits: DoorLimits,
+}
+
+/// What the HTTP and gRPC doors count, for tests and the status route.
+#[derive(Debug, Clone)]
+pub struct DoorLimits {
+    pub http_inflight: listener::inflight::InFlight,
+    pub grpc_inflight: listener::inflight::InFlight,
+    pub http_stats: Option<Arc<listener::ListenerStats>>,
+    pub grpc_stats: Option<Arc<listener::ListenerStats>>,
 }
 
 impl std::fmt::Debug for Running {
@@ -109,8 +127,15 @@ pub async fn start_with_clock(
     let access = access::Access::load(&config.access, config.http.api_token.as_deref())?;
     config.http.access = access.clone();
     config.mqtt.access = access.clone();
+    tls::install_provider();
     let engine = Engine::open(store, &config.node_id, clock, config.limits.clone()).await?;
     let (stop, stop_rx) = watch::channel(false);
+    // One certificate for every TLS listener, reloaded in place (SIGHUP, file changes).
+    let certs = match &config.net.tls {
+        Some(files) => Some(tls::CertReloader::load(&files.cert, &files.key)?),
+        None => None,
+    };
+    let cert_watcher = certs.as_ref().map(|c| c.spawn_watcher(stop_rx.clone()));
 
     #[cfg(feature = "embedded-broker")]
     let mut broker = None;
@@ -147,6 +172,19 @@ pub async fn start_with_clock(
                     max_packet_bytes: config.mqtt.max_packet_bytes,
                     receive_maximum: 1024,
                     default_message_expiry: None,
+                    tls: match (&config.net.mqtt_tls, &certs) {
+                        (Some(t), Some(c)) => Some(mqtt::broker::BrokerTls {
+                            listen: t.listen,
+                            cert: c.cert_path().to_owned(),
+                            key: c.key_path().to_owned(),
+                            client_ca: t.client_ca.clone(),
+                            identity: t.identity,
+                            reloads: Some(c.reloads()),
+                        }),
+                        _ => None,
+                    },
+                    max_connections: config.net.mqtt_max_connections,
+                    connect_timeout: config.net.mqtt_connect_timeout,
                     guard: Some(mqtt::brokerauth::BrokerGuard {
                         access: access.clone(),
                         service_id: config.mqtt.client_id.clone(),
@@ -157,10 +195,13 @@ pub async fn start_with_clock(
             )
             .await?;
             let addr = b.local_addr();
-            if !addr.ip().is_loopback() && !access.mqtt_auth_required() {
-                tracing::warn!(%addr, "the embedded MQTT broker listens beyond loopback, without authentication");
+            if !addr.ip().is_loopback() {
+                tracing::warn!(%addr, auth = access.mqtt_auth_required(), "the embedded MQTT broker listens beyond loopback without TLS (--allow-insecure-listen)");
             }
             tracing::info!(%addr, "embedded MQTT broker listening");
+            if let Some(tls_addr) = b.tls_addr() {
+                tracing::info!(%tls_addr, "embedded MQTT broker listening for MQTTS");
+            }
             broker = Some(b);
             serve_in_broker = !client_path;
             (connect_host(addr), addr.port())
@@ -182,6 +223,14 @@ pub async fn start_with_clock(
     };
 
     // Bind every listener first, so the status route can name every door's real address.
+    let http_tls = match &certs {
+        Some(c) => Some(c.server_config(&[b"http/1.1"])?),
+        None => None,
+    };
+    let grpc_tls = match &certs {
+        Some(c) => Some(c.server_config(&[b"h2"])?),
+        None => None,
+    };
     let http_listener = match config.http_listen {
         None => None,
         Some(addr) => {
@@ -191,7 +240,10 @@ pub async fn start_with_clock(
             let bound = listener
                 .local_addr()
                 .map_err(|source| StartError::HttpBind { addr, source })?;
-            Some((listener, bound))
+            Some((
+                listener::Listener::new("http", listener, http_tls, config.net.http),
+                bound,
+            ))
         }
     };
     let grpc_listener = match config.grpc_listen {
@@ -203,8 +255,17 @@ pub async fn start_with_clock(
             let bound = listener
                 .local_addr()
                 .map_err(|source| StartError::GrpcBind { addr, source })?;
-            Some((listener, bound))
+            Some((
+                listener::Listener::new("grpc", listener, grpc_tls, config.net.grpc),
+                bound,
+            ))
         }
+    };
+    let limits = DoorLimits {
+        http_inflight: listener::inflight::InFlight::new(config.net.http_max_inflight, config.net.http_max_streams),
+        grpc_inflight: listener::inflight::InFlight::new(config.net.grpc_max_inflight, config.net.grpc_max_streams),
+        http_stats: http_listener.as_ref().map(|l| l.0.stats()),
+        grpc_stats: grpc_listener.as_ref().map(|l| l.0.stats()),
     };
     let info = {
         #[cfg(feature = "embedded-broker")]
@@ -225,23 +286,23 @@ pub async fn start_with_clock(
     let (http_addr, http) = match http_listener {
         None => (None, None),
         Some((listener, bound)) => {
+            let tls = listener.is_tls();
             if !bound.ip().is_loopback() {
-                tracing::warn!(%bound, token = access.tokens_required(), "the HTTP door listens beyond loopback");
+                tracing::warn!(%bound, tls, token = access.tokens_required(), "the HTTP door listens beyond loopback");
             }
-            tracing::info!(%bound, "HTTP door (Dapr state API) listening");
+            tracing::info!(%bound, tls, "HTTP door (Dapr state API) listening");
             if config.http.ui {
-                tracing::info!(url = %format!("http://{bound}{}", http::ui::BASE), "web console");
+                let scheme = if tls { "https" } else { "http" };
+                tracing::info!(url = %format!("{scheme}://{bound}{}", http::ui::BASE), "web console");
             }
-            let router = http::router(engine.clone(), config.http.clone(), info);
-            let mut stop_rx = stop_rx.clone();
-            let task = tokio::spawn(async move {
-                let shutdown = async move {
-                    let _ = stop_rx.changed().await;
-                };
-                if let Err(e) = http::serve(listener, router, shutdown).await {
-                    tracing::error!(cause = %e, "HTTP door stopped");
-                }
-            });
+            let router =
+                http::router_with_limits(engine.clone(), config.http.clone(), info, limits.http_inflight.clone());
+            let task = tokio::spawn(http::serve(
+                listener,
+                router,
+                config.net.http_header_timeout,
+                stop_rx.clone(),
+            ));
             (Some(bound), Some(task))
         }
     };
@@ -251,16 +312,19 @@ pub async fn start_with_clock(
     let grpc_addr = match grpc_listener {
         None => None,
         Some((listener, bound)) => {
+            let tls = listener.is_tls();
             if !bound.ip().is_loopback() {
-                tracing::warn!(%bound, token = access.tokens_required(), "the gRPC door listens beyond loopback");
+                tracing::warn!(%bound, tls, token = access.tokens_required(), "the gRPC door listens beyond loopback");
             }
-            tracing::info!(%bound, "gRPC door (statestore.v1, Dapr runtime) listening");
-            let (engine, settings, mut stop_rx) = (engine.clone(), dapr_settings.clone(), stop_rx.clone());
+            tracing::info!(%bound, tls, "gRPC door (statestore.v1, Dapr runtime) listening");
+            let (engine, settings, stop_rx) = (engine.clone(), dapr_settings.clone(), stop_rx.clone());
+            let grpc_limits = grpc::GrpcLimits {
+                inflight: limits.grpc_inflight.clone(),
+                max_streams_per_connection: config.net.grpc_max_streams_per_connection,
+                keepalive: config.net.grpc_keepalive,
+            };
             grpc_tasks.push(tokio::spawn(async move {
-                let shutdown = async move {
-                    let _ = stop_rx.changed().await;
-                };
-                if let Err(e) = grpc::serve_tcp(engine, settings, listener, shutdown).await {
+                if let Err(e) = grpc::serve_tcp(engine, settings, listener, grpc_limits, stop_rx).await {
                     tracing::error!(cause = %e, "gRPC door stopped");
                 }
             }));
@@ -303,7 +367,7 @@ pub async fn start_with_clock(
             port,
             ..config.mqtt.clone()
         };
-        MqttDoor::Client(MqttService::start(engine.clone(), settings, Duration::from_secs(10)).await)
+        MqttDoor::Client(MqttService::start(engine.clone(), settings, Duration::from_secs(10)).await?)
     };
     drop(stop_rx);
     Ok(Running {
@@ -319,6 +383,9 @@ pub async fn start_with_clock(
         http,
         grpc_addr,
         grpc: grpc_tasks,
+        certs,
+        cert_watcher,
+        limits,
     })
 }
 
@@ -435,9 +502,35 @@ impl Running {
         self.grpc_addr
     }
 
+    /// Whether the HTTP and gRPC doors serve TLS.
+    pub fn tls(&self) -> bool {
+        self.certs.is_some()
+    }
+
+    /// Successful certificate reloads so far (changes on each; `None` without TLS).
+    pub fn cert_reloads(&self) -> Option<watch::Receiver<u64>> {
+        self.certs.as_ref().map(|c| c.reloads())
+    }
+
+    /// Reloads the certificate files now (as SIGHUP does).
+    pub fn reload_certificate(&self) -> Result<(), tls::TlsError> {
+        match &self.certs {
+            Some(c) => c.reload(),
+            None => Ok(()),
+        }
+    }
+
+    /// The HTTP and gRPC doors' counters.
+    pub fn door_limits(&self) -> &DoorLimits {
+        &self.limits
+    }
+
     /// Stops every door and background task.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
+        if let Some(w) = self.cert_watcher {
+            let _ = w.await;
+        }
         for h in self.grpc {
             // Open Watch streams would hold graceful shutdown forever: bound it.
             let abort = h.abort_handle();

@@ -21,6 +21,8 @@ fn return_large_blocks_to_the_os() {
 }
 
 fn main() {
+    // One rustls crypto provider for the whole process, before anything builds a TLS config.
+    stategate::tls::install_provider();
     return_large_blocks_to_the_os();
     let cli = Cli::parse();
     let args = match cli.command {

@@ -227,6 +227,12 @@ pub trait Backend: Send + Sync + 'static {
     /// The stored record, expired or not (the engine decides what expiry means).
     async fn get(&self, key: &[u8]) -> Result<Option<Record>, StorageError>;
 
+    /// [`Backend::get`] for a write that does not look at the stored value: a backend may leave
+    /// `value` empty (the memory index then copies nothing). Everything else is as `get`.
+    async fn get_head(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {
+        self.get(key).await
+    }
+
     /// Applies every swap or none. `max_keys` bounds the number of keys after the swap.
     async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError>;
 

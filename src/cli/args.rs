@@ -184,16 +184,23 @@ Exit codes:
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Connection")]
 pub struct ConnectArgs {
-    /// The MQTT broker the state store listens on (the default door).
+    /// The MQTT broker the state store listens on (the default door):
+    /// `mqtt[s]://[user[:password]@]host[:port]` (mqtts: TLS, verified).
     #[arg(long, env = "STATEGATE_MQTT_URL", default_value = "mqtt://127.0.0.1:1883")]
     pub mqtt_url: String,
     /// MQTT client id (default: stategate-cli-<random>).
     #[arg(long, env = "STATEGATE_CLIENT_ID")]
     pub client_id: Option<String>,
-    /// Use the HTTP door (Dapr state API) at this URL instead of MQTT, e.g. http://127.0.0.1:3500.
+    /// CA certificates (PEM) that verify the service's certificate over mqtts://, https:// and
+    /// gRPC TLS (default: the system's trusted roots).
+    #[arg(long, env = "STATEGATE_CA_FILE", value_name = "PEM")]
+    pub ca_file: Option<std::path::PathBuf>,
+    /// Use the HTTP door (Dapr state API) at this URL instead of MQTT, e.g. http://127.0.0.1:3500
+    /// (https:// for TLS).
     #[arg(long, env = "STATEGATE_HTTP", value_name = "URL", conflicts_with = "grpc")]
     pub http: Option<String>,
-    /// Use the gRPC door (statestore.v1) at this URL instead of MQTT, e.g. http://127.0.0.1:50001.
+    /// Use the gRPC door (statestore.v1) at this URL instead of MQTT, e.g. http://127.0.0.1:50001
+    /// (https:// for TLS).
     #[arg(long, env = "STATEGATE_GRPC", value_name = "URL")]
     pub grpc: Option<String>,
     /// Dapr state store name (HTTP door).
@@ -315,6 +322,12 @@ pub struct WatchArgs {
     /// Also watch the keys matching this glob (repeatable; HTTP and gRPC only).
     #[arg(long, env = "STATEGATE_PATTERN")]
     pub pattern: Vec<String>,
+    /// Resume after the change with this version (the last `version` a watch printed, or its
+    /// `synced` version): every change since, then live ones. When the service no longer has
+    /// that history it says `reset` and prints every watched key's current value first.
+    /// HTTP and gRPC only (MQTT notifications have no history).
+    #[arg(long, env = "STATEGATE_SINCE")]
+    pub since: Option<String>,
     #[command(flatten)]
     pub connect: ConnectArgs,
     #[command(flatten)]

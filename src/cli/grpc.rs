@@ -51,9 +51,23 @@ impl GrpcDoor {
             .map_err(|e| CliError::usage(format!("--grpc {url:?}: {e}")))?
             .connect_timeout(c.timeout)
             .tcp_nodelay(true);
-        let channel = match tokio::time::timeout(c.timeout, endpoint.connect()).await {
+        let connecting = async {
+            if url.starts_with("https://") {
+                let connector = tls_connector(super::tls_client_config(c, &[b"h2"])?);
+                endpoint
+                    .connect_with_connector(connector)
+                    .await
+                    .map_err(|e| CliError::unavailable(format!("cannot reach {url}: {}", error_chain(&e))))
+            } else {
+                endpoint
+                    .connect()
+                    .await
+                    .map_err(|e| CliError::unavailable(format!("cannot reach {url}: {}", error_chain(&e))))
+            }
+        };
+        let channel = match tokio::time::timeout(c.timeout, connecting).await {
             Ok(Ok(ch)) => ch,
-            Ok(Err(e)) => return Err(CliError::unavailable(format!("cannot reach {url}: {e}"))),
+            Ok(Err(e)) => return Err(e),
             Err(_) => return Err(CliError::unavailable(format!("timed out connecting to {url}"))),
         };
         let token = match c.api_token.as_deref().filter(|t| !t.is_empty()) {
@@ -188,10 +202,12 @@ impl Door for GrpcDoor {
         })
     }
 
-    async fn watch(&self, keys: &[Bytes], patterns: &[String]) -> Result<Watch, CliError> {
+    async fn watch(&self, keys: &[Bytes], patterns: &[String], since: Option<&str>) -> Result<Watch, CliError> {
         let req = pb::WatchRequest {
             keys: keys.iter().map(|k| k.to_vec()).collect(),
             patterns: patterns.to_vec(),
+            since_version: since.unwrap_or_default().to_owned(),
+            snapshot: false,
         };
         let mut c = self.client.clone();
         // Bounded until the answer's headers: the service has subscribed by then.
@@ -233,6 +249,57 @@ fn to_event(ev: pb::WatchEvent) -> Option<Event> {
         Ok(pb::watch_event::Kind::Delete) => Some(Event::Delete { key, version }),
         Ok(pb::watch_event::Kind::Expire) => Some(Event::Expire { key, version }),
         Ok(pb::watch_event::Kind::Overflow) => Some(Event::Overflow),
+        Ok(pb::watch_event::Kind::Reset) => Some(Event::Reset),
+        Ok(pb::watch_event::Kind::Synced) => Some(Event::Synced {
+            version: (!version.is_empty()).then_some(version),
+        }),
         Ok(pb::watch_event::Kind::Unspecified) | Err(_) => None,
     }
+}
+
+/// An error with its causes (a TLS verification failure sits a few levels down).
+pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    s
+}
+
+/// Connects gRPC over TLS: TCP, then a rustls handshake offering `h2` (tonic is built without
+/// its own TLS; the process's one crypto provider does the work).
+fn tls_connector(
+    config: std::sync::Arc<rustls::ClientConfig>,
+) -> impl tower::Service<
+    http::Uri,
+    Response = hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>,
+    Error = std::io::Error,
+    Future = impl Future<
+        Output = std::io::Result<hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>>,
+    > + Send,
+> + Send
++ Clone
++ 'static {
+    let connector = tokio_rustls::TlsConnector::from(config);
+    tower::service_fn(move |uri: http::Uri| {
+        let connector = connector.clone();
+        async move {
+            let host = uri
+                .host()
+                .ok_or_else(|| std::io::Error::other("the URL has no host"))?
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned();
+            let port = uri.port_u16().unwrap_or(443);
+            let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+            let _ = tcp.set_nodelay(true);
+            let name = rustls::pki_types::ServerName::try_from(host)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+            let tls = connector.connect(name, tcp).await?;
+            Ok(hyper_util::rt::TokioIo::new(tls))
+        }
+    })
 }

@@ -15,6 +15,7 @@
 //!
 //! Keys are text on this door (Dapr keys are strings): a key that is not UTF-8 is a usage error.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -77,7 +78,9 @@ pub(super) fn transport(e: reqwest::Error, base: &str, timeout: Duration) -> Cli
             humantime::format_duration(timeout)
         ))
     } else if e.is_connect() {
-        CliError::unavailable(format!("cannot reach {base}: {e}"))
+        // The cause (a refused connection, a certificate that does not verify) is a few
+        // sources down.
+        CliError::unavailable(format!("cannot reach {base}: {}", super::grpc::error_chain(&e)))
     } else {
         CliError::unavailable(format!("request to {base} failed: {e}"))
     }
@@ -151,9 +154,11 @@ impl HttpDoor {
         let base = base_url(url, "--http")?;
         // No client-wide timeout: it would cut the server-sent events of `watch`; each request
         // gets its own.
-        let client = reqwest::Client::builder()
-            .connect_timeout(c.timeout)
-            .tcp_nodelay(true)
+        let mut builder = reqwest::Client::builder().connect_timeout(c.timeout).tcp_nodelay(true);
+        if base.starts_with("https://") {
+            builder = builder.use_preconfigured_tls(Arc::unwrap_or_clone(super::tls_client_config(c, &[b"http/1.1"])?));
+        }
+        let client = builder
             .build()
             .map_err(|e| CliError::unavailable(format!("cannot create the HTTP client: {e}")))?;
         Ok(HttpDoor {
@@ -367,8 +372,11 @@ impl Door for HttpDoor {
         parse_keys_page(&raw)
     }
 
-    async fn watch(&self, keys: &[Bytes], patterns: &[String]) -> Result<Watch, CliError> {
+    async fn watch(&self, keys: &[Bytes], patterns: &[String], since: Option<&str>) -> Result<Watch, CliError> {
         let mut query: Vec<(&str, String)> = Vec::new();
+        if let Some(v) = since {
+            query.push(("since", v.to_owned()));
+        }
         for k in keys {
             query.push(("key", text_key(k)?.to_owned()));
         }

@@ -136,7 +136,9 @@ async fn released(watch: &mut Watch) -> WaitEnded {
     loop {
         match watch.events.recv().await {
             Some(Ok(Event::Delete { .. } | Event::Expire { .. })) => return WaitEnded::Released,
-            Some(Ok(Event::Set { .. })) => {}
+            // A live watch never resets; a reset would mean "look again", as a release does.
+            Some(Ok(Event::Reset)) => return WaitEnded::Released,
+            Some(Ok(Event::Set { .. } | Event::Synced { .. })) => {}
             Some(Ok(Event::Overflow) | Err(_)) | None => return WaitEnded::WatchGone,
         }
     }
@@ -164,7 +166,7 @@ async fn acquire(
         Wait::Forever => None,
     };
     // Observe first, then try again, so a release in between is not missed (as the SDK does).
-    let mut watch = match door.watch(std::slice::from_ref(&lease.name), &[]).await {
+    let mut watch = match door.watch(std::slice::from_ref(&lease.name), &[], None).await {
         Ok(w) => Some(w),
         Err(e) => {
             out.progress(|| format!("cannot observe the lock ({}); retrying every second", e.message));

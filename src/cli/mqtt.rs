@@ -24,7 +24,7 @@ use super::{
     CliError, Condition, DelOutcome, Door, Event, Exit, Found, MAX_MESSAGE_BYTES, ScanPage, SetOutcome, WATCH_BUFFER,
     Watch, Write, ttl_ms,
 };
-use crate::config::{BrokerChoice, parse_mqtt_url};
+use crate::config::parse_broker_url;
 use crate::hlc::{HlcClock, SystemClock};
 use crate::mqtt::request::{
     CONTENT_TYPE, PROP_FENCING_TOKEN, PROP_PROTOCOL_VERSION, PROP_SOURCE_ID, PROP_STATUS, PROP_STATUS_MESSAGE,
@@ -80,15 +80,8 @@ pub struct MqttDoor {
 impl MqttDoor {
     /// Connects, then subscribes to the response topic; bounded by the timeout.
     pub async fn connect(c: &ConnectArgs) -> Result<MqttDoor, CliError> {
-        let (host, port) = match parse_mqtt_url(&c.mqtt_url) {
-            Ok(BrokerChoice::External { host, port }) => (host, port),
-            Ok(BrokerChoice::Embedded { .. }) | Err(_) => {
-                return Err(CliError::usage(format!(
-                    "--mqtt-url must look like mqtt://host:port (got {:?})",
-                    c.mqtt_url
-                )));
-            }
-        };
+        let url = parse_broker_url(&c.mqtt_url).map_err(|e| CliError::usage(e.to_string()))?;
+        let (host, port) = (url.host.clone(), url.port);
         let seed = random_u64();
         let client_id = c
             .client_id
@@ -101,6 +94,21 @@ impl MqttDoor {
             )));
         }
         let mut o = MqttOptions::new(client_id.clone(), host.clone(), port);
+        if let Some(cred) = &url.credentials {
+            o.set_credentials(cred.username.clone(), cred.password.clone());
+        }
+        if url.tls {
+            #[cfg(feature = "mqtt-client-tls")]
+            {
+                let tls = crate::mqtt::service::MqttClientTls {
+                    ca_file: c.ca_file.clone(),
+                };
+                o.set_transport(
+                    tls.transport()
+                        .map_err(|e| CliError::usage(format!("--ca-file: {e}")))?,
+                );
+            }
+        }
         o.set_keep_alive(Duration::from_secs(30));
         // A clean session: KEYNOTIFY registrations end with this connection.
         o.set_clean_start(true);
@@ -469,9 +477,14 @@ impl Door for MqttDoor {
         Ok(ScanPage { keys, token })
     }
 
-    async fn watch(&self, keys: &[Bytes], patterns: &[String]) -> Result<Watch, CliError> {
+    async fn watch(&self, keys: &[Bytes], patterns: &[String], since: Option<&str>) -> Result<Watch, CliError> {
         if keys.is_empty() || !patterns.is_empty() {
             return Err(CliError::usage("over MQTT only named keys can be watched"));
+        }
+        if since.is_some() {
+            return Err(CliError::usage(
+                "over MQTT a watch cannot resume: KEYNOTIFY keeps no history",
+            ));
         }
         let (raw_tx, mut raw_rx) = mpsc::channel::<Publish>(NOTIFY_BUFFER);
         self.shared.overflowed.store(false, Ordering::SeqCst);

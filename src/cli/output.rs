@@ -238,6 +238,30 @@ pub fn event(format: Format, verbose: bool, event: &Event) -> Printed {
                 }
             };
         }
+        Event::Reset => {
+            return match format {
+                Format::Json => Printed::out(json_line(vec![field("event", "reset")])),
+                Format::Human | Format::Raw => Printed::out(b"reset\n".to_vec()),
+            };
+        }
+        Event::Synced { version } => {
+            return match format {
+                Format::Json => {
+                    let mut f = vec![field("event", "synced")];
+                    if let Some(v) = version {
+                        f.push(field("version", v.as_str()));
+                    }
+                    Printed::out(json_line(f))
+                }
+                Format::Human | Format::Raw => {
+                    let p = Printed::out(b"synced\n".to_vec());
+                    match version_note(verbose, version.as_deref()) {
+                        Some(n) => p.note(n),
+                        None => p,
+                    }
+                }
+            };
+        }
     };
     match format {
         Format::Json => {

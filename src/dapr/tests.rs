@@ -188,12 +188,50 @@ async fn fencing_tokens_protect_keys_over_dapr_too() {
 }
 
 #[test]
-fn values_inside_json() {
-    assert_eq!(value_to_json(b"{\"a\":1}"), (serde_json::json!({"a": 1}), None));
-    assert_eq!(value_to_json(b"\"s\""), (serde_json::json!("s"), None));
-    let (v, enc) = value_to_json(b"\xff raw");
-    assert_eq!(v, serde_json::json!("/yByYXc="));
+fn values_inside_json_keep_their_text() {
+    let text = |v: &[u8]| {
+        let (raw, enc) = value_to_json(v);
+        (raw.get().to_owned(), enc)
+    };
+    assert_eq!(text(b"{\"a\":1}"), ("{\"a\":1}".to_owned(), None));
+    assert_eq!(text(b"\"s\""), ("\"s\"".to_owned(), None));
+    // Numbers exactly as stored: no re-parse, so no digit changes.
+    assert_eq!(text(b"-1984.5926649180853").0, "-1984.5926649180853");
+    assert_eq!(
+        text(b"[123456789012345678901234567890, 1e400]").0,
+        "[123456789012345678901234567890, 1e400]"
+    );
+    assert_eq!(text(b" 1 ").0, "1", "surrounding whitespace is not part of the value");
+    let (v, enc) = text(b"\xff raw");
+    assert_eq!(v, "\"/yByYXc=\"");
     assert_eq!(enc, Some(("contentEncoding", "base64")));
+    assert_eq!(text(b"{\"a\":").1, Some(("contentEncoding", "base64")), "not JSON");
+}
+
+#[test]
+fn values_must_decode_as_daprd_decodes_them() {
+    for ok in [
+        "1",
+        "-0.0",
+        "[1e308, -1.5E-300, true, false, null]",
+        "123456789012345678901234567890",
+        r#"{"e": "1e999", "k": {"\u00e9": ["\ud83d\ude00"]}}"#,
+    ] {
+        assert!(check_decodes(ok).is_ok(), "{ok}");
+    }
+    for bad in ["1e400", r#"[1, {"x": -2E309}]"#, r#""\ud800""#, r#"{"\udc00": 1}"#] {
+        assert!(check_decodes(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn compacting_json_touches_only_whitespace_between_tokens() {
+    assert_eq!(
+        compact_json(" { \"a b\" : [ 1 , 2.50 ,\n\t-0 ] } "),
+        "{\"a b\":[1,2.50,-0]}"
+    );
+    assert_eq!(compact_json("\"q\\\" \\\\ x\""), "\"q\\\" \\\\ x\"");
+    assert_eq!(compact_json("\"\\u0041 \""), "\"\\u0041 \"");
 }
 
 #[test]

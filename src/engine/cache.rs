@@ -187,13 +187,15 @@ pub(super) enum Confirmed {
 
 impl Engine {
     /// The record a write to `key` starts from: the cached one when there is one (and `fresh`
-    /// is not asked for), else storage's (with the request's mark, in one round trip). A
+    /// is not asked for), else storage's (with the request's mark, in one round trip; the
+    /// value only if `value`, see [`Engine::load_live_marked`]). A
     /// cached record that expired is removed first, through the swap, like a read does.
     /// Caller holds the key's stripe lock.
     pub(super) async fn start_write(
         &self,
         key: &Bytes,
         request: Option<&RequestId>,
+        value: bool,
         fresh: bool,
     ) -> Result<Start, EngineError> {
         let known = match &self.0.cache {
@@ -202,7 +204,7 @@ impl Engine {
         };
         if let Some(known) = known {
             return Ok(match known.record() {
-                Some(r) if r.is_expired(self.0.hlc.wall_ms()) => {
+                Some(r) if self.is_expired(&r) => {
                     match self.remove(key, &r, ChangeKind::Expire, None).await? {
                         // Storage held that record until the removal: the key is absent now.
                         Removed::Done(_) => Start::Record {
@@ -215,7 +217,7 @@ impl Engine {
                 record => Start::Record { record, cached: true },
             });
         }
-        Ok(match self.load_live_marked(key, request).await? {
+        Ok(match self.load_live_marked(key, request, value).await? {
             Loaded::Record(record) => Start::Record { record, cached: false },
             Loaded::Repeated(first) => Start::Repeated(first),
         })

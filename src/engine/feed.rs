@@ -9,7 +9,8 @@
 //!
 //! Positions are sequence numbers local to this process. A watcher that reconnects names the
 //! last version it saw instead; [`Feed::position_after`] finds the change with that version in
-//! the history, if it is still kept.
+//! the history, if it is still kept. The feed's own `origin` version names the position before
+//! its first change, so a watcher that connected before any change can resume too.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -89,15 +90,20 @@ impl Ring {
 #[derive(Debug)]
 pub struct Feed {
     limits: FeedLimits,
+    /// A version issued for the feed itself, never a change's: it names position 0.
+    origin: Hlc,
     ring: Mutex<Ring>,
     wake: Notify,
     readers: AtomicUsize,
 }
 
 impl Feed {
-    pub fn new(limits: FeedLimits) -> Feed {
+    /// `origin` must be a version no change will ever carry (the engine issues it from its
+    /// clock when it opens).
+    pub fn new(limits: FeedLimits, origin: Hlc) -> Feed {
         Feed {
             limits,
+            origin,
             ring: Mutex::new(Ring::default()),
             wake: Notify::new(),
             readers: AtomicUsize::new(0),
@@ -177,25 +183,57 @@ impl Feed {
 
     /// A reader that sees every change pushed from now on.
     pub fn reader(self: &Arc<Feed>) -> FeedReader {
-        let next = self.ring().next_seq;
-        FeedReader::new(self.clone(), next)
+        let (next, resume) = {
+            let ring = self.ring();
+            let resume = match ring.events.back() {
+                Some(newest) => Some(newest.change.version.clone()),
+                None if ring.next_seq == 0 => Some(self.origin.clone()),
+                // No history kept (max_events 0) and changes already went by: no name for here.
+                None => None,
+            };
+            (ring.next_seq, resume)
+        };
+        FeedReader::new(self.clone(), next, resume)
     }
 
     /// A reader positioned right after the change with `version`, if the history still holds
     /// it (the watcher saw that change and wants every later one).
     pub fn reader_after(self: &Arc<Feed>, version: &Hlc) -> Option<FeedReader> {
         let next = self.position_after(version)?;
-        Some(FeedReader::new(self.clone(), next))
+        Some(FeedReader::new(self.clone(), next, Some(version.clone())))
     }
 
-    /// The position after the change with `version`, if kept.
+    /// The position after the change with `version`, if kept (the origin: position 0, while
+    /// nothing has been dropped yet).
     pub fn position_after(&self, version: &Hlc) -> Option<u64> {
         let ring = self.ring();
+        if *version == self.origin {
+            return (ring.first_seq() == 0).then_some(0);
+        }
         ring.events
             .iter()
             .rev()
             .find(|e| e.change.version == *version)
             .map(|e| e.seq + 1)
+    }
+
+    /// The position the next change will get.
+    pub fn head(&self) -> u64 {
+        self.ring().next_seq
+    }
+
+    /// The keys of the changes at positions `from..to`, or [`Lagged`] when some of them are no
+    /// longer kept.
+    pub fn keys_between(&self, from: u64, to: u64) -> Result<Vec<bytes::Bytes>, Lagged> {
+        let ring = self.ring();
+        let first = ring.first_seq();
+        if from < first {
+            return Err(Lagged { missed: first - from });
+        }
+        let to = to.min(ring.next_seq);
+        Ok((from..to)
+            .map(|seq| ring.events[(seq - first) as usize].change.key.clone())
+            .collect())
     }
 
     /// Changes and bytes held now (for tests and metrics).
@@ -210,12 +248,26 @@ impl Feed {
 pub struct FeedReader {
     feed: Arc<Feed>,
     next: u64,
+    /// The version that names this position for a resume: the change just before it.
+    resume: Option<Hlc>,
 }
 
 impl FeedReader {
-    fn new(feed: Arc<Feed>, next: u64) -> FeedReader {
+    fn new(feed: Arc<Feed>, next: u64, resume: Option<Hlc>) -> FeedReader {
         feed.readers.fetch_add(1, Ordering::Relaxed);
-        FeedReader { feed, next }
+        FeedReader { feed, next, resume }
+    }
+
+    /// The position of the next change this reader reads.
+    pub fn position(&self) -> u64 {
+        self.next
+    }
+
+    /// The version a watcher passes to resume right here ([`Feed::reader_after`]): that of the
+    /// last change read, or of the change before the reader's start. `None` when the feed has
+    /// no name for this position (it keeps no history and changes went by before).
+    pub fn resume_version(&self) -> Option<&Hlc> {
+        self.resume.as_ref()
     }
 
     /// The next change, or [`Lagged`] when changes this reader had not read were dropped (the
@@ -241,6 +293,8 @@ impl FeedReader {
         if self.next < first {
             let missed = first - self.next;
             self.next = first;
+            // Positions before the oldest change kept have no name any more.
+            self.resume = None;
             return Some(Err(Lagged { missed }));
         }
         if self.next >= ring.next_seq {
@@ -248,6 +302,7 @@ impl FeedReader {
         }
         let event = ring.events[(self.next - first) as usize].clone();
         self.next += 1;
+        self.resume = Some(event.change.version.clone());
         Some(Ok(event))
     }
 }
@@ -272,12 +327,19 @@ mod tests {
         }
     }
 
+    fn origin() -> Hlc {
+        Hlc::new(0, 0, "origin")
+    }
+
     fn feed(max_events: usize, max_bytes: usize) -> Arc<Feed> {
-        Arc::new(Feed::new(FeedLimits {
-            max_events,
-            max_bytes,
-            max_age: Duration::from_secs(3600),
-        }))
+        Arc::new(Feed::new(
+            FeedLimits {
+                max_events,
+                max_bytes,
+                max_age: Duration::from_secs(3600),
+            },
+            origin(),
+        ))
     }
 
     #[tokio::test]
@@ -330,11 +392,14 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn old_changes_age_out() {
-        let f = Arc::new(Feed::new(FeedLimits {
-            max_events: 100,
-            max_bytes: 1 << 20,
-            max_age: Duration::from_secs(10),
-        }));
+        let f = Arc::new(Feed::new(
+            FeedLimits {
+                max_events: 100,
+                max_bytes: 1 << 20,
+                max_age: Duration::from_secs(10),
+            },
+            origin(),
+        ));
         f.push(set("a", b"1", 1));
         tokio::time::advance(Duration::from_secs(11)).await;
         f.push(set("b", b"2", 2));
@@ -376,5 +441,42 @@ mod tests {
         let mut r = f.reader();
         f.push(set("a", b"1", 2));
         assert_eq!(r.recv().await.unwrap().change.version.ms, 2);
+    }
+
+    #[tokio::test]
+    async fn readers_name_their_position_for_a_resume() {
+        let f = feed(3, 1 << 20);
+        let mut r = f.reader();
+        // Before any change, the origin names the start.
+        assert_eq!(r.resume_version(), Some(&origin()));
+        assert_eq!(f.position_after(&origin()), Some(0));
+        f.push(set("a", b"1", 1));
+        assert_eq!(r.recv().await.unwrap().change.version.ms, 1);
+        assert_eq!(r.resume_version().unwrap().ms, 1);
+        let late = f.reader();
+        assert_eq!(late.resume_version().unwrap().ms, 1, "the newest change before it");
+        assert_eq!(late.position(), 1);
+        for i in 2..=6 {
+            f.push(set("b", b"2", i));
+        }
+        // The origin's position is gone with the first change dropped.
+        assert_eq!(f.position_after(&origin()), None);
+        assert!(r.recv().await.is_err());
+        assert_eq!(r.resume_version(), None, "a lagged reader has no name until it reads");
+        r.recv().await.unwrap();
+        assert_eq!(r.resume_version().unwrap().ms, 4);
+    }
+
+    #[test]
+    fn keys_between_positions() {
+        let f = feed(3, 1 << 20);
+        for (i, k) in ["a", "b", "c", "d"].iter().enumerate() {
+            f.push(set(k, b"v", i as u64));
+        }
+        assert_eq!(f.head(), 4);
+        let keys = f.keys_between(1, 4).unwrap();
+        assert_eq!(keys, vec![Bytes::from("b"), Bytes::from("c"), Bytes::from("d")]);
+        assert_eq!(f.keys_between(2, 9).unwrap().len(), 2, "clamped to the head");
+        assert_eq!(f.keys_between(0, 2), Err(Lagged { missed: 1 }));
     }
 }

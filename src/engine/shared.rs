@@ -126,6 +126,15 @@ impl SharedLog {
         }
     }
 
+    /// Waits until this replica's history holds every change any replica had applied when
+    /// called (a watch snapshot's counterpart of waiting for local writes in flight), at most
+    /// the log's patience.
+    pub(super) async fn settle(&self) -> Result<(), EngineError> {
+        let head = self.log.head().await?;
+        self.wait_applied(Some(head)).await;
+        Ok(())
+    }
+
     /// Waits until the follower has applied entry `seq` (or met a gap), at most the log's
     /// patience: past it the write stands and its change reaches the history when the log
     /// can be read again.

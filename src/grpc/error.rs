@@ -58,7 +58,7 @@ pub fn from_dapr(surface: Surface, err: DaprError) -> Status {
     let msg = err.to_string();
     let tx = matches!(surface, Surface::Runtime { transaction: true });
     match err {
-        DaprError::StoreNotFound(_)
+        DaprError::StoreNotFound { .. }
         | DaprError::Malformed(_)
         | DaprError::UnsupportedOperation(_)
         | DaprError::TooManyOperations { .. } => Status::invalid_argument(msg),

@@ -10,9 +10,9 @@ use super::error::{Surface, from_engine};
 use super::grant_of;
 use super::pb::statestore::v1 as pb;
 use crate::access::{self, Access, Op};
-use crate::engine::watch::{self, Selector, WatchItem};
+use crate::engine::watch::{Selector, Start, WatchItem, WatchSpec};
 use crate::engine::{
-    ChangeKind, Command, Del, DelCondition, Engine, EngineError, FeedEvent, Reply, Scan, Set, SetCondition, VDel,
+    ChangeKind, Command, Del, DelCondition, Engine, EngineError, KeyFilter, Reply, Scan, Set, SetCondition, VDel,
 };
 use crate::hlc::Hlc;
 
@@ -156,35 +156,60 @@ impl pb::state_store_server::StateStore for Native {
         let r = req.into_inner();
         let keys = r.keys.into_iter().map(Bytes::from).collect();
         let selector = Selector::new(keys, &r.patterns).map_err(Status::invalid_argument)?;
+        let since = hlc(&r.since_version).map_err(|_| Status::invalid_argument("since_version is not a version"))?;
         let slot = self.access.open_stream(grant.principal()).map_err(err)?;
-        // Only keys the caller may read, by the rules in force when each change happens.
-        let wanted = move |e: &FeedEvent| {
-            selector.wants(&e.change.key, || String::from_utf8_lossy(&e.change.key))
-                && grant.may(Op::Read, &e.change.key)
+        // Only keys the caller may read, by the rules in force when each is sent.
+        let spec = WatchSpec {
+            only: selector.only_keys(),
+            wanted: KeyFilter::new(move |k| selector.wants(k, || String::from_utf8_lossy(k)) && grant.may(Op::Read, k)),
+            prefix: Bytes::new(),
         };
-        let stream = watch::stream(self.engine.subscribe(), wanted).map(move |item| {
-            let _open = &slot;
-            Ok(match item {
-                WatchItem::Change(e) => {
-                    let c = &e.change;
-                    let (kind, value) = match &c.kind {
-                        ChangeKind::Set(v) => (pb::watch_event::Kind::Set, v.to_vec()),
-                        ChangeKind::Delete => (pb::watch_event::Kind::Delete, Vec::new()),
-                        ChangeKind::Expire => (pb::watch_event::Kind::Expire, Vec::new()),
-                    };
-                    pb::WatchEvent {
-                        key: c.key.to_vec(),
-                        kind: kind as i32,
-                        value,
-                        version: c.version.to_string(),
-                    }
-                }
-                WatchItem::Overflow { .. } => pb::WatchEvent {
-                    kind: pb::watch_event::Kind::Overflow as i32,
-                    ..Default::default()
-                },
-            })
-        });
+        let stream = self
+            .engine
+            .watch(spec, Start::from_request(since, r.snapshot))
+            .map(move |item| {
+                // The stream holds its slot of the caller's stream limit until it ends.
+                let _open = &slot;
+                watch_event(item)
+            });
         Ok(Response::new(Box::pin(stream)))
     }
+}
+
+/// One watch item on the wire.
+fn watch_event(item: WatchItem) -> Result<pb::WatchEvent, Status> {
+    use pb::watch_event::Kind;
+    let marker = |kind: Kind, version: String| pb::WatchEvent {
+        kind: kind as i32,
+        version,
+        ..Default::default()
+    };
+    Ok(match item {
+        WatchItem::Change { event, resumable } => {
+            let c = &event.change;
+            let (kind, value) = match &c.kind {
+                ChangeKind::Set(v) => (Kind::Set, v.to_vec()),
+                ChangeKind::Delete => (Kind::Delete, Vec::new()),
+                ChangeKind::Expire => (Kind::Expire, Vec::new()),
+            };
+            pb::WatchEvent {
+                key: c.key.to_vec(),
+                kind: kind as i32,
+                value,
+                version: c.version.to_string(),
+                snapshot: !resumable,
+            }
+        }
+        WatchItem::Snapshot { key, entry } => pb::WatchEvent {
+            key: key.to_vec(),
+            kind: Kind::Set as i32,
+            value: entry.value.to_vec(),
+            version: entry.version.to_string(),
+            snapshot: true,
+        },
+        WatchItem::Reset => marker(Kind::Reset, String::new()),
+        WatchItem::Synced { resume } => marker(Kind::Synced, version(resume)),
+        WatchItem::Overflow { .. } => marker(Kind::Overflow, String::new()),
+        WatchItem::Failed(e) => return Err(err(e)),
+    })
 }

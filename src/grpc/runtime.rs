@@ -1,5 +1,6 @@
-//! `dapr.proto.runtime.v1.Dapr`: the state RPCs Dapr SDKs call. Every rule comes from
-//! [`crate::dapr`], shared with the HTTP door.
+//! `dapr.proto.runtime.v1.Dapr`: the state, lock and configuration RPCs Dapr SDKs call (lock
+//! and configuration in `runtime/blocks.rs`). Every rule comes from [`crate::dapr`], shared
+//! with the HTTP door.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,6 +14,8 @@ use super::pb::dapr::proto::runtime::v1 as pb;
 use crate::dapr::{self, DaprError, DeleteItem, SaveItem, TxItem, query};
 use crate::engine::Engine;
 use crate::http::HttpSettings;
+
+mod blocks;
 
 pub struct Runtime {
     pub(crate) engine: Engine,
@@ -215,18 +218,82 @@ impl pb::dapr_server::Dapr for Runtime {
     ) -> Result<Response<pb::GetMetadataResponse>, Status> {
         Ok(Response::new(pb::GetMetadataResponse {
             id: self.settings.app_id.clone(),
-            registered_components: dapr::components(&self.settings.stores)
-                .into_iter()
-                .map(|c| pb::RegisteredComponents {
-                    name: c.name,
-                    r#type: c.kind.into(),
-                    version: c.version.into(),
-                    capabilities: c.capabilities,
-                })
-                .collect(),
+            registered_components: dapr::components(
+                &self.settings.stores,
+                &self.settings.lock_stores,
+                &self.settings.configuration_stores,
+            )
+            .into_iter()
+            .map(|c| pb::RegisteredComponents {
+                name: c.name,
+                r#type: c.kind.into(),
+                version: c.version.into(),
+                capabilities: c.capabilities,
+            })
+            .collect(),
             extended_metadata: HashMap::new(),
             runtime_version: env!("CARGO_PKG_VERSION").into(),
             enabled_features: Vec::new(),
         }))
+    }
+
+    async fn get_configuration_alpha1(
+        &self,
+        req: Request<pb::GetConfigurationRequest>,
+    ) -> Result<Response<pb::GetConfigurationResponse>, Status> {
+        let grant = grant_of(&req)?;
+        self.do_get_configuration(&grant, req.into_inner()).await
+    }
+
+    async fn get_configuration(
+        &self,
+        req: Request<pb::GetConfigurationRequest>,
+    ) -> Result<Response<pb::GetConfigurationResponse>, Status> {
+        let grant = grant_of(&req)?;
+        self.do_get_configuration(&grant, req.into_inner()).await
+    }
+
+    type SubscribeConfigurationAlpha1Stream = blocks::ConfigurationStream;
+
+    async fn subscribe_configuration_alpha1(
+        &self,
+        req: Request<pb::SubscribeConfigurationRequest>,
+    ) -> Result<Response<Self::SubscribeConfigurationAlpha1Stream>, Status> {
+        let grant = grant_of(&req)?;
+        self.do_subscribe_configuration(grant, req.into_inner()).await
+    }
+
+    type SubscribeConfigurationStream = blocks::ConfigurationStream;
+
+    async fn subscribe_configuration(
+        &self,
+        req: Request<pb::SubscribeConfigurationRequest>,
+    ) -> Result<Response<Self::SubscribeConfigurationStream>, Status> {
+        let grant = grant_of(&req)?;
+        self.do_subscribe_configuration(grant, req.into_inner()).await
+    }
+
+    async fn unsubscribe_configuration_alpha1(
+        &self,
+        req: Request<pb::UnsubscribeConfigurationRequest>,
+    ) -> Result<Response<pb::UnsubscribeConfigurationResponse>, Status> {
+        self.do_unsubscribe_configuration(req.into_inner())
+    }
+
+    async fn unsubscribe_configuration(
+        &self,
+        req: Request<pb::UnsubscribeConfigurationRequest>,
+    ) -> Result<Response<pb::UnsubscribeConfigurationResponse>, Status> {
+        self.do_unsubscribe_configuration(req.into_inner())
+    }
+
+    async fn try_lock_alpha1(&self, req: Request<pb::TryLockRequest>) -> Result<Response<pb::TryLockResponse>, Status> {
+        let grant = grant_of(&req)?;
+        self.do_try_lock(&grant, req.into_inner()).await
+    }
+
+    async fn unlock_alpha1(&self, req: Request<pb::UnlockRequest>) -> Result<Response<pb::UnlockResponse>, Status> {
+        let grant = grant_of(&req)?;
+        self.do_unlock(&grant, req.into_inner()).await
     }
 }

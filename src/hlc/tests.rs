@@ -35,6 +35,9 @@ fn parse_rejects_garbage() {
         " 1:2:n",
         "99999999999999999999999:0:n",
         "+1:2:n",
+        "1:2:line\nbreak",
+        "1:2:\r",
+        "1:2:nul\0",
     ] {
         assert_eq!(s.parse::<Hlc>(), Err(ParseHlcError), "{s:?}");
     }
@@ -112,4 +115,50 @@ fn observe_raises_the_floor_after_a_restart_with_a_clock_that_went_back() {
     hlc.observe(&Hlc::new(9000, 2, "old"));
     let h = hlc.now();
     assert_eq!((h.ms, h.counter), (9000, 3));
+}
+
+#[test]
+fn concurrent_issuers_never_get_the_same_timestamp() {
+    // Several threads issue at once on a stuck clock: the compare-and-swap must hand each one
+    // its own tick, and each thread's ticks increase.
+    let (_clock, hlc) = clock(1000);
+    let hlc = Arc::new(hlc);
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let hlc = hlc.clone();
+            std::thread::spawn(move || {
+                let mut mine = Vec::with_capacity(20_000);
+                for _ in 0..20_000 {
+                    mine.push(hlc.now());
+                }
+                mine
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in threads {
+        let mine = t.join().expect("thread");
+        assert!(mine.windows(2).all(|w| w[0] < w[1]));
+        all.extend(mine);
+    }
+    let n = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), n, "a timestamp was issued twice");
+}
+
+#[test]
+fn timestamps_beyond_the_packed_range_still_increase() {
+    // 2^47 ms is where the packed word ends; a floor past it moves the clock to its wide form.
+    let (clock, hlc) = clock(1000);
+    let a = hlc.now();
+    let far = Hlc::new(1 << 47, 5, "x");
+    let b = hlc.next_after(&[&far]);
+    assert!(b > far && b > a, "{b:?}");
+    let c = hlc.now();
+    assert!(c > b, "{c:?}");
+    hlc.observe(&Hlc::new((1 << 47) + 10, 0, "x"));
+    clock.set(2000);
+    let d = hlc.now();
+    assert_eq!((d.ms, d.counter), ((1 << 47) + 10, 1));
 }

@@ -1,9 +1,26 @@
 //! JSON shapes of the Dapr HTTP state API. Only this module derives serde/utoipa traits.
+//!
+//! Requests decode as daprd's Go structs do where clients depend on it: JSON `null` for a map,
+//! an object or a list is the empty one (Go's `encoding/json` leaves the field at its zero value;
+//! the JavaScript SDK sends `"metadata": null`), and so is a `null` metadata value. Values stay
+//! as their JSON text ([`RawValue`]), so numbers are never re-parsed and keep every digit.
 
 use std::collections::HashMap;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::value::RawValue;
 use utoipa::ToSchema;
+
+/// `null` (or an absent field, with `#[serde(default)]`) as the empty value.
+fn null_as_empty<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(d: D) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+/// A string map where the map or any value may be `null` (a `null` value is `""`).
+fn string_map<'de, D: Deserializer<'de>>(d: D) -> Result<HashMap<String, String>, D::Error> {
+    let map = Option::<HashMap<String, Option<String>>>::deserialize(d)?.unwrap_or_default();
+    Ok(map.into_iter().map(|(k, v)| (k, v.unwrap_or_default())).collect())
+}
 
 /// `options` of a state item.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
@@ -19,15 +36,16 @@ pub struct StateOptions {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct SaveItem {
     pub key: Option<String>,
-    /// Any JSON value; stored as its compact JSON text.
+    /// Any JSON value; stored as its JSON text without the whitespace between tokens (numbers
+    /// and strings exactly as sent). Absent or `null`: stored as `null`.
     #[schema(value_type = Object)]
     #[serde(default)]
-    pub value: serde_json::Value,
+    pub value: Option<Box<RawValue>>,
     /// The ETag (an HLC version) the key must have.
     pub etag: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "string_map")]
     pub metadata: HashMap<String, String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub options: StateOptions,
     /// Accepted for daprd compatibility and type-checked as daprd's decoder does (a wrong type
     /// is a 400); the stored bytes say what they are.
@@ -36,14 +54,16 @@ pub struct SaveItem {
 }
 
 /// Bulk get request.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 pub struct BulkGetRequest {
+    /// `null`: none (the answer is `[]`).
+    #[serde(deserialize_with = "null_as_empty")]
     pub keys: Vec<String>,
     /// Type-checked as daprd does (a wrong type is a 400), otherwise unused: every key is read
     /// from one engine.
     pub parallelism: Option<i64>,
     /// Type-checked as daprd does; no read takes metadata.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "string_map")]
     pub metadata: HashMap<String, String>,
 }
 
@@ -53,7 +73,7 @@ pub struct BulkItem {
     pub key: String,
     #[schema(value_type = Object)]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub data: Option<serde_json::Value>,
+    pub data: Option<Box<RawValue>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub etag: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -71,10 +91,12 @@ pub struct TransactionOperation {
 }
 
 /// Transaction request.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 pub struct TransactionRequest {
+    /// `null`: none (nothing is done).
+    #[serde(deserialize_with = "null_as_empty")]
     pub operations: Vec<TransactionOperation>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "string_map")]
     pub metadata: HashMap<String, String>,
 }
 
@@ -83,7 +105,7 @@ pub struct TransactionRequest {
 pub struct QueryItem {
     pub key: String,
     #[schema(value_type = Object)]
-    pub data: serde_json::Value,
+    pub data: Box<RawValue>,
     pub etag: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metadata: Option<HashMap<String, String>>,
@@ -116,21 +138,42 @@ pub struct Metadata {
     pub components: Vec<ComponentMetadata>,
 }
 
-/// One server-sent event's data.
+/// One server-sent event's data (`set`, `delete`).
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ChangeEvent {
     pub key: String,
     /// The new value (on `set`).
     #[schema(value_type = Object)]
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub data: Option<serde_json::Value>,
-    /// The new version (equals the event id).
+    pub data: Option<Box<RawValue>>,
+    /// The key's version (for a change, equal to the event id).
     pub etag: String,
     /// `expired` when a delete came from expiry.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metadata: Option<HashMap<String, String>>,
+    /// `true` on events sent while a snapshot is in progress (a key's current value, or a
+    /// change that came meanwhile): no resume position, their event id repeats the one asked.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub snapshot: bool,
+}
+
+/// The `reset` event's data: the position asked for is not in the history kept; forget the
+/// keys you know, a snapshot follows (`set` events, then `synced`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ResetEvent {
+    /// The version that was asked for (`Last-Event-ID` or `since`).
+    pub since: String,
+    pub message: String,
+}
+
+/// The `synced` event's data: the snapshot is complete. Its event id (also `since` here) is the
+/// position to resume from; absent when the service keeps no history.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SyncedEvent {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
 }
 
 /// A page of key names (`GET /v1.0-alpha1/state/{store}/keys`, a stategate extension).
@@ -212,6 +255,96 @@ pub struct Status {
 pub struct HistoryStatus {
     pub changes: u64,
     pub bytes: u64,
+}
+
+/// An `int32` as protojson reads it: a JSON number without a fraction, or a string holding one;
+/// `null` is 0. Outside the int32 range is an error, as for daprd.
+fn proto_int32<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    use serde::de::Error;
+    let n = match Option::<serde_json::Value>::deserialize(d)? {
+        None | Some(serde_json::Value::Null) => return Ok(0),
+        Some(serde_json::Value::Number(n)) => n.as_i64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && f.abs() < 1e10)
+                .map(|f| f as i64)
+        }),
+        Some(serde_json::Value::String(s)) => s.trim().parse::<i64>().ok(),
+        Some(_) => None,
+    };
+    n.filter(|n| i32::try_from(*n).is_ok())
+        .ok_or_else(|| D::Error::custom("expiryInSeconds is not a 32-bit integer"))
+}
+
+/// `POST /v1.0-alpha1/lock/{store}` body. Field names as daprd reads them (protojson: the JSON
+/// names, or the proto names); unknown fields are ignored.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+pub struct TryLockRequest {
+    /// The lock's name (a key of the lock store).
+    #[serde(rename = "resourceId", alias = "resource_id", default)]
+    pub resource_id: Option<String>,
+    /// Who takes it; stored as the key's value (an AIO leased lock's holder name).
+    #[serde(rename = "lockOwner", alias = "lock_owner", default)]
+    pub lock_owner: Option<String>,
+    /// How long the lock lasts, whole seconds (positive).
+    #[serde(
+        rename = "expiryInSeconds",
+        alias = "expiry_in_seconds",
+        default,
+        deserialize_with = "proto_int32"
+    )]
+    #[schema(value_type = i32)]
+    pub expiry_in_seconds: i64,
+}
+
+/// TryLock answer.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TryLockResponse {
+    pub success: bool,
+}
+
+/// `POST /v1.0-alpha1/unlock/{store}` body.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+pub struct UnlockRequest {
+    #[serde(rename = "resourceId", alias = "resource_id", default)]
+    pub resource_id: Option<String>,
+    #[serde(rename = "lockOwner", alias = "lock_owner", default)]
+    pub lock_owner: Option<String>,
+}
+
+/// Unlock answer: 0 SUCCESS, 1 LOCK_DOES_NOT_EXIST, 2 LOCK_BELONGS_TO_OTHERS, 3 INTERNAL_ERROR.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct UnlockResponse {
+    pub status: i32,
+}
+
+/// One configuration item.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ConfigurationItem {
+    /// The stored bytes as text (base64 with metadata `contentEncoding: base64` when not UTF-8;
+    /// empty for a deleted key).
+    pub value: String,
+    /// The key's HLC version (for a deletion: the deletion's).
+    pub version: String,
+    /// `ttlExpireTime`, `contentEncoding`; `deleted` (and `expired`) on a deletion.
+    #[serde(skip_serializing_if = "HashMap::is_empty")]
+    pub metadata: HashMap<String, String>,
+}
+
+/// A configuration subscription's event data (`subscribe`: the id alone; `update`: changed
+/// items, as daprd posts them to an app).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ConfigurationUpdate {
+    pub id: String,
+    #[serde(skip_serializing_if = "HashMap::is_empty")]
+    pub items: HashMap<String, ConfigurationItem>,
+}
+
+/// Unsubscribe answer.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct UnsubscribeResponse {
+    pub ok: bool,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub message: String,
 }
 
 /// `POST /v1.0-alpha1/stategate/import` answer: what happened to the records sent.

@@ -28,6 +28,11 @@ pub enum Op {
     Query,
     Subscribe,
     List,
+    TryLock,
+    Unlock,
+    ConfigurationGet,
+    ConfigurationSubscribe,
+    ConfigurationUnsubscribe,
     Import,
 }
 
@@ -41,6 +46,30 @@ impl Op {
             Op::Transaction => "ERR_STATE_TRANSACTION",
             Op::Query => "ERR_STATE_QUERY",
             Op::Import => "ERR_STATE_IMPORT",
+            Op::TryLock => "ERR_TRY_LOCK",
+            Op::Unlock => "ERR_UNLOCK",
+            Op::ConfigurationGet => "ERR_CONFIGURATION_GET",
+            Op::ConfigurationSubscribe => "ERR_CONFIGURATION_SUBSCRIBE",
+            Op::ConfigurationUnsubscribe => "ERR_CONFIGURATION_UNSUBSCRIBE",
+        }
+    }
+
+    /// daprd's code for a store name it does not know, per building block.
+    fn store_not_found(self) -> &'static str {
+        match self {
+            Op::Get
+            | Op::BulkGet
+            | Op::Save
+            | Op::Delete
+            | Op::Transaction
+            | Op::Query
+            | Op::Subscribe
+            | Op::List
+            | Op::Import => "ERR_STATE_STORE_NOT_FOUND",
+            Op::TryLock | Op::Unlock => "ERR_LOCK_STORE_NOT_FOUND",
+            Op::ConfigurationGet | Op::ConfigurationSubscribe | Op::ConfigurationUnsubscribe => {
+                "ERR_CONFIGURATION_STORE_NOT_FOUND"
+            }
         }
     }
 }
@@ -72,8 +101,8 @@ impl ApiError {
     pub fn from_dapr(op: Op, err: DaprError) -> ApiError {
         let tx = op == Op::Transaction;
         match err {
-            DaprError::StoreNotFound(_) => {
-                ApiError::new(StatusCode::BAD_REQUEST, "ERR_STATE_STORE_NOT_FOUND", err.to_string())
+            DaprError::StoreNotFound { .. } => {
+                ApiError::new(StatusCode::BAD_REQUEST, op.store_not_found(), err.to_string())
             }
             DaprError::Malformed(m) => ApiError::malformed(m),
             DaprError::InvalidEtag(_) if tx => ApiError::malformed(err.to_string()),

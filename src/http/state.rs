@@ -41,6 +41,15 @@ fn parse_object<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiEr
     parse_json(body)
 }
 
+/// A JSON object, or `null`: Go's decoder leaves daprd's request struct at its zero value for
+/// `null`, so daprd reads an empty request (clients send it).
+fn parse_object_or_null<T: serde::de::DeserializeOwned + Default>(body: &Bytes) -> Result<T, ApiError> {
+    if body.trim_ascii() == b"null" {
+        return Ok(T::default());
+    }
+    parse_object(body)
+}
+
 fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::malformed(format!("failed to parse the request body: {e}")))
 }
@@ -52,7 +61,13 @@ fn save_item(item: dto::SaveItem, request_meta: &HashMap<String, String>) -> Res
         .key
         .filter(|k| !k.is_empty())
         .ok_or_else(|| ApiError::malformed("a state item has no key"))?;
-    let value = serde_json::to_vec(&item.value).map_err(|e| ApiError::malformed(e.to_string()))?;
+    let value = match &item.value {
+        Some(raw) => {
+            dapr::check_decodes(raw.get()).map_err(|e| ApiError::from_dapr(Op::Save, e))?;
+            dapr::compact_json(raw.get())
+        }
+        None => "null".to_owned(),
+    };
     let mut metadata = item.metadata;
     dapr::merge_request_metadata(&mut metadata, request_meta);
     Ok(SaveItem {
@@ -89,7 +104,8 @@ pub async fn save_state(
     body: Body,
 ) -> Result<Response, ApiError> {
     let store = st.store(&store, Op::Save)?;
-    let items: Vec<dto::SaveItem> = parse_json(&body.0)?;
+    // `null` is no items, as for daprd (Go decodes it into an empty list).
+    let items: Vec<dto::SaveItem> = parse_json::<Option<_>>(&body.0)?.unwrap_or_default();
     let query_meta = query_metadata(&params);
     // Validate every item before writing any, so malformed input changes nothing.
     let items = items
@@ -279,7 +295,7 @@ pub async fn bulk_get(
     body: Body,
 ) -> Result<axum::Json<Vec<dto::BulkItem>>, ApiError> {
     let store = st.store(&store, Op::BulkGet)?;
-    let req: dto::BulkGetRequest = parse_object(&body.0)?;
+    let req: dto::BulkGetRequest = parse_object_or_null(&body.0)?;
     let entries = dapr::bulk_get(&st.engine, &grant, store, req.keys, st.settings.max_bulk_keys)
         .await
         .map_err(|e| ApiError::from_dapr(Op::BulkGet, e))?;
@@ -389,7 +405,7 @@ pub async fn transaction(
     body: Body,
 ) -> Result<StatusCode, ApiError> {
     let store = st.store(&store, Op::Transaction)?;
-    let req: dto::TransactionRequest = parse_object(&body.0)?;
+    let req: dto::TransactionRequest = parse_object_or_null(&body.0)?;
     let mut meta = req.metadata;
     dapr::merge_request_metadata(&mut meta, &query_metadata(&params));
     let mut items = Vec::with_capacity(req.operations.len());
@@ -481,7 +497,8 @@ pub async fn healthz_outbound() -> StatusCode {
 /// The stores and their features.
 #[utoipa::path(get, path = "/v1.0/metadata", tag = "metadata", responses((status = 200, body = dto::Metadata)))]
 pub async fn metadata(State(st): State<AppState>) -> axum::Json<dto::Metadata> {
-    let components = dapr::components(&st.settings.stores)
+    let settings = &st.settings;
+    let components = dapr::components(&settings.stores, &settings.lock_stores, &settings.configuration_stores)
         .into_iter()
         .map(|c| dto::ComponentMetadata {
             name: c.name,

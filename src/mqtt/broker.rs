@@ -43,6 +43,9 @@ use super::brokerauth::BrokerGuard;
 use super::door::Door;
 use super::inbroker::InBroker;
 
+mod tls;
+pub use tls::BrokerTls;
+
 /// Messages queued per client session (online backlog or offline queue) before the broker drops
 /// new ones for that client. rmqtt's default is 1,000.
 const MAX_QUEUED_PER_CLIENT: usize = 10_000;
@@ -66,8 +69,30 @@ pub struct BrokerOptions {
     pub receive_maximum: u16,
     /// Message expiry the broker applies to messages that carry none (None = never expire).
     pub default_message_expiry: Option<Duration>,
+    /// A TLS (MQTTS) listener besides the plain one.
+    pub tls: Option<BrokerTls>,
+    /// Most sessions (connected clients and sessions kept for disconnected ones); past it a
+    /// CONNECT is refused with "server unavailable".
+    pub max_connections: usize,
+    /// Time a connection has for its TLS handshake and its CONNECT packet.
+    pub connect_timeout: Duration,
     /// Authentication and topic ACLs (`None`: anyone may connect and use any topic).
     pub guard: Option<BrokerGuard>,
+}
+
+impl Default for BrokerOptions {
+    fn default() -> BrokerOptions {
+        BrokerOptions {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            max_packet_bytes: 8 * 1024 * 1024,
+            receive_maximum: 1024,
+            default_message_expiry: None,
+            tls: None,
+            max_connections: 10_000,
+            connect_timeout: Duration::from_secs(10),
+            guard: None,
+        }
+    }
 }
 
 /// Why the embedded broker could not start.
@@ -79,6 +104,8 @@ pub enum BrokerError {
     ZeroReceiveMaximum,
     #[error("the default message expiry must be longer than zero (use none for no expiry)")]
     ZeroMessageExpiry,
+    #[error("the MQTTS listener on {addr}: {reason}")]
+    Tls { addr: SocketAddr, reason: String },
     #[error("cannot listen on {addr}")]
     Bind {
         addr: SocketAddr,
@@ -93,6 +120,7 @@ pub struct EmbeddedBroker {
     scx: ServerContext,
     local_addr: SocketAddr,
     server: JoinHandle<()>,
+    tls: Option<tls::TlsListener>,
 }
 
 impl fmt::Debug for EmbeddedBroker {
@@ -125,7 +153,12 @@ impl EmbeddedBroker {
             Some(expiry) => expiry,
         };
 
-        let scx = ServerContext::new().busy_check_enable(false).build().await;
+        let max_sessions = isize::try_from(opts.max_connections.max(1)).unwrap_or(isize::MAX);
+        let scx = ServerContext::new()
+            .busy_check_enable(false)
+            .mqtt_max_sessions(max_sessions)
+            .build()
+            .await;
         *scx.extends.shared_subscription_mut().await = Box::new(RoundRobin::default());
         let hooks = scx.extends.hook_mgr().register();
         hooks
@@ -145,7 +178,7 @@ impl EmbeddedBroker {
             addr: opts.listen,
             source: into_io_error(source),
         };
-        let mut listener = Builder::new()
+        let base = Builder::new()
             .name("stategate/tcp")
             .laddr(opts.listen)
             .reuseaddr(Some(true))
@@ -157,6 +190,11 @@ impl EmbeddedBroker {
             .message_retry_interval(Duration::ZERO)
             .max_mqueue_len(MAX_QUEUED_PER_CLIENT)
             .session_expiry_interval(V3_SESSION_EXPIRY)
+            // rmqtt's `max_connections` bounds its queue of handshakes in progress; the session
+            // limit above is what bounds clients.
+            .max_connections(opts.max_connections.max(1))
+            .handshake_timeout(opts.connect_timeout);
+        let mut listener = Builder::clone(&base)
             .bind()
             .and_then(|listener| listener.tcp())
             .map_err(bind_error)?;
@@ -174,16 +212,46 @@ impl EmbeddedBroker {
             }
         });
         tracing::info!(%local_addr, "embedded broker listening");
+        let tls = match opts.tls {
+            Some(t) => Some(tls::TlsListener::start(&scx, &base, t)?),
+            None => None,
+        };
         Ok(EmbeddedBroker {
             scx,
             local_addr,
             server,
+            tls,
         })
     }
 
     /// The address actually bound (the real port when 0 was asked).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The MQTTS listener's address, when it runs.
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls.as_ref().map(|t| t.local_addr)
+    }
+
+    /// Times the MQTTS listener was rebound with a reloaded certificate (changes on each).
+    pub fn tls_rebinds(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.tls.as_ref().map(|t| t.rebinds.clone())
+    }
+
+    /// (client id, username) of every session the broker holds; the username is the one the
+    /// broker authenticated: with client certificates, the certificate's identity.
+    pub async fn clients(&self) -> Vec<(String, Option<String>)> {
+        self.scx
+            .extends
+            .shared()
+            .await
+            .iter()
+            .map(|e| {
+                let id = e.id();
+                (id.client_id.to_string(), id.username.as_ref().map(|u| u.to_string()))
+            })
+            .collect()
     }
 
     /// Starts answering state store requests inside this broker (see [`InBroker`]).
@@ -221,6 +289,9 @@ impl EmbeddedBroker {
     /// has no stop call, so a few idle tasks (its task-queue runners) live on until the tokio
     /// runtime ends.
     pub async fn shutdown(mut self) {
+        if let Some(t) = &self.tls {
+            t.stop();
+        }
         self.server.abort();
         // Awaiting the aborted task drops the server, and with it the listening socket.
         let _ = (&mut self.server).await;

@@ -1,7 +1,8 @@
 //! The embedded broker's authentication and topic ACLs (rmqtt hooks).
 //!
 //! - `ClientAuthenticate`: with a password file, a client needs a username and its password
-//!   (the listener refuses anonymous clients; rmqtt refuses MQTT5 enhanced auth). Nobody is
+//!   (the listener refuses anonymous clients; rmqtt refuses MQTT5 enhanced auth), or a client
+//!   certificate verified by the MQTTS listener, whose identity is its username. Nobody is
 //!   ever a superuser: superusers skip the ACL hooks, and in-broker serving is one of them.
 //! - Once access control is on (a password file or a rules file), topics the state store owns
 //!   are guarded: nobody subscribes to the invoke topic (requests are private to the service),
@@ -64,6 +65,17 @@ impl Handler for Authenticate {
         };
         if !self.0.access.mqtt_auth_required() {
             return (true, acc);
+        }
+        // A client certificate verified by the MQTTS listener (`--mqtt-tls-client-ca`) is the
+        // proof: its identity is already the username. rmqtt fills `cert` only from the TLS
+        // session, never from the wire.
+        if let (Some(user), Some(_)) = (info.username(), info.cert()) {
+            tracing::debug!(
+                user = &**user,
+                client_id = &*info.id().client_id,
+                "mqtt client authenticated by its certificate"
+            );
+            return (false, Some(HookResult::AuthResult(AuthResult::Allow(false, None))));
         }
         let result = match (info.username(), info.password()) {
             (Some(user), Some(password)) if self.0.access.verify_password(user, password).await => {

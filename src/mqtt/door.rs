@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tracing::{debug, warn};
 
@@ -217,14 +218,15 @@ impl Door {
         // The same id marks the write in shared storage, so that a redelivery to another
         // replica (this one died after receiving it) is not executed again either.
         let id = key.as_ref().map(|k| RequestId {
-            id: request::request_id(&k.0, &k.1),
+            // The cache's key is the request id's bytes (`request::request_id`).
+            id: Bytes::copy_from_slice(k),
             ttl: self.limits.response_cache_ttl,
         });
         match request::handle_as(&self.engine, &self.access, &self.service_id, req, caller, id.as_ref()).await {
             Ok(out) => {
                 let out = Arc::new(out);
                 if let Some(k) = &key {
-                    self.dedup.answered(k, out.clone());
+                    self.dedup.answered(k, &out);
                 }
                 Some(out)
             }

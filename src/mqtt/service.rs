@@ -53,6 +53,28 @@ pub struct MqttSettings {
     pub keep_alive: Duration,
     /// Who may do what (per-key rules, rate limits); `__srcId` is trusted only when it says so.
     pub access: Access,
+    /// `mqtts://`: connect over TLS, verifying the broker.
+    pub tls: Option<MqttClientTls>,
+    /// Username and password for CONNECT.
+    pub credentials: Option<crate::config::MqttCredentials>,
+}
+
+/// TLS to the broker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MqttClientTls {
+    /// CA certificates that verify the broker (`None`: the system's trusted roots).
+    pub ca_file: Option<std::path::PathBuf>,
+}
+
+impl MqttClientTls {
+    /// rumqttc's transport for this configuration (our rustls configuration, our provider).
+    #[cfg(feature = "mqtt-client-tls")]
+    pub fn transport(&self) -> Result<rumqttc::Transport, crate::tls::TlsError> {
+        let config = crate::tls::client_config(self.ca_file.as_deref(), &[])?;
+        Ok(rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(
+            config,
+        )))
+    }
 }
 
 impl Default for MqttSettings {
@@ -67,6 +89,8 @@ impl Default for MqttSettings {
             door: DoorLimits::default(),
             session_expiry: Duration::from_secs(3600),
             keep_alive: Duration::from_secs(30),
+            tls: None,
+            credentials: None,
             access: Access::open(),
         }
     }
@@ -80,8 +104,16 @@ impl MqttSettings {
         }
     }
 
-    fn options(&self) -> MqttOptions {
+    /// The connection options; an error when the TLS files cannot be used.
+    pub fn options(&self) -> Result<MqttOptions, crate::tls::TlsError> {
         let mut o = MqttOptions::new(self.client_id.clone(), self.host.clone(), self.port);
+        if let Some(c) = &self.credentials {
+            o.set_credentials(c.username.clone(), c.password.clone());
+        }
+        #[cfg(feature = "mqtt-client-tls")]
+        if let Some(tls) = &self.tls {
+            o.set_transport(tls.transport()?);
+        }
         o.set_keep_alive(self.keep_alive);
         // A persistent session keeps requests queued at the broker while the service reconnects;
         // zero asks for a clean session.
@@ -95,7 +127,7 @@ impl MqttSettings {
         net.set_tcp_nodelay(true);
         net.set_connection_timeout(5);
         o.set_network_options(net);
-        o
+        Ok(o)
     }
 }
 
@@ -114,8 +146,13 @@ pub struct MqttService {
 impl MqttService {
     /// Connects and subscribes; returns once the first subscription is acknowledged (or after
     /// `ready_timeout`, with a warning, so a broker that is down does not block startup forever).
-    pub async fn start(engine: Engine, settings: MqttSettings, ready_timeout: Duration) -> MqttService {
-        let (client, eventloop) = AsyncClient::new(settings.options(), REQUEST_CHANNEL);
+    /// Fails only when the TLS files of an `mqtts://` connection cannot be used.
+    pub async fn start(
+        engine: Engine,
+        settings: MqttSettings,
+        ready_timeout: Duration,
+    ) -> Result<MqttService, crate::tls::TlsError> {
+        let (client, eventloop) = AsyncClient::new(settings.options()?, REQUEST_CHANNEL);
         let (stop, stop_rx) = watch::channel(false);
         let (ready_tx, ready_rx) = oneshot::channel();
         let settings = Arc::new(settings);
@@ -149,7 +186,7 @@ impl MqttService {
                 "mqtt: not subscribed yet; requests are served once the broker answers"
             ),
         }
-        MqttService { tasks, stop, client }
+        Ok(MqttService { tasks, stop, client })
     }
 
     /// Disconnects and stops every task.
@@ -227,6 +264,28 @@ async fn publish(client: &AsyncClient, out: &Outgoing) {
     }
 }
 
+/// [`publish`] of an answer: moved into the packet, not copied, unless the redelivery cache
+/// keeps it too (GET and SCAN answers are not kept).
+async fn publish_answer(client: &AsyncClient, out: Arc<Outgoing>) {
+    let out = match Arc::try_unwrap(out) {
+        Ok(out) => out,
+        Err(shared) => return publish(client, &shared).await,
+    };
+    let props = PublishProperties {
+        correlation_data: out.correlation,
+        user_properties: out.user_properties,
+        content_type: Some(CONTENT_TYPE.to_owned()),
+        message_expiry_interval: out.message_expiry,
+        ..Default::default()
+    };
+    if let Err(e) = client
+        .publish_with_properties(out.topic, QoS::AtLeastOnce, false, out.payload, props)
+        .await
+    {
+        warn!(cause = %e, "mqtt: publish failed");
+    }
+}
+
 /// Drives the connection. Never awaits the client's request channel.
 async fn poller(mut eventloop: EventLoop, ctx: Arc<Ctx>, ready: oneshot::Sender<()>, mut stop: watch::Receiver<bool>) {
     let mut ready = Some(ready);
@@ -252,7 +311,7 @@ async fn poller(mut eventloop: EventLoop, ctx: Arc<Ctx>, ready: oneshot::Sender<
                                 tokio::spawn(async move {
                                     let _admitted = admitted;
                                     if let Some(out) = ctx.door.serve(&req, &Caller::default()).await {
-                                        publish(&ctx.client, &out).await;
+                                        publish_answer(&ctx.client, out).await;
                                     }
                                 });
                             }

@@ -348,6 +348,18 @@ impl Backend for DurableBackend {
         Err(retries_exhausted())
     }
 
+    async fn get_head(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {
+        self.shared.check()?;
+        for _ in 0..READ_ATTEMPTS {
+            let rollbacks = self.shared.rollbacks.load(Ordering::SeqCst);
+            let rec = self.index.get_head(key).await?;
+            if self.settled(Some(key), rollbacks).await? {
+                return Ok(rec);
+            }
+        }
+        Err(retries_exhausted())
+    }
+
     async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError> {
         if swaps.is_empty() {
             return Ok(SwapOutcome::Done);
@@ -383,7 +395,7 @@ impl Backend for DurableBackend {
                 in_flight.insert(s.key.clone(), lsn);
             }
             Ok(rx)
-        });
+        })?;
         match queued {
             None => Ok(outcome),
             Some(Err(refused)) => Err(refused.into()),

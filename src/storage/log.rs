@@ -138,6 +138,10 @@ pub trait ChangeLog: Send + Sync + 'static {
     /// The newest entry and the registrations as of it, read atomically.
     async fn start(&self) -> Result<LogStart, StorageError>;
 
+    /// The sequence number of the newest entry (0: none yet): every change applied before the
+    /// call is at or below it (a watch snapshot waits until it has read that far).
+    async fn head(&self) -> Result<u64, StorageError>;
+
     /// Up to `max` entries after `after`, waiting a while (about a second) for one.
     async fn read(&self, after: &LogCursor, max: usize) -> Result<LogRead, StorageError>;
 

@@ -1,99 +1,49 @@
-//! The volatile backend: one ordered set of compact entries behind a lock, plus an expiry index.
-//! The durable backend uses it as its in-memory index.
+//! The volatile backend: the records in a hash index for point reads and writes, with an
+//! ordered index beside it for scans, plus an expiry index. The durable backend uses it as its
+//! in-memory index.
 //!
-//! Memory per key is a target (at most 1.5x Redis for small keys), so an entry is one
-//! allocation holding the value (and the key, when it is longer than 16 bytes), plus a 72-byte
-//! header in the tree: node ids are interned, the rare fencing token is boxed, "no deadline" is
-//! 0. Keys of up to 16 bytes live inside the header, so a lookup compares keys without leaving
-//! the tree's nodes (a pointer chase per comparison made GET cost ~1.8 us at 100k keys). Reads
-//! copy the value out (one small copy; the doors copy it into their wire format anyway).
+//! Memory per key is a target (at most Redis's for small keys), so a key is one allocation
+//! (`entry.rs`: a 20-byte header, the key, the value; expiry and fencing boxed aside, since most
+//! keys have neither). The hash index owns the entries; the ordered index holds a pointer to
+//! each. GET and overwrites go through the hash index only (a B-tree descent cost more than
+//! half of GET); only creating or deleting a key touches the ordered index. An overwrite with
+//! a value of the same length is done in place. Reads copy the value out (one small copy; the
+//! doors copy it into their wire format anyway).
 
-use std::borrow::Borrow;
-use std::cmp::Ordering;
 use std::collections::BTreeSet;
+use std::hash::BuildHasher;
 use std::ops::Bound;
 use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use hashbrown::HashTable;
 
 use super::{Backend, KeyPage, Record, StorageError, Swap, SwapOutcome};
 use crate::hlc::Hlc;
+
+mod entry;
+
+use entry::{Entry, KeyRef};
 
 #[derive(Debug, Default)]
 pub struct MemoryBackend {
     inner: RwLock<Inner>,
 }
 
-/// Keys up to this long are kept inside the entry.
-const INLINE_KEY: usize = 16;
-
-/// One key as the index keeps it, ordered by its key bytes.
-#[derive(Debug)]
-struct Entry {
-    /// The key, when it is at most [`INLINE_KEY`] bytes.
-    inline: [u8; INLINE_KEY],
-    /// The value, preceded by the key when the key is longer than [`INLINE_KEY`].
-    data: Box<[u8]>,
-    key_len: u32,
-    counter: u32,
-    ms: u64,
-    /// 0 = no deadline.
-    expires_at_ms: u64,
-    /// Index into [`Inner::nodes`].
-    node: u32,
-    fencing: Option<Box<Hlc>>,
-}
-
-impl Entry {
-    fn key(&self) -> &[u8] {
-        let len = self.key_len as usize;
-        if len <= INLINE_KEY {
-            &self.inline[..len]
-        } else {
-            &self.data[..len]
-        }
-    }
-    fn value(&self) -> &[u8] {
-        let len = self.key_len as usize;
-        if len <= INLINE_KEY {
-            &self.data
-        } else {
-            &self.data[len..]
-        }
-    }
-    fn is_expired(&self, now_ms: u64) -> bool {
-        self.expires_at_ms != 0 && self.expires_at_ms <= now_ms
-    }
-    fn deadline(&self) -> Option<u64> {
-        (self.expires_at_ms != 0).then_some(self.expires_at_ms)
-    }
-}
-
-impl Borrow<[u8]> for Entry {
-    fn borrow(&self) -> &[u8] {
-        self.key()
-    }
-}
-
-impl PartialEq for Entry {
-    fn eq(&self, other: &Entry) -> bool {
-        self.key() == other.key()
-    }
-}
-
-impl Eq for Entry {}
-
-impl PartialOrd for Entry {
-    fn partial_cmp(&self, other: &Entry) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Entry {
-    fn cmp(&self, other: &Entry) -> Ordering {
-        self.key().cmp(other.key())
-    }
+#[derive(Default)]
+struct Inner {
+    /// Every key in byte order: pointers into the entries `table` owns. Declared first so it
+    /// is dropped before the entries (it never reads them when dropped, but this keeps it honest).
+    order: BTreeSet<KeyRef>,
+    /// Owns every entry; found by key hash (a keyed SipHash, so keys from the network cannot
+    /// be chosen to collide).
+    table: HashTable<Entry>,
+    hasher: std::collections::hash_map::RandomState,
+    deadlines: BTreeSet<(u64, Bytes)>,
+    max_version: Option<Hlc>,
+    /// Node ids seen in versions (a handful: one per service node that ever wrote).
+    nodes: Vec<Arc<str>>,
 }
 
 /// What one swap displaced, key by key in swap order: enough to take the swap back. Holds the
@@ -101,115 +51,169 @@ impl Ord for Entry {
 #[derive(Debug)]
 pub(crate) struct Undo(Vec<(Bytes, Option<Entry>)>);
 
-#[derive(Debug, Default)]
-struct Inner {
-    set: BTreeSet<Entry>,
-    deadlines: BTreeSet<(u64, Bytes)>,
-    max_version: Option<Hlc>,
-    /// Node ids seen in versions (a handful: one per service node that ever wrote).
-    nodes: Vec<Arc<str>>,
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("keys", &self.table.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn too_long() -> StorageError {
+    StorageError::Backend("a key or value of 4 GiB or more does not fit the memory index".into())
+}
+
+fn fits(s: &Swap) -> bool {
+    let small = |n: usize| u32::try_from(n).is_ok();
+    small(s.key.len()) && s.new.as_ref().is_none_or(|r| small(r.value.len()))
 }
 
 impl Inner {
-    fn intern(&mut self, node: &Arc<str>) -> u32 {
-        match self.nodes.iter().position(|n| **n == **node) {
-            Some(i) => i as u32,
+    fn intern(&mut self, node: &Arc<str>) -> usize {
+        match self.nodes.iter().position(|n| Arc::ptr_eq(n, node) || **n == **node) {
+            Some(i) => i,
             None => {
                 self.nodes.push(node.clone());
-                (self.nodes.len() - 1) as u32
+                self.nodes.len() - 1
             }
         }
     }
 
+    fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    fn get(&self, key: &[u8]) -> Option<&Entry> {
+        self.get_hashed(self.hash(key), key)
+    }
+
+    fn get_hashed(&self, hash: u64, key: &[u8]) -> Option<&Entry> {
+        self.table.find(hash, |e| e.key() == key)
+    }
+
     fn version(&self, e: &Entry) -> Hlc {
-        let node = self
-            .nodes
-            .get(e.node as usize)
-            .cloned()
-            .unwrap_or_else(|| Arc::from("?"));
+        if let Some(v) = e.extra().and_then(|x| x.version.clone()) {
+            return v;
+        }
+        let node = self.nodes.get(e.node()).cloned().unwrap_or_else(|| Arc::from("?"));
         Hlc {
-            ms: e.ms,
-            counter: e.counter,
+            ms: e.ms(),
+            counter: e.counter(),
             node,
         }
     }
 
     fn version_is(&self, e: &Entry, v: &Hlc) -> bool {
-        e.ms == v.ms && e.counter == v.counter && self.nodes.get(e.node as usize).is_some_and(|n| **n == *v.node)
+        match e.extra().and_then(|x| x.version.as_ref()) {
+            Some(full) => full == v,
+            None => {
+                e.ms() == v.ms && e.counter() == v.counter && self.nodes.get(e.node()).is_some_and(|n| **n == *v.node)
+            }
+        }
     }
 
     fn record(&self, e: &Entry) -> Record {
         Record {
             value: Bytes::copy_from_slice(e.value()),
+            ..self.head(e)
+        }
+    }
+
+    /// The record without its value.
+    fn head(&self, e: &Entry) -> Record {
+        let extra = e.extra();
+        Record {
+            value: Bytes::new(),
             version: self.version(e),
-            fencing: e.fencing.as_deref().cloned(),
-            expires_at_ms: e.deadline(),
+            fencing: extra.and_then(|x| x.fencing.clone()),
+            expires_at_ms: extra.map(|x| x.expires_at_ms).filter(|d| *d != 0),
         }
     }
 
-    fn entry(&mut self, key: &[u8], rec: Record) -> Entry {
-        let mut inline = [0u8; INLINE_KEY];
-        let data = if key.len() <= INLINE_KEY {
-            inline[..key.len()].copy_from_slice(key);
-            Box::<[u8]>::from(&rec.value[..])
-        } else {
-            let mut data = Vec::with_capacity(key.len() + rec.value.len());
-            data.extend_from_slice(key);
-            data.extend_from_slice(&rec.value);
-            data.into_boxed_slice()
+    /// Applies one change. The caller checked that the key and value fit ([`fits`]).
+    fn put(&mut self, key: &[u8], new: Option<&Record>) -> Result<(), StorageError> {
+        self.put_hashed(self.hash(key), key, new, true).map(drop)
+    }
+
+    /// [`Inner::put`] with the key's hash already computed; returns the entry it displaced.
+    /// With `in_place`, an overwrite that fits the entry is done in it (nothing is displaced:
+    /// the old contents are gone, so a caller that may take the swap back passes `false`).
+    fn put_hashed(
+        &mut self,
+        hash: u64,
+        key: &[u8],
+        new: Option<&Record>,
+        in_place: bool,
+    ) -> Result<Option<Entry>, StorageError> {
+        let Some(rec) = new else {
+            return Ok(self.place(hash, key, None));
         };
-        Entry {
-            inline,
-            data,
-            key_len: key.len() as u32,
-            counter: rec.version.counter,
-            ms: rec.version.ms,
-            expires_at_ms: rec.expires_at_ms.map(|d| d.max(1)).unwrap_or(0),
-            node: self.intern(&rec.version.node),
-            fencing: rec.fencing.map(Box::new),
+        if self.max_version.as_ref().is_none_or(|m| rec.version > *m) {
+            self.max_version = Some(rec.version.clone());
         }
+        let node = self.intern(&rec.version.node);
+        let deadline = rec.expires_at_ms.map(|d| d.max(1)).unwrap_or(0);
+        if in_place
+            && deadline == 0
+            && rec.fencing.is_none()
+            && let Some(cur) = self.table.find_mut(hash, |e| e.key() == key)
+            && cur.expires_at_ms() == 0
+            && cur.overwrite(&rec.value, rec.version.ms, rec.version.counter, node)
+        {
+            return Ok(None);
+        }
+        let fresh =
+            Entry::new(key, &rec.value, &rec.version, node, deadline, rec.fencing.as_ref()).map_err(|_| too_long())?;
+        Ok(self.place(hash, key, Some(fresh)))
     }
 
-    /// Stores `new` (or deletes the key); returns the entry it displaced.
-    fn put(&mut self, key: Bytes, new: Option<Record>) -> Option<Entry> {
-        let entry = new.map(|rec| {
-            if self.max_version.as_ref().is_none_or(|m| rec.version > *m) {
-                self.max_version = Some(rec.version.clone());
+    /// Puts `entry` in the key's place in both indexes (or removes the key), keeping the
+    /// deadline index right; returns the entry it displaced.
+    fn place(&mut self, hash: u64, key: &[u8], entry: Option<Entry>) -> Option<Entry> {
+        let Inner {
+            order, table, hasher, ..
+        } = self;
+        let new_deadline = entry.as_ref().map_or(0, Entry::expires_at_ms);
+        let old = match (table.find_entry(hash, |e| e.key() == key), entry) {
+            (Ok(mut found), Some(fresh)) => {
+                // The ordered index points at the new allocation before the old one is freed.
+                order.replace(fresh.key_ref());
+                Some(std::mem::replace(found.get_mut(), fresh))
             }
-            self.entry(&key, rec)
-        });
-        self.replace(key, entry)
-    }
-
-    /// Puts `entry` in the key's place (or removes the key), keeping the deadline index right;
-    /// returns the entry it displaced.
-    fn replace(&mut self, key: Bytes, entry: Option<Entry>) -> Option<Entry> {
-        let old = match entry {
-            Some(entry) => {
-                if let Some(d) = entry.deadline() {
-                    // A compact copy: the caller's key may be a slice of a network buffer.
-                    self.deadlines.insert((d, Bytes::copy_from_slice(&key)));
-                }
-                self.set.replace(entry)
+            (Ok(found), None) => {
+                order.remove(key);
+                Some(found.remove().0)
             }
-            None => self.set.take(&key[..]),
+            (Err(_), Some(fresh)) => {
+                order.insert(fresh.key_ref());
+                table.insert_unique(hash, fresh, |e| hasher.hash_one(e.key()));
+                None
+            }
+            (Err(_), None) => None,
         };
-        if let Some(d) = old.as_ref().and_then(Entry::deadline) {
-            // The same (deadline, key) may have just been inserted again for the new record.
-            let still = self.set.get(&key[..]).and_then(Entry::deadline) == Some(d);
-            if !still {
-                self.deadlines.remove(&(d, key));
+        let old_deadline = old.as_ref().map_or(0, Entry::expires_at_ms);
+        if new_deadline != old_deadline {
+            if new_deadline != 0 {
+                // A compact copy: the caller's key may be a slice of a network buffer.
+                self.deadlines.insert((new_deadline, Bytes::copy_from_slice(key)));
             }
+            self.forget_deadline(key, old_deadline);
         }
         old
     }
 
-    fn range_after<'a>(&'a self, after: Option<&'a [u8]>) -> impl Iterator<Item = &'a Entry> + 'a {
+    fn forget_deadline(&mut self, key: &[u8], deadline: u64) {
+        if deadline != 0 {
+            self.deadlines.remove(&(deadline, Bytes::copy_from_slice(key)));
+        }
+    }
+
+    fn range_after<'a>(&'a self, after: Option<&'a [u8]>) -> impl Iterator<Item = &'a KeyRef> + 'a {
         let lower = match after {
             Some(a) => Bound::Excluded(a),
             None => Bound::Unbounded,
         };
-        self.set.range::<[u8], _>((lower, Bound::Unbounded))
+        self.order.range::<[u8], _>((lower, Bound::Unbounded))
     }
 }
 
@@ -222,23 +226,8 @@ impl MemoryBackend {
     }
 
     /// Loads records without checks (durable backends replay into this).
-    pub fn load(&self, key: Bytes, rec: Option<Record>) {
-        self.write().put(key, rec);
-    }
-
-    /// Takes back swaps that were applied but could not be made durable (the disk was full):
-    /// `collect` runs under the index's write lock (so no swap is applied meanwhile) and returns
-    /// the [`Undo`]s of every swap to take back, oldest first, plus what the caller needs; they
-    /// are undone newest first, which leaves each key as it was before the oldest of them.
-    pub(crate) fn rollback<R>(&self, collect: impl FnOnce() -> (Vec<Undo>, R)) -> R {
-        let mut inner = self.write();
-        let (undos, out) = collect();
-        for undo in undos.into_iter().rev() {
-            for (key, old) in undo.0.into_iter().rev() {
-                inner.replace(key, old);
-            }
-        }
-        out
+    pub fn load(&self, key: Bytes, rec: Option<Record>) -> Result<(), StorageError> {
+        self.write().put(&key, rec.as_ref())
     }
 
     /// Raises the highest version ever stored (a durable backend restores it from a snapshot:
@@ -250,6 +239,22 @@ impl MemoryBackend {
         }
     }
 
+    /// Takes back swaps that were applied but could not be made durable (the disk was full):
+    /// `collect` runs under the index's write lock (so no swap is applied meanwhile) and returns
+    /// the [`Undo`]s of every swap to take back, oldest first, plus what the caller needs; they
+    /// are undone newest first, which leaves each key as it was before the oldest of them.
+    pub(crate) fn rollback<R>(&self, collect: impl FnOnce() -> (Vec<Undo>, R)) -> R {
+        let mut inner = self.write();
+        let (undos, out) = collect();
+        for undo in undos.into_iter().rev() {
+            for (key, old) in undo.0.into_iter().rev() {
+                let hash = inner.hash(&key);
+                inner.place(hash, &key, old);
+            }
+        }
+        out
+    }
+
     /// [`Backend::swap_many`], running `then` under the same lock once the swaps are applied, so
     /// that what `then` records (a log append) comes in the order the swaps were applied. `then`
     /// gets what the swaps displaced, to take them back with [`MemoryBackend::rollback`].
@@ -258,18 +263,48 @@ impl MemoryBackend {
         swaps: &[Swap],
         max_keys: Option<u64>,
         then: impl FnOnce(Undo) -> R,
-    ) -> (SwapOutcome, Option<R>) {
+    ) -> Result<(SwapOutcome, Option<R>), StorageError> {
+        self.swap_with(swaps, max_keys, true, then)
+    }
+
+    /// The swap itself; `undo` keeps what the swaps displaced (no overwrite in place then).
+    fn swap_with<R>(
+        &self,
+        swaps: &[Swap],
+        max_keys: Option<u64>,
+        undo: bool,
+        then: impl FnOnce(Undo) -> R,
+    ) -> Result<(SwapOutcome, Option<R>), StorageError> {
+        if !swaps.iter().all(fits) {
+            return Err(too_long());
+        }
         let mut inner = self.write();
-        let outcome = check_swaps(&inner, swaps, max_keys);
+        // Each key is hashed once, for the check and the write (SipHash is a visible part of SET).
+        let one;
+        let many: Vec<u64>;
+        let hashes: &[u64] = match swaps {
+            [s] => {
+                one = [inner.hash(&s.key)];
+                &one
+            }
+            _ => {
+                many = swaps.iter().map(|s| inner.hash(&s.key)).collect();
+                &many
+            }
+        };
+        let outcome = check_swaps(&inner, swaps, hashes, max_keys);
         if outcome != SwapOutcome::Done {
-            return (outcome, None);
+            return Ok((outcome, None));
         }
-        let mut displaced = Vec::with_capacity(swaps.len());
-        for s in swaps {
-            let old = inner.put(s.key.clone(), s.new.clone());
-            displaced.push((s.key.clone(), old));
+        let mut displaced = Vec::with_capacity(if undo { swaps.len() } else { 0 });
+        for (s, hash) in swaps.iter().zip(hashes) {
+            // Cannot fail: every key and value fits (checked above).
+            let old = inner.put_hashed(*hash, &s.key, s.new.as_ref(), !undo)?;
+            if undo {
+                displaced.push((s.key.clone(), old));
+            }
         }
-        (outcome, Some(then(Undo(displaced))))
+        Ok((outcome, Some(then(Undo(displaced)))))
     }
 
     /// Up to `n` records strictly after `after`, in key order (for snapshots, a chunk at a time).
@@ -278,7 +313,7 @@ impl MemoryBackend {
         inner
             .range_after(after)
             .take(n)
-            .map(|e| (Bytes::copy_from_slice(e.key()), inner.record(e)))
+            .map(|k| (Bytes::copy_from_slice(k.key()), k.with_entry(|e| inner.record(e))))
             .collect()
     }
 
@@ -287,15 +322,15 @@ impl MemoryBackend {
     }
 
     pub(crate) fn key_count(&self) -> u64 {
-        self.read().set.len() as u64
+        self.read().table.len() as u64
     }
 }
 
 /// Checks swaps against the index: every expected version must be the stored one.
-fn check_swaps(inner: &Inner, swaps: &[Swap], max_keys: Option<u64>) -> SwapOutcome {
+fn check_swaps(inner: &Inner, swaps: &[Swap], hashes: &[u64], max_keys: Option<u64>) -> SwapOutcome {
     let mut added: i64 = 0;
-    for s in swaps {
-        let cur = inner.set.get(&s.key[..]);
+    for (s, hash) in swaps.iter().zip(hashes) {
+        let cur = inner.get_hashed(*hash, &s.key);
         let matches = match (cur, &s.expected) {
             (None, None) => true,
             (Some(e), Some(v)) => inner.version_is(e, v),
@@ -308,7 +343,7 @@ fn check_swaps(inner: &Inner, swaps: &[Swap], max_keys: Option<u64>) -> SwapOutc
     }
     if let Some(max) = max_keys
         && added > 0
-        && inner.set.len() as i64 + added > max as i64
+        && inner.table.len() as i64 + added > max as i64
     {
         return SwapOutcome::TooManyKeys;
     }
@@ -319,11 +354,16 @@ fn check_swaps(inner: &Inner, swaps: &[Swap], max_keys: Option<u64>) -> SwapOutc
 impl Backend for MemoryBackend {
     async fn get(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {
         let inner = self.read();
-        Ok(inner.set.get(key).map(|e| inner.record(e)))
+        Ok(inner.get(key).map(|e| inner.record(e)))
+    }
+
+    async fn get_head(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {
+        let inner = self.read();
+        Ok(inner.get(key).map(|e| inner.head(e)))
     }
 
     async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError> {
-        Ok(self.swap_then(swaps, max_keys, drop).0)
+        Ok(self.swap_with(swaps, max_keys, false, drop)?.0)
     }
 
     async fn scan(
@@ -335,16 +375,18 @@ impl Backend for MemoryBackend {
     ) -> Result<KeyPage, StorageError> {
         let inner = self.read();
         let mut page = KeyPage::default();
-        let mut last: Option<&Entry> = None;
-        for (seen, e) in inner.range_after(after).enumerate() {
+        let mut last: Option<&KeyRef> = None;
+        for (seen, k) in inner.range_after(after).enumerate() {
             if seen == examine {
                 page.resume_after = last.map(|l| Bytes::copy_from_slice(l.key()));
                 return Ok(page);
             }
-            if !e.is_expired(now_ms) && keep(e.key()) {
-                page.keys.push(Bytes::copy_from_slice(e.key()));
+            let deadline = k.with_entry(Entry::expires_at_ms);
+            let expired = deadline != 0 && deadline <= now_ms;
+            if !expired && keep(k.key()) {
+                page.keys.push(Bytes::copy_from_slice(k.key()));
             }
-            last = Some(e);
+            last = Some(k);
         }
         Ok(page)
     }
@@ -355,7 +397,7 @@ impl Backend for MemoryBackend {
             .deadlines
             .iter()
             .take_while(|(d, _)| *d <= now_ms)
-            .filter_map(|(_, k)| inner.set.get(&k[..]).map(|e| (k.clone(), inner.version(e))))
+            .filter_map(|(_, k)| inner.get(k).map(|e| (k.clone(), inner.version(e))))
             .take(limit)
             .collect())
     }
@@ -365,7 +407,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn len(&self) -> Result<u64, StorageError> {
-        Ok(self.read().set.len() as u64)
+        Ok(self.read().table.len() as u64)
     }
 
     async fn max_version(&self) -> Result<Option<Hlc>, StorageError> {

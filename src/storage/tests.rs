@@ -116,7 +116,70 @@ pub(crate) async fn test_suite(store: Store) {
     wipe(&store).await;
     max_version_is_the_highest_written(&store).await;
     wipe(&store).await;
+    every_record_shape_round_trips(&store).await;
+    wipe(&store).await;
     concurrent_swaps_are_atomic(&store).await;
+}
+
+/// One key rewritten through every shape a record can take (the memory index stores each
+/// differently: in place, reallocated, with boxed extras, with a version that does not pack),
+/// with a neighbour on each side that must stay intact and in order.
+async fn every_record_shape_round_trips(store: &Store) {
+    let long_key = [b'k'; 40];
+    let fenced = |value: &[u8], version: Hlc, token: Hlc| Record {
+        fencing: Some(token),
+        ..rec(value, version, None)
+    };
+    let shapes = vec![
+        rec(b"first", v(10, 0), None),
+        rec(b"again", v(11, 0), None),        // same length: rewritten in place
+        rec(b"longer value", v(12, 1), None), // another length
+        rec(b"", v(13, 0), None),
+        fenced(b"fenced", v(14, 0), v(14, 0)),
+        rec(b"expiring", v(15, 0), Some(900)),
+        rec(b"expiring", v(16, 0), Some(800)), // another deadline, same value
+        rec(b"plain", v(17, 0), None),
+        rec(b"wide", v(18, 200_000), None), // a counter past 17 bits
+        Record {
+            fencing: Some(Hlc::new(19, 3, "other")),
+            ..rec(b"all of it", Hlc::new(19, 4, "yet-another-node"), Some(950))
+        },
+        rec(b"plain again", v(20, 0), None),
+    ];
+    for key in [&b"m"[..], &long_key[..]] {
+        assert_eq!(
+            swap(store, put(b"a", None, rec(b"left", v(1, 0), None)), None).await,
+            SwapOutcome::Done
+        );
+        assert_eq!(
+            swap(store, put(b"z", None, rec(b"right", v(1, 0), None)), None).await,
+            SwapOutcome::Done
+        );
+        let mut expected: Option<Hlc> = None;
+        for shape in &shapes {
+            let outcome = swap(store, put(key, expected.clone(), shape.clone()), None).await;
+            assert_eq!(outcome, SwapOutcome::Done, "{shape:?}");
+            assert_eq!(get(store, key).await.as_ref(), Some(shape));
+            assert_eq!(
+                scan_keys(store).await,
+                vec![b(b"a"), b(key), b(b"z")],
+                "order after {shape:?}"
+            );
+            let deadline = store.backend().next_deadline().await.unwrap();
+            assert_eq!(deadline, shape.expires_at_ms, "deadline after {shape:?}");
+            expected = Some(shape.version.clone());
+        }
+        assert_eq!(get(store, b"a").await, Some(rec(b"left", v(1, 0), None)));
+        assert_eq!(get(store, b"z").await, Some(rec(b"right", v(1, 0), None)));
+        assert_eq!(swap(store, delete(key, v(20, 0)), None).await, SwapOutcome::Done);
+        assert_eq!(get(store, key).await, None);
+        assert_eq!(len(store).await, 2);
+        wipe(store).await;
+    }
+}
+
+async fn scan_keys(store: &Store) -> Vec<Bytes> {
+    store.backend().scan(None, usize::MAX, 0, &|_| true).await.unwrap().keys
 }
 
 async fn empty_store(store: &Store) {
@@ -598,14 +661,91 @@ async fn memory_backend_multi_thread() {
 #[tokio::test]
 async fn memory_backend_load_replays_records() {
     let backend = memory::MemoryBackend::default();
-    backend.load(b(b"a"), Some(rec(b"1", v(5, 0), Some(50))));
-    backend.load(b(b"b"), Some(rec(b"2", v(7, 0), None)));
-    backend.load(b(b"a"), Some(rec(b"3", v(9, 0), None)));
-    backend.load(b(b"b"), None);
+    backend.load(b(b"a"), Some(rec(b"1", v(5, 0), Some(50)))).unwrap();
+    backend.load(b(b"b"), Some(rec(b"2", v(7, 0), None))).unwrap();
+    backend.load(b(b"a"), Some(rec(b"3", v(9, 0), None))).unwrap();
+    backend.load(b(b"b"), None).unwrap();
     let store = Store::new(backend);
     assert_eq!(get(&store, b"a").await, Some(rec(b"3", v(9, 0), None)));
     assert_eq!(get(&store, b"b").await, None);
     assert_eq!(len(&store).await, 1);
     assert_eq!(store.backend().next_deadline().await.unwrap(), None);
     assert_eq!(store.backend().max_version().await.unwrap(), Some(v(9, 0)));
+}
+
+/// The memory index against a plain ordered map, over a long pseudo-random run of creations,
+/// overwrites (same and other lengths, with and without extras), deletes and scans.
+#[tokio::test]
+async fn memory_index_matches_a_model() {
+    use std::collections::BTreeMap;
+    let store = Store::memory();
+    let mut model: BTreeMap<Vec<u8>, Record> = BTreeMap::new();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for step in 0..20_000u64 {
+        let r = next();
+        // Short and long keys, so both sides of the inline limit and many collisions of prefixes.
+        let key = if r % 5 == 0 {
+            format!("a-long-key-that-spills-{:03}", r % 300).into_bytes()
+        } else {
+            format!("k{:03}", (r >> 8) % 300).into_bytes()
+        };
+        let cur = model.get(&key).map(|rec| rec.version.clone());
+        if (r >> 20) % 4 == 0 {
+            if let Some(cur) = cur {
+                assert_eq!(swap(&store, delete(&key, cur), None).await, SwapOutcome::Done);
+                model.remove(&key);
+            }
+        } else {
+            let len = [0usize, 3, 3, 8, 100][((r >> 24) % 5) as usize];
+            let mut new = rec(&vec![b'x'; len], v(step + 1, (r >> 30) as u32 % 3), None);
+            if (r >> 34) % 7 == 0 {
+                new.expires_at_ms = Some(1_000_000 + (r >> 40) % 1000);
+            }
+            if (r >> 44) % 11 == 0 {
+                new.fencing = Some(v(step, 0));
+            }
+            assert_eq!(swap(&store, put(&key, cur, new.clone()), None).await, SwapOutcome::Done);
+            model.insert(key.clone(), new);
+        }
+        if step % 1000 == 999 {
+            let keys: Vec<Bytes> = model.keys().map(|k| b(k)).collect();
+            assert_eq!(scan_keys(&store).await, keys, "step {step}");
+            for (k, rec) in &model {
+                assert_eq!(get(&store, k).await.as_ref(), Some(rec), "step {step}");
+            }
+            let due = store.backend().expired(u64::MAX, usize::MAX).await.unwrap();
+            let want: usize = model.values().filter(|r| r.expires_at_ms.is_some()).count();
+            assert_eq!(due.len(), want, "step {step}");
+            assert_eq!(len(&store).await, model.len() as u64);
+        }
+    }
+}
+
+/// Versions from more nodes than the entry header can index keep their node names.
+#[tokio::test]
+async fn memory_index_keeps_versions_of_many_nodes() {
+    let store = Store::memory();
+    for n in 0..200u64 {
+        let key = format!("key-{n}");
+        let version = Hlc::new(n + 1, 0, format!("node-{n}"));
+        let new = rec(b"v", version, None);
+        assert_eq!(
+            swap(&store, put(key.as_bytes(), None, new), None).await,
+            SwapOutcome::Done
+        );
+    }
+    for n in 0..200u64 {
+        let got = get(&store, format!("key-{n}").as_bytes()).await.unwrap();
+        assert_eq!(got.version, Hlc::new(n + 1, 0, format!("node-{n}")));
+        // A swap must match the full version, node included.
+        let wrong = Hlc::new(n + 1, 0, "node-x");
+        let s = put(format!("key-{n}").as_bytes(), Some(wrong), rec(b"w", v(999, 0), None));
+        assert_eq!(swap(&store, s, None).await, SwapOutcome::Conflict);
+    }
 }

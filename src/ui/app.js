@@ -414,20 +414,23 @@ function startLive() {
       setConn(s, detail);
       if (s === 'unauthorized') needToken();
     },
-    onReconnect: () => {
-      changes.gap('Reconnected: changes made while the connection was down are not listed.');
-      reloadKeys();
-      if (state.open && !editor.isOpen()) openKey(state.open.key);
-    },
   });
   state.feed.start();
 }
 
 function liveEvent(ev) {
-  if (ev.type === 'overflow') {
-    changes.gap('The change feed fell behind and is reconnecting: some changes are not listed.');
-    return;
+  switch (ev.type) {
+    case 'overflow': // The feed reconnects; the service then resumes or resets.
+    case 'synced':
+      return;
+    case 'reset':
+      changes.gap('Reconnected after a long break: the changes made meanwhile are no longer kept, so the list was reloaded.');
+      reloadKeys();
+      if (state.open && !editor.isOpen()) openKey(state.open.key);
+      return;
   }
+  // A reset's snapshot: the current values, not changes (the reload above shows them).
+  if (ev.snapshot) return;
   followChange(ev);
   changes.add(ev);
 }

@@ -3,27 +3,29 @@
 // Without an api token the browser's own EventSource is used, with its built-in reconnect.
 // EventSource cannot send headers, so with a token a fetch()-based reader sends the token as
 // the `dapr-api-token` header (never in the URL) and reconnects by itself.
-// Both send the last event id back as Last-Event-ID on reconnect. The service does not resume
-// from it yet, so events missed while disconnected are not replayed: every reconnect is
-// reported, so the console can say there may be a gap and reload what it shows.
+// Both send the last event id back as Last-Event-ID on reconnect, and the service resumes from
+// it: the changes made while disconnected arrive first, none twice. When the service no longer
+// has them (a long disconnection, or it restarted) it sends `reset` and the current value of
+// every key (`snapshot: true`), then `synced`: the console then marks the gap and reloads.
 
 import { authHeaders, token } from './api.js';
 
 const MAX_BACKOFF_MS = 10000;
 
+const TYPES = ['set', 'delete', 'overflow', 'reset', 'synced'];
+
 /**
- * `onEvent({type: 'set'|'delete'|'overflow', key, data, etag, reason, base64})`;
- * `onState(state, detail)` with state `connecting`, `live`, `reconnecting`, `unauthorized`
- * or `closed`; `onReconnect()` after a connection came back (events may have been missed).
+ * `onEvent({type: 'set'|'delete'|'overflow'|'reset'|'synced', key, data, etag, reason, base64,
+ * snapshot})`; `onState(state, detail)` with state `connecting`, `live`, `reconnecting`,
+ * `unauthorized` or `closed`. After a reconnection the feed resumes where it left off (or a
+ * `reset` says it could not).
  */
 export class LiveFeed {
-  constructor(store, { onEvent, onState, onReconnect }) {
+  constructor(store, { onEvent, onState }) {
     this.url = `/v1.0-alpha1/state/${encodeURIComponent(store)}/subscribe`;
     this.onEvent = onEvent;
     this.onState = onState;
-    this.onReconnect = onReconnect;
     this.stopped = false;
-    this.wasLive = false;
     this.failures = 0;
     this.timer = null;
     this.source = null;
@@ -50,13 +52,11 @@ export class LiveFeed {
 
   connected() {
     this.failures = 0;
-    if (this.wasLive) this.onReconnect();
-    this.wasLive = true;
     this.onState('live');
   }
 
   dispatch(type, data) {
-    if (type !== 'set' && type !== 'delete' && type !== 'overflow') return;
+    if (!TYPES.includes(type)) return;
     let body = {};
     try {
       body = data ? JSON.parse(data) : {};
@@ -64,7 +64,10 @@ export class LiveFeed {
       return;
     }
     const base64 = !!(body.metadata && body.metadata.contentEncoding === 'base64');
-    this.onEvent({ type, key: body.key, data: body.data, etag: body.etag, reason: body.reason, base64 });
+    this.onEvent({
+      type, key: body.key, data: body.data, etag: body.etag, reason: body.reason, base64,
+      snapshot: body.snapshot === true,
+    });
   }
 
   /** Reconnects after a growing pause (0.5 s, 1 s, 2 s ... 10 s). */
@@ -82,11 +85,17 @@ export class LiveFeed {
   }
 
   readWithEventSource() {
-    const es = new EventSource(this.url);
+    // A new EventSource starts without the last id (only its own reconnects send it), so a
+    // feed that had to start over names its position in the URL.
+    const url = this.lastId ? `${this.url}?since=${encodeURIComponent(this.lastId)}` : this.url;
+    const es = new EventSource(url);
     this.source = es;
     es.onopen = () => this.connected();
-    for (const type of ['set', 'delete', 'overflow']) {
-      es.addEventListener(type, (ev) => this.dispatch(type, ev.data));
+    for (const type of TYPES) {
+      es.addEventListener(type, (ev) => {
+        this.lastId = ev.lastEventId;
+        this.dispatch(type, ev.data);
+      });
     }
     es.onerror = () => {
       if (this.stopped || this.source !== es) return;
@@ -157,6 +166,9 @@ export class LiveFeed {
     let buffer = '';
     let type = '';
     let data = [];
+    // The id in effect, committed when an event is dispatched, as EventSource does: an event
+    // cut short by a dropped connection does not move it.
+    let id = this.lastId;
     for (;;) {
       const { value, done } = await reader.read();
       if (done || signal.aborted) return;
@@ -168,6 +180,7 @@ export class LiveFeed {
         const line = buffer.slice(0, nl);
         buffer = buffer.slice(nl + (buffer.startsWith('\r\n', nl) ? 2 : 1));
         if (line === '') {
+          this.lastId = id;
           if (data.length) this.dispatch(type || 'message', data.join('\n'));
           type = '';
           data = [];
@@ -180,7 +193,7 @@ export class LiveFeed {
         if (val.startsWith(' ')) val = val.slice(1);
         if (field === 'event') type = val;
         else if (field === 'data') data.push(val);
-        else if (field === 'id' && !val.includes('\0')) this.lastId = val;
+        else if (field === 'id' && !val.includes('\0')) id = val;
       }
     }
   }

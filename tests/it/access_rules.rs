@@ -574,3 +574,96 @@ fn malformed_access_files_stop_startup() {
         assert!(err.contains(&format!("{}:{line}:", file.display())), "{flag}: {err}");
     }
 }
+
+/// The rules reach the parts built on watches and on writes: a snapshot (SSE, gRPC Watch, even
+/// of named keys) shows only readable keys; a configuration get of a hidden key is refused and
+/// one of every key lists only readable ones; a lock is a write of its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_configuration_and_locks_follow_the_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = start(dir.path(), |_| {}).await;
+    let c = reqwest::Client::new();
+    let mut sse = c
+        .get(format!(
+            "{}/v1.0-alpha1/state/statestore/subscribe?snapshot=true",
+            env.http()
+        ))
+        .header("dapr-api-token", VIEWER)
+        .send()
+        .await
+        .unwrap();
+    let mut text = String::new();
+    while !text.contains("event: synced") {
+        let chunk = tokio::time::timeout(WAIT, sse.chunk())
+            .await
+            .expect("event")
+            .unwrap()
+            .unwrap();
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    assert!(
+        text.contains("\"key\":\"app/1\"") && text.contains("\"key\":\"app/2\""),
+        "{text}"
+    );
+    assert!(
+        !text.contains("secret") && !text.contains("public") && !text.contains("devices"),
+        "{text}"
+    );
+
+    let mut native = npb::state_store_client::StateStoreClient::connect(env.grpc())
+        .await
+        .unwrap();
+    let req = npb::WatchRequest {
+        keys: vec![b"secret/00".to_vec(), b"app/1".to_vec()],
+        snapshot: true,
+        ..Default::default()
+    };
+    let mut w = native.watch(authed(req, VIEWER)).await.unwrap().into_inner();
+    let first = tokio::time::timeout(WAIT, w.message()).await.unwrap().unwrap().unwrap();
+    assert_eq!((first.key.as_slice(), first.snapshot), (&b"app/1"[..], true));
+    let second = tokio::time::timeout(WAIT, w.message()).await.unwrap().unwrap().unwrap();
+    assert_eq!(
+        second.kind(),
+        npb::watch_event::Kind::Synced,
+        "no hidden key in between"
+    );
+
+    let config = format!("{}/v1.0/configuration/configstore", env.http());
+    let r = c
+        .get(format!("{config}?key=secret/00"))
+        .header("dapr-api-token", VIEWER)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let all: Value = c
+        .get(&config)
+        .header("dapr-api-token", VIEWER)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut names: Vec<&String> = all.as_object().unwrap().keys().collect();
+    names.sort();
+    assert_eq!(names, ["app/1", "app/2"]);
+
+    let lock = format!("{}/v1.0-alpha1/lock/lockstore", env.http());
+    let body = |key: &str| json!({"resourceId": key, "lockOwner": "me", "expiryInSeconds": 30});
+    for (token, key, status) in [
+        (VIEWER, "app/lock", 403),
+        (APP, "secret/lock", 403),
+        (APP, "app/lock", 200),
+    ] {
+        let r = c
+            .post(&lock)
+            .header("dapr-api-token", token)
+            .json(&body(key))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status, "{key}");
+    }
+    env.stop().await;
+}

@@ -1,7 +1,7 @@
 //! Interop with the official Azure IoT Operations Rust SDK (`azure_iot_operations_services`
 //! 1.5.0-beta1, features `state_store` and `leased_lock`), used unchanged: its state store
 //! client and its lease and lock clients talk to stategate through Mosquitto and through the
-//! embedded broker. Every scenario runs against both brokers (see `both_brokers!` at the end).
+//! embedded broker, served inside it and through the client path (see `every_broker!` at the end).
 //!
 //! Synchronisation: every wait is on an event (a response, a notification, a PUBLISH seen by a
 //! raw spy client) and is bounded by `support::WAIT`. The one exception is `Sdk::ready`, which
@@ -40,8 +40,8 @@ async fn within<F: Future>(what: &str, f: F) -> F::Output {
 }
 
 /// One SDK client: an MQTT session (running in a task) and the state store client on it.
-struct Sdk {
-    id: String,
+pub(crate) struct Sdk {
+    pub(crate) id: String,
     client: Arc<state_store::Client>,
     exit: SessionExitHandle,
     session: JoinHandle<Result<(), SessionError>>,
@@ -50,7 +50,7 @@ struct Sdk {
 impl Sdk {
     /// Connects a session as the SDK's own samples do, waits for CONNACK, and makes sure the
     /// client's notification subscription is in place.
-    async fn connect(port: u16, prefix: &str) -> Sdk {
+    pub(crate) async fn connect(port: u16, prefix: &str) -> Sdk {
         let id = support::unique_id(prefix);
         let settings = MqttConnectionSettingsBuilder::default()
             .client_id(id.clone())
@@ -201,7 +201,7 @@ impl Sdk {
         .response
     }
 
-    fn lease(&self, name: &[u8]) -> lease::Client {
+    pub(crate) fn lease(&self, name: &[u8]) -> lease::Client {
         lease::Client::new(self.client.clone(), name.to_vec(), self.id.clone().into_bytes()).expect("lease client")
     }
 
@@ -210,7 +210,7 @@ impl Sdk {
     }
 
     /// Shuts the client down and ends the session gracefully (DISCONNECT, session expiry 0).
-    async fn close(self) {
+    pub(crate) async fn close(self) {
         within("the SDK client to shut down", self.client.shutdown())
             .await
             .expect("state store client shutdown");
@@ -949,7 +949,7 @@ async fn lock_expiry_handover(broker: Broker) {
     env.stop().await;
 }
 
-crate::support::both_brokers!(
+crate::support::every_broker!(
     crud_versions,
     set_conditions,
     fencing_tokens,

@@ -11,6 +11,8 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
@@ -413,10 +415,12 @@ fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
 }
 
 /// A TCP proxy in front of the HTTP door that can cut every open connection at once, the way
-/// a network drop would, while new connections keep working.
+/// a network drop would, while new connections keep working; or, while `down`, refuse new
+/// connections too (each is closed as soon as it is accepted), as an unreachable service.
 struct DropProxy {
     addr: std::net::SocketAddr,
     cut: watch::Sender<u64>,
+    down: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -426,8 +430,14 @@ impl DropProxy {
         let addr = listener.local_addr().unwrap();
         let (cut, _) = watch::channel(0u64);
         let cuts = cut.clone();
+        let down = Arc::new(AtomicBool::new(false));
+        let refusing = down.clone();
         let task = tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
+                if refusing.load(Ordering::SeqCst) {
+                    drop(inbound);
+                    continue;
+                }
                 let mut cut_rx = cuts.subscribe();
                 tokio::spawn(async move {
                     let Ok(mut outbound) = TcpStream::connect(target).await else {
@@ -442,11 +452,21 @@ impl DropProxy {
                 });
             }
         });
-        DropProxy { addr, cut, task }
+        DropProxy { addr, cut, down, task }
     }
 
     fn cut_all(&self) {
         self.cut.send_modify(|n| *n += 1);
+    }
+
+    /// Cuts every connection and refuses new ones until [`DropProxy::up`].
+    fn down(&self) {
+        self.down.store(true, Ordering::SeqCst);
+        self.cut_all();
+    }
+
+    fn up(&self) {
+        self.down.store(false, Ordering::SeqCst);
     }
 }
 
@@ -483,6 +503,9 @@ async fn seed(env: &TestEnv, token: Option<&str>) {
         .await;
     assert_eq!(prop(&r, "__stat"), Some("200"));
 }
+
+/// Changes the service keeps for resuming feeds in the browser tests (`@@churn 80` outlasts it).
+const HISTORY: usize = 64;
 
 /// One browser at a time: the machine may have only 2 cores.
 static ONE_BROWSER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -561,6 +584,26 @@ async fn run_driver(b: &Browser, env: &TestEnv, mode: &str, token: Option<&str>,
         } else if line == "@@drop" {
             proxy.cut_all();
             "@@ok".to_owned()
+        } else if line == "@@down" {
+            proxy.down();
+            "@@ok".to_owned()
+        } else if line == "@@up" {
+            proxy.up();
+            "@@ok".to_owned()
+        } else if let Some(n) = line.strip_prefix("@@churn ") {
+            let n: usize = n.parse().expect("@@churn count");
+            let mut stat = None;
+            for i in 0..n {
+                let key = format!("churn:{}", i % 5);
+                let r = mqtt
+                    .request(&[b"SET", key.as_bytes(), b"1"], &[("__ts", &now_ts())])
+                    .await;
+                stat = prop(&r, "__stat").map(str::to_owned).filter(|s| s != "200").or(stat);
+            }
+            match stat {
+                None => "@@ok".to_owned(),
+                Some(s) => format!("@@err a churn SET answered {s}"),
+            }
         } else {
             done |= line == format!("@@done {mode}");
             println!("[driver {mode}] {line}");
@@ -584,7 +627,8 @@ async fn run_driver(b: &Browser, env: &TestEnv, mode: &str, token: Option<&str>,
 }
 
 /// The console in Chromium: filter, open, edit, conflict, live changes (pause, filter,
-/// reconnect after a cut connection), create, delete, status, phone layout.
+/// resume after an outage with the changes made meanwhile, reset after a long one), create,
+/// delete, status, phone layout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_in_chromium() {
     let Some(b) = blocking(browser).await else {
@@ -594,6 +638,8 @@ async fn console_in_chromium() {
         // A second store, with its own key prefix, for the store picker and paging.
         cfg.http.stores =
             stategate::dapr::Stores::new(vec!["statestore".parse().unwrap(), "orders=name".parse().unwrap()]);
+        // A short history, so the driver can outlast it (`@@churn`).
+        cfg.limits.feed.max_events = HISTORY;
     })
     .await;
     seed(&env, None).await;
@@ -612,7 +658,11 @@ async fn console_in_chromium_with_api_token() {
     let Some(b) = blocking(browser).await else {
         return;
     };
-    let env = TestEnv::start_with(Broker::Embedded, |cfg| cfg.http.api_token = Some(TOKEN.into())).await;
+    let env = TestEnv::start_with(Broker::Embedded, |cfg| {
+        cfg.http.api_token = Some(TOKEN.into());
+        cfg.limits.feed.max_events = HISTORY;
+    })
+    .await;
     seed(&env, Some(TOKEN)).await;
     run_driver(&b, &env, "token", Some(TOKEN), None).await;
     env.stop().await;

@@ -522,6 +522,7 @@ async fn watch(c: &mut Native, keys: &[&[u8]], patterns: &[&str]) -> tonic::Stre
         c.watch(npb::WatchRequest {
             keys: keys.iter().map(|k| k.to_vec()).collect(),
             patterns: patterns.iter().map(|p| p.to_string()).collect(),
+            ..Default::default()
         }),
     )
     .await
@@ -1325,11 +1326,13 @@ async fn dapr_metadata_and_store_prefixes() {
     assert_eq!(m.id, "stategate");
     assert!(!m.runtime_version.is_empty());
     let names: Vec<_> = m.registered_components.iter().map(|c| c.name.as_str()).collect();
-    assert_eq!(names, ["statestore", "orders"]);
-    for c in &m.registered_components {
+    assert_eq!(names, ["statestore", "orders", "lockstore", "configstore"]);
+    for c in &m.registered_components[..2] {
         assert_eq!((c.r#type.as_str(), c.version.as_str()), ("state.stategate", "v1"));
         assert_eq!(c.capabilities, ["ETAG", "TRANSACTIONAL", "TTL", "QUERY_API"]);
     }
+    assert_eq!(m.registered_components[2].r#type, "lock.stategate");
+    assert_eq!(m.registered_components[3].r#type, "configuration.stategate");
 
     let mut req = save_req(vec![item("k", b"order")]);
     req.store_name = "orders".into();
@@ -2274,7 +2277,7 @@ fn describe(o: &Output) -> String {
 /// A virtualenv with the Dapr SDK (`dapr>=1.14`), created once under
 /// `$HOME/.cache/stategate-pyvenv` and reused while it imports `dapr.clients`. A lock file
 /// keeps concurrent test runs from building it twice (taken on a blocking thread).
-async fn dapr_sdk_python() -> PathBuf {
+pub(crate) async fn dapr_sdk_python() -> PathBuf {
     let home = std::env::var_os("HOME").expect("HOME is set");
     let cache = Path::new(&home).join(".cache");
     std::fs::create_dir_all(&cache).expect("create ~/.cache");

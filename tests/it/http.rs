@@ -438,7 +438,13 @@ async fn metadata_lists_stores_and_features() {
         .await
         .unwrap();
     let comps = m["components"].as_array().unwrap();
-    assert_eq!(comps.len(), 2);
+    assert_eq!(
+        comps.len(),
+        4,
+        "two state stores, the lock store, the configuration store"
+    );
+    assert_eq!(comps[2]["type"], "lock.stategate");
+    assert_eq!(comps[3]["type"], "configuration.stategate");
     assert_eq!(comps[1]["name"], "orders");
     assert_eq!(
         comps[1]["capabilities"],

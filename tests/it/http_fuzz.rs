@@ -155,6 +155,7 @@ fn reads_body(r: &Req) -> bool {
         ["", "v1.0", "state", store] => store_ok(store),
         ["", "v1.0", "state", store, "bulk" | "transaction"] => store_ok(store),
         ["", "v1.0-alpha1", "state", store, "query"] => store_ok(store),
+        ["", "v1.0-alpha1", "lock" | "unlock", store] => store_ok(store) && r.method == Method::POST,
         _ => false,
     }
 }
@@ -321,7 +322,7 @@ const ODD_KEYS: [&str; 10] = [
     "bulk",
     "transaction",
 ];
-const BAD_QUERIES: [&str; 12] = [
+const BAD_QUERIES: [&str; 17] = [
     "metadata.ttlInSeconds=x",
     "metadata.ttlInSeconds=1.5",
     "metadata.ttlInSeconds=0",
@@ -334,6 +335,12 @@ const BAD_QUERIES: [&str; 12] = [
     "%FF=%FE",
     "key=&pattern=[",
     "&&=&metadata.=",
+    // Resume parameters of the subscriptions (a version: valid; anything else: refused).
+    "since=garbage",
+    "since=000000000000001:00000:gone&snapshot=true",
+    "snapshot=maybe",
+    "key=a%7C%7Cb&since=",
+    "since=1:0:line%0Abreak&snapshot=1",
 ];
 const BAD_IF_MATCH: [&[u8]; 8] = [
     b"garbage",
@@ -559,6 +566,12 @@ fn bad_body_verdict(route: Route, body: &[u8]) -> Expect {
     match (route, std::str::from_utf8(body).unwrap_or("")) {
         // Saving nothing.
         (Route::Save, "[]") => Expect::Valid,
+        // JSON `null` where daprd's Go structs take a list, a map or an object is the empty
+        // one, as Go decodes it (clients send it).
+        (Route::Save | Route::Bulk | Route::Transaction, "null") => Expect::Valid,
+        (Route::Save, "[{\"key\":\"k\",\"metadata\":{\"ttlInSeconds\":null}}]") => Expect::Valid,
+        (Route::Bulk, "{\"keys\":null}") => Expect::Valid,
+        (Route::Transaction, "{\"operations\":null}") => Expect::Valid,
         // Well-formed, but keys that cannot be keys fail the whole request, as daprd answers.
         (Route::Bulk, "{\"keys\":[\"\",\"a||b\"]}") => refused(400, MALFORMED),
         (Route::Transaction, t) if t.contains("\"merge\"") => refused(400, NOT_SUPPORTED),
@@ -598,7 +611,9 @@ fn bad_query_verdict(route: Route, query: &str) -> Expect {
         }
         Route::Delete => Expect::Valid,
         Route::Bulk | Route::Transaction | Route::Query => refused(400, MALFORMED),
-        // Only `key` and `pattern` are parameters of subscribe; these are all bad.
+        // `since` naming a version (unknown here: the watch resets) is a valid resume.
+        Route::Subscribe if query == "since=000000000000001:00000:gone&snapshot=true" => Expect::Valid,
+        // The others are all bad (`key`, `pattern`, `since`, `snapshot` are its parameters).
         Route::Subscribe => refused(400, MALFORMED),
     }
 }
@@ -797,6 +812,7 @@ fn matrix() -> Vec<(Req, Expect)> {
             ));
         }
     }
+    out.extend(blocks::matrix());
     out
 }
 
@@ -825,4 +841,5 @@ async fn every_route_refuses_bad_input_cleanly() {
     env.stop().await;
 }
 
+mod blocks;
 mod random;

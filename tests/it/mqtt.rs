@@ -9,7 +9,7 @@ use stategate::hlc::Hlc;
 
 use crate::support::{Broker, INVOKE, RawClient, Storage, TestEnv, now_ts, prop, unique_id};
 
-crate::support::both_brokers!(
+crate::support::every_broker!(
     set_get_envelope_is_exact,
     timestamps_are_checked,
     notifications_are_exact,

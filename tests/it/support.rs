@@ -103,11 +103,15 @@ fn which_mosquitto() -> PathBuf {
     panic!("mosquitto is not installed: run ./scripts/test, which installs it");
 }
 
-/// Which broker a test runs against.
+/// Which broker a test runs against, and how stategate serves MQTT on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Broker {
+    /// An external Mosquitto: stategate's own MQTT client (the client path).
     Mosquitto,
+    /// The embedded broker, serving requests inside it (the default).
     Embedded,
+    /// The embedded broker with `--mqtt-client-path`: stategate's own MQTT client over loopback.
+    EmbeddedClientPath,
 }
 
 /// Which storage the service runs on.
@@ -190,10 +194,10 @@ impl TestEnv {
                 };
                 Some(m)
             }
-            Broker::Embedded => {
+            Broker::Embedded | Broker::EmbeddedClientPath => {
                 config.broker = BrokerChoice::Embedded {
                     listen: "127.0.0.1:0".parse().unwrap(),
-                    client_path: false,
+                    client_path: broker == Broker::EmbeddedClientPath,
                 };
                 None
             }
@@ -317,9 +321,11 @@ async fn live_records(engine: &stategate::engine::Engine) -> Vec<(Bytes, statega
     }
 }
 
-/// Runs each scenario `async fn name(broker: Broker)` against Mosquitto and against the
-/// embedded broker: `<module>::mosquitto::<name>` and `<module>::embedded::<name>`.
-macro_rules! both_brokers {
+/// Runs each scenario `async fn name(broker: Broker)` on every way stategate serves MQTT:
+/// through Mosquitto, inside the embedded broker, and through its own client on the embedded
+/// broker: `<module>::mosquitto::<name>`, `<module>::embedded::<name>` and
+/// `<module>::embedded_client_path::<name>`.
+macro_rules! every_broker {
     ($($name:ident),* $(,)?) => {
         mod mosquitto {
             $(
@@ -337,9 +343,20 @@ macro_rules! both_brokers {
                 }
             )*
         }
+        mod embedded_client_path {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(crate::support::Broker::EmbeddedClientPath).await
+                }
+            )*
+        }
     };
 }
-pub(crate) use both_brokers;
+pub(crate) use every_broker;
+/// The former name (it ran two variants before the embedded client path was added).
+#[allow(unused_imports)]
+pub(crate) use every_broker as both_brokers;
 
 /// Runs each scenario `async fn name(storage: Storage)` on memory storage and on durable
 /// storage: `<module>::memory::<name>` and `<module>::durable::<name>`.
@@ -563,4 +580,12 @@ pub fn now_ts() -> String {
 /// A unique client id for a test.
 pub fn unique_id(prefix: &str) -> String {
     format!("{prefix}-{}", hex::encode(&uuid_like()[..8]))
+}
+
+/// Awaits `f`, failing the test with `what` if it takes longer than [`WAIT`].
+pub async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
+    match tokio::time::timeout(WAIT, f).await {
+        Ok(out) => out,
+        Err(_) => panic!("timed out after {WAIT:?} waiting for {what}"),
+    }
 }

@@ -40,6 +40,10 @@ pub async fn read_events(mut resp: Response, tx: mpsc::Sender<Result<Event, CliE
             let event = match to_event(&name, &data) {
                 Ok(Some(e)) => e,
                 Ok(None) => continue,
+                Err(e) if name == "failed" => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
                 Err(e) => {
                     eprintln!("stategate: ignored an event: {}", e.message);
                     continue;
@@ -54,13 +58,23 @@ pub async fn read_events(mut resp: Response, tx: mpsc::Sender<Result<Event, CliE
 
 /// One server-sent event as a change (`None`: not one we know, skipped).
 fn to_event(name: &str, data: &str) -> Result<Option<Event>, CliError> {
-    if name == "overflow" {
-        return Ok(Some(Event::Overflow));
-    }
-    if name != "set" && name != "delete" {
-        return Ok(None);
-    }
     let bad = |why: &str| CliError::unavailable(format!("malformed {name} event: {why}"));
+    match name {
+        "overflow" => return Ok(Some(Event::Overflow)),
+        "reset" => return Ok(Some(Event::Reset)),
+        "synced" => {
+            let v: Value = serde_json::from_str(data).map_err(|e| bad(&e.to_string()))?;
+            let version = v["since"].as_str().map(str::to_owned);
+            return Ok(Some(Event::Synced { version }));
+        }
+        "failed" => {
+            let v: Value = serde_json::from_str(data).unwrap_or_default();
+            let message = v["message"].as_str().unwrap_or("the service failed");
+            return Err(CliError::unavailable(format!("the watch failed: {message}")));
+        }
+        "set" | "delete" => {}
+        _ => return Ok(None),
+    }
     let v: Value = serde_json::from_str(data).map_err(|e| bad(&e.to_string()))?;
     let key = Bytes::copy_from_slice(v["key"].as_str().ok_or_else(|| bad("no key"))?.as_bytes());
     let version = v["etag"].as_str().ok_or_else(|| bad("no etag"))?.to_owned();

@@ -32,6 +32,7 @@ fn options() -> BrokerOptions {
         receive_maximum: 100,
         default_message_expiry: None,
         guard: None,
+        ..BrokerOptions::default()
     }
 }
 

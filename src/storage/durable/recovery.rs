@@ -250,7 +250,7 @@ fn load_snapshot(
             } => {
                 keys += entries.len() as u64;
                 for (k, rec) in entries {
-                    index.load(k, rec);
+                    index.load(k, rec).map_err(|e| corrupt(path, pos, e))?;
                 }
             }
             Payload::End {
@@ -336,7 +336,7 @@ fn replay_segment(
                     }) => {
                         *wall_ms = (*wall_ms).max(written_at);
                         for (k, rec) in entries {
-                            index.load(k, rec);
+                            index.load(k, rec).map_err(|e| corrupt(path, pos, e))?;
                         }
                     }
                     Ok(_) => return Err(corrupt(path, pos, "a snapshot record in a log segment")),

@@ -470,13 +470,10 @@ pub(super) fn manager_config(timeout: Duration) -> ConnectionManagerConfig {
         .set_number_of_retries(4)
 }
 
-/// `rediss://` needs a rustls crypto provider; use ring (already built for the embedded
-/// broker) unless the process chose one.
+/// `rediss://`: redis-rs builds its rustls configuration with the process's default provider,
+/// the one `tls` installs for every TLS user.
 pub(super) fn install_crypto_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Another thread may install one first; either way one is installed.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
+    crate::tls::install_provider();
 }
 
 /// A Redis failure as a storage error: what passes by itself (no connection, a server that is

@@ -176,6 +176,13 @@ impl ChangeLog for RedisLog {
         self.members_call("l", progress).await.map(|_| ())
     }
 
+    async fn head(&self) -> Result<u64, StorageError> {
+        let s = &self.0;
+        // The counter is bumped by the same script that appends, so it is never behind.
+        let seq: Option<u64> = s.query(Purpose::Call, redis::cmd("GET").arg(&s.names.log_seq)).await?;
+        Ok(seq.unwrap_or(0))
+    }
+
     async fn read(&self, after: &LogCursor, max: usize) -> Result<LogRead, StorageError> {
         let s = &self.0;
         let mut conn = s.reader().await?;

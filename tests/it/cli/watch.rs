@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use super::{Live, b64, doors, expect, run};
+use super::{Live, Ran, b64, doors, expect, run};
 use crate::support::{Broker, TestEnv};
 
 /// `watch` on each door prints the changes other doors make (an expiry included), the same
@@ -74,5 +74,74 @@ async fn watch_prints_changes_made_through_other_doors_until_sigint() {
         w.signal("INT");
         assert_eq!(w.exit_code().await, 0, "{name} exits 0 on SIGINT");
     }
+    env.stop().await;
+}
+
+/// `watch --since V` over HTTP and gRPC prints the changes after V, then live ones; when the
+/// history no longer holds V it prints `reset`, the watched keys' current values and `synced`
+/// with the version to resume from. Over MQTT `--since` is a usage error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_since_resumes_or_resets() {
+    let env = TestEnv::start_with(Broker::Embedded, |c| c.limits.feed.max_events = 6).await;
+    let [mqtt, http, grpc] = doors(&env).map(|(_, d)| d);
+    let version = |ran: Ran| ran.json()[0]["version"].as_str().expect("version").to_owned();
+    let v1 = version(expect(run(&["set", "r1", "a", "--json"], &http, None).await, 0, "set"));
+    let v2 = version(expect(run(&["set", "r1", "b", "--json"], &grpc, None).await, 0, "set"));
+    let v3 = version(expect(run(&["set", "r2", "c", "--json"], &mqtt, None).await, 0, "set"));
+    let events = |evs: &[Value]| -> Vec<(String, String)> {
+        evs.iter()
+            .map(|e| {
+                (
+                    e["event"].as_str().unwrap().to_owned(),
+                    e["version"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    };
+    for door in [&http, &grpc] {
+        let mut w = Live::spawn(&["watch", "r1", "r2", "--since", &v1, "--json"], door);
+        let got = [w.json().await, w.json().await];
+        assert_eq!(
+            events(&got),
+            [("set".into(), v2.clone()), ("set".into(), v3.clone())],
+            "{door:?}"
+        );
+        assert_eq!(got[0]["value"], "b");
+        w.signal("INT");
+        assert_eq!(w.exit_code().await, 0);
+    }
+    // Past the history kept: a reset, the current values, then the resume position.
+    for i in 0..8 {
+        expect(run(&["set", "other", &i.to_string()], &http, None).await, 0, "churn");
+    }
+    let mut r2 = v3;
+    for door in [&http, &grpc] {
+        let mut w = Live::spawn(&["watch", "r1", "r2", "--since", &v1, "--json"], door);
+        assert_eq!(w.json().await["event"], "reset");
+        let snapshot = [w.json().await, w.json().await];
+        assert_eq!(
+            events(&snapshot),
+            [("set".into(), v2.clone()), ("set".into(), r2.clone())]
+        );
+        let synced = w.json().await;
+        assert_eq!(synced["event"], "synced");
+        let resume = synced["version"].as_str().expect("a resume position").to_owned();
+        w.signal("INT");
+        assert_eq!(w.exit_code().await, 0);
+        // From `synced`, nothing is repeated: the next change is the first line.
+        let v4 = version(expect(run(&["set", "r2", "d", "--json"], &http, None).await, 0, "set"));
+        let mut w = Live::spawn(&["watch", "r1", "r2", "--since", &resume, "--json"], door);
+        assert_eq!(events(&[w.json().await]), [("set".into(), v4.clone())]);
+        r2 = v4;
+        w.signal("INT");
+        assert_eq!(w.exit_code().await, 0);
+    }
+    let refused = run(&["watch", "r1", "--since", &v1], &mqtt, None).await;
+    let refused = expect(refused, 2, "--since over MQTT");
+    assert!(
+        refused.stderr.contains("--since needs --http or --grpc"),
+        "{}",
+        refused.stderr
+    );
     env.stop().await;
 }

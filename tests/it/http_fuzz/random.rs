@@ -460,6 +460,7 @@ fn request() -> BoxedStrategy<Req> {
         .prop_map(|(m, s, b)| Req::new(m, format!("/v1.0-alpha1/state/{s}/query")).body(b));
     let subscribe = (store, query_string(true))
         .prop_map(|(s, q)| Req::new(Method::GET, format!("/v1.0-alpha1/state/{s}/subscribe")).query(q));
+    let blocks = block_request();
     let other = (
         select(vec![
             Method::GET,
@@ -481,7 +482,7 @@ fn request() -> BoxedStrategy<Req> {
     )
         .prop_map(|(m, p, q)| Req::new(m, p).query(q));
     (
-        prop_oneof![4 => save, 4 => read, 2 => bulk, 3 => tx, 3 => query, 1 => subscribe, 1 => other],
+        prop_oneof![4 => save, 4 => read, 2 => bulk, 3 => tx, 3 => query, 1 => subscribe, 2 => blocks, 1 => other],
         content_type(),
         proptest::option::weighted(0.05, Just(())),
     )
@@ -498,6 +499,96 @@ fn request() -> BoxedStrategy<Req> {
         .boxed()
 }
 
+/// A lock or configuration request: mostly on its own store, with lock bodies full of wrong
+/// types, and the subscription parameters.
+fn block_request() -> BoxedStrategy<Req> {
+    let store = prop_oneof![
+        4 => select(vec!["lockstore", "configstore"]).prop_map(String::from),
+        1 => store_segment(),
+    ];
+    let field = |v: BoxedStrategy<Value>| proptest::option::of(prop_oneof![3 => v, 1 => json_leaf()]);
+    let expiry = prop_oneof![
+        select(vec![
+            json!(1),
+            json!(30),
+            json!("5"),
+            json!(0),
+            json!(-1),
+            json!(1.5),
+            json!(2147483648u64)
+        ]),
+        json_leaf(),
+    ]
+    .boxed();
+    let lock_body = (field(key_json()), field(key_json()), field(expiry))
+        .prop_map(|(r, o, e)| {
+            let mut m = serde_json::Map::new();
+            for (name, v) in [("resourceId", r), ("lockOwner", o), ("expiryInSeconds", e)] {
+                if let Some(v) = v {
+                    m.insert(name.into(), v);
+                }
+            }
+            Value::Object(m)
+        })
+        .boxed();
+    let resume = select(vec![
+        "since=000000000000001:00000:n",
+        "since=x",
+        "snapshot=true",
+        "snapshot=2",
+        "key=k0",
+        "key=a%7C%7Cb",
+        "metadata.x=1",
+        "pattern=*",
+    ]);
+    let query = prop_oneof![2 => Just(String::new()), 3 => vec(resume, 1..3).prop_map(|p| p.join("&")), 1 => query_string(true)];
+    (
+        store,
+        select(vec!["lock", "unlock", "configuration", "subscribe", "unsubscribe"]),
+        body_for(lock_body),
+        query,
+        key_segment(),
+    )
+        .prop_map(|(s, route, b, q, k)| match route {
+            "lock" | "unlock" => Req::new(Method::POST, format!("/v1.0-alpha1/{route}/{s}")).body(b),
+            "configuration" => Req::new(Method::GET, format!("/v1.0/configuration/{s}")).query(q),
+            "subscribe" => Req::new(Method::GET, format!("/v1.0/configuration/{s}/subscribe")).query(q),
+            _ => Req::new(Method::GET, format!("/v1.0/configuration/{s}/{k}/unsubscribe")),
+        })
+        .boxed()
+}
+
+/// A lock or configuration route: a store segment that does not decode, or that is not the
+/// block's store, is refused first (after an oversized body on the lock routes).
+fn block_verdict(r: &Req, parts: &[&str]) -> Option<Expect> {
+    let (lock, store) = match parts {
+        ["", "v1.0-alpha1", "lock" | "unlock", store] if r.method == Method::POST => (true, *store),
+        ["", "v1.0", "configuration", store] | ["", "v1.0", "configuration", store, "subscribe"]
+            if r.method == Method::GET =>
+        {
+            (false, *store)
+        }
+        ["", "v1.0", "configuration", store, id, "unsubscribe"] if r.method == Method::GET => {
+            if !decodes(id) {
+                return Some(refused(400, MALFORMED));
+            }
+            (false, *store)
+        }
+        _ => return None,
+    };
+    Some(if !decodes(store) {
+        refused(400, MALFORMED)
+    } else if lock && r.body.len() > BODY_LIMIT {
+        refused(413, MALFORMED)
+    } else if lock && store != "lockstore" {
+        refused(400, "ERR_LOCK_STORE_NOT_FOUND")
+    } else if !lock && store != "configstore" {
+        refused(400, "ERR_CONFIGURATION_STORE_NOT_FOUND")
+    } else {
+        Expect::NotServerError
+    })
+}
+
 /// What a random request must get, as far as it is known by construction: on a store route
 /// (with a method it takes), a store segment that is not a configured store is refused whatever
 /// else the request holds (after a path that does not decode and an oversized body, which are
@@ -506,6 +597,9 @@ fn random_verdict(r: &Req) -> Expect {
     let path = r.path.trim_end_matches('/');
     let parts: Vec<&str> = path.split('/').collect();
     let post_or_put = r.method == Method::POST || r.method == Method::PUT;
+    if let Some(expect) = block_verdict(r, &parts) {
+        return expect;
+    }
     let (store, key) = match parts.as_slice() {
         ["", "v1.0", "state", store] if post_or_put => (*store, None),
         ["", "v1.0", "state", store, "bulk" | "transaction"] if post_or_put => (*store, None),

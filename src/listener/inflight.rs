@@ -1,0 +1,148 @@
+//! Requests and streams in flight, per door: a request past the limit is refused at once (HTTP
+//! 503, gRPC RESOURCE_EXHAUSTED, each door says how), never queued.
+//!
+//! A slot is taken when the request arrives and held by the response body until that body
+//! ends or is dropped, so a unary request holds it until its answer is sent and a stream (SSE,
+//! gRPC Watch) for as long as it is open. Streams have their own, separate limit: a crowd of
+//! watchers cannot starve requests, and a burst of requests cannot close out watchers.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Which kind of slot a request needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Answered once (held until the answer's body is sent).
+    Request,
+    /// Stays open (server-sent events, gRPC Watch): held until the stream ends.
+    Stream,
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("too many requests in flight (limit {0}); retry later")]
+    Requests(usize),
+    #[error("too many open streams (limit {0}); retry later")]
+    Streams(usize),
+}
+
+/// The slots of one door.
+#[derive(Debug, Clone)]
+pub struct InFlight {
+    requests: Arc<Semaphore>,
+    streams: Arc<Semaphore>,
+    max_requests: usize,
+    max_streams: usize,
+}
+
+impl InFlight {
+    pub fn new(max_requests: usize, max_streams: usize) -> InFlight {
+        let (max_requests, max_streams) = (max_requests.max(1), max_streams.max(1));
+        InFlight {
+            requests: Arc::new(Semaphore::new(max_requests)),
+            streams: Arc::new(Semaphore::new(max_streams)),
+            max_requests,
+            max_streams,
+        }
+    }
+
+    /// Takes a slot of `kind`, or says why not.
+    pub fn try_admit(&self, kind: Kind) -> Result<Slot, Refused> {
+        let (sem, refused) = match kind {
+            Kind::Request => (&self.requests, Refused::Requests(self.max_requests)),
+            Kind::Stream => (&self.streams, Refused::Streams(self.max_streams)),
+        };
+        sem.clone().try_acquire_owned().map(Slot).map_err(|_| refused)
+    }
+
+    /// (requests, streams) in flight now.
+    pub fn in_flight(&self) -> (usize, usize) {
+        (
+            self.max_requests - self.requests.available_permits(),
+            self.max_streams - self.streams.available_permits(),
+        )
+    }
+}
+
+/// A taken slot; freed on drop.
+#[derive(Debug)]
+pub struct Slot(#[allow(dead_code)] OwnedSemaphorePermit);
+
+/// A response body that holds its request's slot until the body ends.
+pub struct SlotBody<B> {
+    inner: B,
+    slot: Option<Slot>,
+}
+
+impl<B> SlotBody<B> {
+    pub fn new(inner: B, slot: Slot) -> SlotBody<B> {
+        SlotBody {
+            inner,
+            slot: Some(slot),
+        }
+    }
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for SlotBody<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+            // The body is done: free the slot now rather than when the server drops it.
+            this.slot = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_refused_past_the_limit_and_freed_on_drop() {
+        let f = InFlight::new(2, 1);
+        let a = f.try_admit(Kind::Request).unwrap();
+        let _b = f.try_admit(Kind::Request).unwrap();
+        assert_eq!(f.try_admit(Kind::Request).unwrap_err(), Refused::Requests(2));
+        // Streams are counted apart.
+        let s = f.try_admit(Kind::Stream).unwrap();
+        assert_eq!(f.try_admit(Kind::Stream).unwrap_err(), Refused::Streams(1));
+        assert_eq!(f.in_flight(), (2, 1));
+        drop(a);
+        drop(s);
+        assert_eq!(f.in_flight(), (1, 0));
+        assert!(f.try_admit(Kind::Request).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_body_holds_its_slot_until_it_ends() {
+        use http_body_util::BodyExt;
+        let f = InFlight::new(1, 1);
+        let body = SlotBody::new(
+            http_body_util::Full::new(Bytes::from_static(b"hi")),
+            f.try_admit(Kind::Request).unwrap(),
+        );
+        assert_eq!(f.in_flight(), (1, 0));
+        let bytes = body.collect().await.unwrap().to_bytes();
+        assert_eq!(&bytes[..], b"hi");
+        assert_eq!(f.in_flight(), (0, 0));
+    }
+}
