@@ -23,6 +23,7 @@ mod pysdk;
 mod redis;
 mod resources;
 mod scaleout;
+mod scaleout_aio;
 mod sentinel;
 mod support;
 mod tls;

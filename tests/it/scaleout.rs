@@ -214,6 +214,8 @@ struct Cluster {
 }
 
 async fn cluster(n: usize) -> Cluster {
+    // reqwest's TLS takes the process's provider; no service runs in this process to install it.
+    stategate::tls::install_provider();
     let redis = server::TestServer::start(server::Flavor::Redis);
     let mosquitto = Mosquitto::start().await;
     let dir = tempfile::tempdir().unwrap();
