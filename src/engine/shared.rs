@@ -114,6 +114,11 @@ impl SharedLog {
         }
     }
 
+    /// Whether this replica renews a membership (it sends notifications and has not left).
+    pub(super) fn heartbeats_running(&self) -> bool {
+        matches!(*self.heartbeat.lock().unwrap_or_else(|e| e.into_inner()), Some(Some(_)))
+    }
+
     /// Stops renewing the membership; true if it was running.
     pub(super) fn stop_heartbeats(&self) -> bool {
         let mut slot = self.heartbeat.lock().unwrap_or_else(|e| e.into_inner());
@@ -197,16 +202,26 @@ async fn follow(engine: Weak<Inner>, log: Arc<dyn ChangeLog>, mut cursor: LogCur
                 }
                 match log.start().await {
                     Ok(start) => {
+                        let member = start.members.contains(&log.origin());
                         let (observers, routing) = registry_from(start.registrations, start.members);
                         engine.with_observers(|o| *o = observers);
                         if let Some(s) = engine.shared() {
                             *s.routing() = routing;
                         }
+                        // What it sent of the log it read, unless Redis lost that log (an empty
+                        // restart numbers entries from 1 again): then nothing of the new one.
+                        let sent = match start.cursor.seq() < cursor.seq() {
+                            true => 0,
+                            false => engine.notified_through(),
+                        };
                         cursor = start.cursor;
                         engine.set_applied(|a| {
                             a.gaps += 1;
                             a.seq = cursor.seq();
                         });
+                        if engine.shared().is_some_and(SharedLog::heartbeats_running) {
+                            rejoin(&engine, &log, member.then_some(sent), cursor.seq()).await;
+                        }
                     }
                     Err(e) => {
                         tracing::warn!(cause = %e, "reloading the shared registrations failed; retrying");
@@ -224,6 +239,28 @@ async fn follow(engine: Weak<Inner>, log: Arc<dyn ChangeLog>, mut cursor: LogCur
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }
         }
+    }
+}
+
+/// After a gap, this replica owned observers for changes it will never read (those between the
+/// gap and its reload): if the membership still names it (`sent`: its heartbeat renewed it
+/// before the follower noticed), it leaves, saying it sent up to `sent`, so that the others send
+/// what it owed past that (see `owners.rs`); then it joins again at once, not at the next
+/// heartbeat (until then no member would own observers registered meanwhile). A write through
+/// this replica is answered only once the follower applied it, so after this.
+async fn rejoin(engine: &Engine, log: &Arc<dyn ChangeLog>, sent: Option<u64>, at: u64) {
+    if let Some(sent) = sent
+        && let Err(e) = log.leave(sent).await
+    {
+        tracing::warn!(cause = %e, "leaving the members after a gap failed; the member timeout hands over");
+    }
+    match log.heartbeat(at).await {
+        Ok(progress) => {
+            if let Some(s) = engine.shared() {
+                s.routing().recorded(&progress);
+            }
+        }
+        Err(e) => tracing::warn!(cause = %e, "joining the members again failed; the next heartbeat retries"),
     }
 }
 

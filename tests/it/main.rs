@@ -24,6 +24,7 @@ mod redis;
 mod resources;
 mod scaleout;
 mod scaleout_aio;
+mod scaleout_register;
 mod sentinel;
 mod support;
 mod tls;
