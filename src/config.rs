@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+pub mod file;
+
 use crate::dapr::{StoreSpec, Stores};
 use crate::engine::{FeedLimits, Limits, ObserverLimits};
 use crate::http::HttpSettings;
@@ -13,6 +15,7 @@ use crate::mqtt::door::DoorLimits;
 use crate::mqtt::service::MqttSettings;
 use crate::storage::durable::FsyncMode;
 use crate::storage::{RedisOptions, StorageConfig, StorageKind};
+pub use file::{FileError, LayerError, Layered};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -38,14 +41,53 @@ pub struct Cli {
 pub enum CliCommand {
     /// Run the service (the default).
     Serve(ServeArgs),
+    /// The configuration file: `stategate config default` prints one with every setting.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// The client commands (`get`, `set`, ...).
     #[command(flatten)]
     Client(crate::cli::args::ClientCommand),
 }
 
-/// Flags of `stategate serve`.
+/// `stategate config ...`
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print a commented configuration file with every setting and its default.
+    Default,
+}
+
+/// Settings a SIGHUP applies at once (the others are reported and need a restart). Parts that
+/// follow the configuration ([`crate::Running::config_updates`]) add their flags here.
+pub const LIVE_SETTINGS: &[&str] = &["log-level"];
+
+/// Flags of `stategate serve`. Each one is also a key of the configuration file (its long
+/// name), found by [`file`] from clap's own description: add a flag here and it is settable
+/// from the file, printed by `config default` and checked by the deploy-file test.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
+    /// A TOML configuration file; flags and environment variables override what it sets.
+    #[arg(long, env = "STATEGATE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// What to log: a level (`error`, `warn`, `info`, `debug`, `trace`) for stategate's own
+    /// records, or a full filter such as `stategate=debug,rmqtt=info`. Absent: env RUST_LOG,
+    /// else `info`.
+    #[arg(long, env = "STATEGATE_LOG_LEVEL")]
+    pub log_level: Option<String>,
+    /// How log records are written to stderr: `text` (colours only on a terminal) or `json`
+    /// (one object per line).
+    #[arg(long, env = "STATEGATE_LOG_FORMAT", default_value = "text")]
+    pub log_format: LogFormat,
+    /// Serve Prometheus metrics at `/metrics` on this address too (its own port, no token),
+    /// besides the HTTP door's `/metrics`. `off`: only on the HTTP door.
+    #[arg(long, env = "STATEGATE_METRICS_LISTEN", default_value = "off")]
+    pub metrics_listen: String,
+    /// Record no metrics (`/metrics` answers 404).
+    #[arg(long, env = "STATEGATE_NO_METRICS")]
+    pub no_metrics: bool,
+    /// On SIGTERM or Ctrl-C: how long in-flight requests may take to finish before the
+    /// service stops anyway (a second signal stops it at once), e.g. `10s`.
+    #[arg(long, env = "STATEGATE_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: Duration,
     /// External MQTT broker, `mqtt://host:port`. Absent: run the embedded broker.
     #[arg(long, env = "STATEGATE_MQTT_URL")]
     pub mqtt_url: Option<String>,
@@ -176,6 +218,13 @@ impl Default for ServeArgs {
     }
 }
 
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
 /// Where the MQTT door gets its broker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BrokerChoice {
@@ -207,6 +256,22 @@ pub enum ConfigError {
     BadListen { flag: &'static str, value: String },
     #[error("--state-store: {0}")]
     BadStateStore(String),
+    #[error("--log-level {0:?} is not a level or a filter: {1}")]
+    BadLogFilter(String, String),
+}
+
+impl ConfigError {
+    /// The setting (flag long name, configuration file key) the error is about.
+    pub fn setting(&self) -> &'static str {
+        match self {
+            ConfigError::BadMqttUrl(_) | ConfigError::TlsUnsupported(_) | ConfigError::NoEmbeddedBroker => "mqtt-url",
+            ConfigError::BadNodeId(_) => "node-id",
+            ConfigError::PacketTooSmall { .. } => "mqtt-max-packet-bytes",
+            ConfigError::BadListen { flag, .. } => flag.trim_start_matches("--"),
+            ConfigError::BadStateStore(_) => "state-store",
+            ConfigError::BadLogFilter(..) => "log-level",
+        }
+    }
 }
 
 /// The validated configuration of a running service.
@@ -224,6 +289,32 @@ pub struct Config {
     pub grpc_listen: Option<SocketAddr>,
     /// Unix socket of the Dapr pluggable state component (`None`: off).
     pub dapr_component_socket: Option<std::path::PathBuf>,
+    pub ops: OpsSettings,
+}
+
+/// Logs, metrics and shutdown.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpsSettings {
+    /// The log filter (`--log-level`, else env RUST_LOG, else `info`).
+    pub log_filter: String,
+    pub log_format: LogFormat,
+    /// Record metrics and serve `/metrics`.
+    pub metrics: bool,
+    /// A port of its own for `/metrics` (`None`: only on the HTTP door).
+    pub metrics_listen: Option<SocketAddr>,
+    pub shutdown_grace: Duration,
+}
+
+impl OpsSettings {
+    /// A bare level applies to stategate's own records; anything else is a filter as is.
+    pub fn log_filter(level: Option<&str>, rust_log: Option<&str>) -> String {
+        const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+        match level.or(rust_log).map(str::trim).filter(|l| !l.is_empty()) {
+            None => "stategate=info".into(),
+            Some(l) if LEVELS.contains(&l.to_ascii_lowercase().as_str()) => format!("stategate={l}"),
+            Some(filter) => filter.to_owned(),
+        }
+    }
 }
 
 impl Default for Config {
@@ -315,7 +406,19 @@ impl Config {
                 startup_wait: Duration::from_secs(a.redis_startup_wait_secs),
             },
         };
+        let log_filter = OpsSettings::log_filter(a.log_level.as_deref(), std::env::var("RUST_LOG").ok().as_deref());
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&log_filter) {
+            return Err(ConfigError::BadLogFilter(log_filter, e.to_string()));
+        }
+        let ops = OpsSettings {
+            log_filter,
+            log_format: a.log_format,
+            metrics: !a.no_metrics,
+            metrics_listen: parse_listen("--metrics-listen", &a.metrics_listen)?,
+            shutdown_grace: a.shutdown_grace,
+        };
         Ok(Config {
+            ops,
             node_id: a.node_id,
             broker,
             mqtt,
@@ -365,144 +468,4 @@ pub fn parse_mqtt_url(url: &str) -> Result<BrokerChoice, ConfigError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn defaults_are_valid_and_embedded_on_loopback() {
-        let c = Config::default();
-        assert_eq!(c.node_id, "stategate");
-        if cfg!(feature = "embedded-broker") {
-            assert_eq!(
-                c.broker,
-                BrokerChoice::Embedded {
-                    listen: "127.0.0.1:1883".parse().unwrap(),
-                    client_path: false,
-                }
-            );
-        }
-        assert!(c.limits.observers.idle.is_none());
-    }
-
-    #[test]
-    fn mqtt_urls() {
-        let ext = |h: &str, p| BrokerChoice::External {
-            host: h.into(),
-            port: p,
-        };
-        assert_eq!(parse_mqtt_url("mqtt://localhost:1884").unwrap(), ext("localhost", 1884));
-        assert_eq!(parse_mqtt_url("mqtt://10.0.0.1").unwrap(), ext("10.0.0.1", 1883));
-        assert_eq!(parse_mqtt_url("tcp://[::1]:1883/").unwrap(), ext("::1", 1883));
-        assert!(matches!(
-            parse_mqtt_url("mqtts://h:8883"),
-            Err(ConfigError::TlsUnsupported(_))
-        ));
-        for bad in ["http://h:1", "mqtt://", "mqtt://h:x", "mqtt://h:70000", "h:1883"] {
-            assert!(matches!(parse_mqtt_url(bad), Err(ConfigError::BadMqttUrl(_))), "{bad}");
-        }
-    }
-
-    #[test]
-    fn external_broker_turns_on_observer_idle_expiry() {
-        let mut a = ServeArgs::default();
-        a.mqtt_url = Some("mqtt://127.0.0.1:1".into());
-        let c = Config::from_args(a).unwrap();
-        assert_eq!(c.limits.observers.idle, Some(Duration::from_secs(86_400)));
-    }
-
-    #[test]
-    fn bad_values_are_refused() {
-        let mut a = ServeArgs::default();
-        a.node_id = "a:b".into();
-        assert!(matches!(Config::from_args(a), Err(ConfigError::BadNodeId(_))));
-        let mut a = ServeArgs::default();
-        a.mqtt_max_packet_bytes = 1024;
-        assert!(matches!(Config::from_args(a), Err(ConfigError::PacketTooSmall { .. })));
-    }
-
-    #[test]
-    fn storage_flags() {
-        let c = Config::default();
-        assert_eq!(c.storage.kind, StorageKind::Durable);
-        assert_eq!(c.storage.data_dir, PathBuf::from("./stategate-data"));
-        assert_eq!(c.storage.fsync, FsyncMode::Always);
-        let cli = Cli::try_parse_from([
-            "stategate",
-            "--storage",
-            "memory",
-            "--fsync",
-            "batch",
-            "--data-dir",
-            "/d",
-        ])
-        .unwrap();
-        let c = Config::from_args(cli.serve).unwrap();
-        assert_eq!(c.storage.kind, StorageKind::Memory);
-        assert_eq!(c.storage.fsync, FsyncMode::Batch);
-        assert_eq!(c.storage.data_dir, PathBuf::from("/d"));
-        let err = Cli::try_parse_from(["stategate", "--storage", "disk"])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("expected durable, memory or redis://host:port"), "{err}");
-        let err = Cli::try_parse_from(["stategate", "--fsync", "sometimes"])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("expected always, batch or never"), "{err}");
-    }
-
-    #[test]
-    fn redis_storage_flags() {
-        let c = Config::default();
-        assert_eq!(c.storage.redis, RedisOptions::default());
-        assert_eq!(c.storage.redis.prefix, "stategate:");
-        assert_eq!(c.storage.redis.timeout, Duration::from_millis(1000));
-        let cli = Cli::try_parse_from([
-            "stategate",
-            "--storage",
-            "redis://app:s3cret@10.0.0.5:6380/2",
-            "--redis-prefix",
-            "{sg}:",
-            "--redis-timeout-ms",
-            "250",
-            "--redis-wait-replicas",
-            "1",
-            "--redis-startup-wait-secs",
-            "5",
-        ]);
-        if cfg!(feature = "redis") {
-            let c = Config::from_args(cli.unwrap().serve).unwrap();
-            let StorageKind::Redis(url) = &c.storage.kind else {
-                panic!("not redis: {:?}", c.storage.kind);
-            };
-            assert_eq!(url.expose(), "redis://app:s3cret@10.0.0.5:6380/2");
-            assert_eq!(
-                url.to_string(),
-                "redis://app:***@10.0.0.5:6380/2",
-                "no password in logs"
-            );
-            assert!(!format!("{c:?}").contains("s3cret"), "no password in Debug either");
-            assert_eq!(c.storage.redis.prefix, "{sg}:");
-            assert_eq!(c.storage.redis.timeout, Duration::from_millis(250));
-            assert_eq!(c.storage.redis.wait_replicas, 1);
-            assert_eq!(c.storage.redis.startup_wait, Duration::from_secs(5));
-        } else {
-            let err = cli.unwrap_err().to_string();
-            assert!(err.contains("without the cargo feature `redis`"), "{err}");
-            assert!(!err.contains("s3cret"), "{err}");
-        }
-    }
-
-    #[test]
-    fn flags_parse_with_and_without_the_subcommand() {
-        let cli = Cli::try_parse_from(["stategate", "--max-keys", "5"]).unwrap();
-        assert_eq!(cli.serve.max_keys, Some(5));
-        assert!(Config::default().http.ui, "the web console is on by default");
-        let cli = Cli::try_parse_from(["stategate", "--no-ui"]).unwrap();
-        assert!(!Config::from_args(cli.serve).unwrap().http.ui);
-        let cli = Cli::try_parse_from(["stategate", "serve", "--node-id", "n2"]).unwrap();
-        match cli.command {
-            Some(CliCommand::Serve(a)) => assert_eq!(a.node_id, "n2"),
-            other => panic!("expected serve, got {other:?}"),
-        }
-    }
-}
+mod tests;

@@ -20,6 +20,7 @@ use crate::http::HttpSettings;
 mod component;
 pub mod error;
 mod native;
+mod observe;
 mod runtime;
 
 /// Generated protobuf and tonic code.
@@ -130,28 +131,37 @@ pub enum GrpcError {
 }
 
 /// Serves the TCP gRPC door on an already bound listener until `shutdown` resolves.
+/// The health service reports readiness (see [`crate::health`]), for `""` and each service.
 pub async fn serve_tcp(
     engine: Engine,
     settings: Arc<HttpSettings>,
     listener: TcpListener,
+    obs: crate::health::Observe,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), GrpcError> {
     let (health_reporter, health) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<npb::state_store_server::StateStoreServer<native::Native>>()
-        .await;
-    health_reporter
-        .set_serving::<rpb::dapr_server::DaprServer<runtime::Runtime>>()
-        .await;
+    let health_driver = tokio::spawn(crate::health::drive_grpc_health(
+        obs.clone(),
+        health_reporter,
+        TCP_SERVICES.to_vec(),
+    ));
     let check = TokenCheck(settings.api_token.as_deref().map(Arc::from));
-    let native = npb::state_store_server::StateStoreServer::new(native::Native { engine: engine.clone() })
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let layer = observe::ObserveLayer {
+        metrics: obs.metrics.clone(),
+        door: crate::metrics::Door::Grpc,
+    };
+    let native = npb::state_store_server::StateStoreServer::new(native::Native {
+        engine: engine.clone(),
+        obs,
+    })
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let runtime = rpb::dapr_server::DaprServer::new(runtime::Runtime { engine, settings })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    Server::builder()
+    let served = Server::builder()
         .tcp_nodelay(true)
+        .layer(layer)
         .add_service(tonic::service::interceptor::InterceptedService::new(
             native,
             check.clone(),
@@ -166,7 +176,9 @@ pub async fn serve_tcp(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown,
         )
-        .await?;
+        .await;
+    health_driver.abort();
+    served?;
     Ok(())
 }
 
@@ -193,6 +205,7 @@ pub async fn serve_component(
     max_transaction_ops: usize,
     max_bulk_keys: usize,
     listener: UnixListener,
+    metrics: crate::metrics::Metrics,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), GrpcError> {
     let component = component::Component {
@@ -206,6 +219,10 @@ pub async fn serve_component(
         .set_serving::<cpb::state_store_server::StateStoreServer<component::Component>>()
         .await;
     Server::builder()
+        .layer(observe::ObserveLayer {
+            metrics,
+            door: crate::metrics::Door::Component,
+        })
         .add_service(
             cpb::state_store_server::StateStoreServer::new(component.clone())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)

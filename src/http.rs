@@ -25,6 +25,7 @@ use crate::engine::Engine;
 
 pub mod dto;
 pub mod error;
+pub mod observe;
 mod sse;
 mod state;
 pub mod status;
@@ -74,6 +75,7 @@ pub struct AppState {
     engine: Engine,
     settings: Arc<HttpSettings>,
     info: Arc<ServiceInfo>,
+    obs: crate::health::Observe,
 }
 
 impl AppState {
@@ -177,13 +179,25 @@ pub fn openapi_json() -> String {
 
 /// The HTTP door's router. `info` is what the status route reports about the service.
 pub fn router(engine: Engine, settings: HttpSettings, info: ServiceInfo) -> Router {
+    router_observed(engine, settings, info, crate::health::Observe::default())
+}
+
+/// [`router`] with metrics, readiness and the shutdown signal (streams end when it fires).
+pub fn router_observed(
+    engine: Engine,
+    settings: HttpSettings,
+    info: ServiceInfo,
+    obs: crate::health::Observe,
+) -> Router {
     let settings = Arc::new(settings);
     let state = AppState {
         engine,
         settings: settings.clone(),
         info: Arc::new(info),
+        obs,
     };
     let (mut router, _) = routes().split_for_parts();
+    router = router.merge(observe::routes());
     if settings.ui {
         router = router.merge(ui::routes());
     }
@@ -201,6 +215,8 @@ pub fn router(engine: Engine, settings: HttpSettings, info: ServiceInfo) -> Rout
             StatusCode::REQUEST_TIMEOUT,
             settings.request_timeout,
         ))
+        // Outermost: the span and the metrics cover the token check and the timeout too.
+        .layer(middleware::from_fn_with_state(state.clone(), observe::observe))
         .with_state(state)
 }
 
@@ -222,7 +238,8 @@ async fn method_not_allowed() -> ApiError {
 async fn check_token(State(settings): State<Arc<HttpSettings>>, req: Request, next: Next) -> Response {
     if let Some(token) = &settings.api_token {
         let path = req.uri().path();
-        let exempt = path.starts_with("/v1.0/healthz") || (settings.ui && ui::is_public(path));
+        let probe = path == "/healthz" || path == "/readyz";
+        let exempt = probe || path.starts_with("/v1.0/healthz") || (settings.ui && ui::is_public(path));
         let given = req.headers().get("dapr-api-token").and_then(|v| v.to_str().ok());
         if !exempt && !crate::access::token_matches(token, given) {
             return (StatusCode::UNAUTHORIZED, "invalid api token").into_response();

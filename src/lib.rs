@@ -22,11 +22,14 @@ pub mod config;
 pub mod dapr;
 pub mod engine;
 pub mod grpc;
+pub mod health;
 pub mod hlc;
 pub mod http;
+pub mod metrics;
 pub mod mqtt;
 pub mod resp3;
 pub mod storage;
+pub mod telemetry;
 
 use config::{BrokerChoice, Config};
 use engine::{Engine, EngineError};
@@ -45,6 +48,12 @@ pub enum StartError {
     Grpc(#[from] grpc::GrpcError),
     #[error("binding the gRPC door to {addr}: {source}")]
     GrpcBind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("binding the metrics listener to {addr}: {source}")]
+    MetricsBind {
         addr: SocketAddr,
         #[source]
         source: std::io::Error,
@@ -69,6 +78,12 @@ enum MqttDoor {
 
 /// A running service: its engine, its doors and their background tasks.
 pub struct Running {
+    obs: health::Observe,
+    /// The configuration parts follow ([`Running::config_updates`]); SIGHUP sends a new one.
+    config: watch::Sender<Arc<Config>>,
+    grace: Duration,
+    metrics_addr: Option<SocketAddr>,
+    metrics_task: Option<tokio::task::JoinHandle<()>>,
     engine: Engine,
     mqtt_addr: (String, u16),
     mqtt: MqttDoor,
@@ -96,8 +111,30 @@ pub async fn start(config: Config, store: Store) -> Result<Running, StartError> 
 /// [`start`] with the clock every version, deadline and log record uses (open `store` with the
 /// same one: [`Store::open_with_clock`]). Tests move a manual clock instead of waiting.
 pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::Clock>) -> Result<Running, StartError> {
+    let metrics = metrics::Metrics::enabled(config.ops.metrics);
+    start_observed(config, store, clock, metrics).await
+}
+
+/// [`start_with_clock`] recording in `metrics` (the registry `store` was opened with:
+/// [`Store::open_observed`]).
+pub async fn start_observed(
+    config: Config,
+    store: Store,
+    clock: Arc<dyn hlc::Clock>,
+    metrics: metrics::Metrics,
+) -> Result<Running, StartError> {
     let engine = Engine::open(store, &config.node_id, clock, config.limits.clone()).await?;
     let (stop, stop_rx) = watch::channel(false);
+    let (config_tx, _) = watch::channel(Arc::new(config.clone()));
+    let mut obs = health::Observe {
+        metrics: metrics.clone(),
+        sources: metrics::Sources {
+            engine: Some(engine.clone()),
+            ..metrics::Sources::default()
+        },
+        stopping: stop_rx.clone(),
+        engine: Some(engine.clone()),
+    };
 
     #[cfg(feature = "embedded-broker")]
     let mut broker = None;
@@ -205,7 +242,7 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
             if config.http.ui {
                 tracing::info!(url = %format!("http://{bound}{}", http::ui::BASE), "web console");
             }
-            let router = http::router(engine.clone(), config.http.clone(), info);
+            let router = http::router_observed(engine.clone(), config.http.clone(), info, obs.clone());
             let mut stop_rx = stop_rx.clone();
             let task = tokio::spawn(async move {
                 let shutdown = async move {
@@ -229,11 +266,12 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
             }
             tracing::info!(%bound, "gRPC door (statestore.v1, Dapr runtime) listening");
             let (engine, settings, mut stop_rx) = (engine.clone(), dapr_settings.clone(), stop_rx.clone());
+            let obs = obs.clone();
             grpc_tasks.push(tokio::spawn(async move {
                 let shutdown = async move {
                     let _ = stop_rx.changed().await;
                 };
-                if let Err(e) = grpc::serve_tcp(engine, settings, listener, shutdown).await {
+                if let Err(e) = grpc::serve_tcp(engine, settings, listener, obs, shutdown).await {
                     tracing::error!(cause = %e, "gRPC door stopped");
                 }
             }));
@@ -243,13 +281,13 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
     if let Some(path) = &config.dapr_component_socket {
         let listener = grpc::bind_component_socket(path)?;
         tracing::info!(path = %path.display(), "Dapr pluggable state component listening");
-        let (engine, mut stop_rx) = (engine.clone(), stop_rx.clone());
+        let (engine, mut stop_rx, metrics) = (engine.clone(), stop_rx.clone(), metrics.clone());
         let (max_ops, max_bulk) = (config.http.max_transaction_ops, config.http.max_bulk_keys);
         grpc_tasks.push(tokio::spawn(async move {
             let shutdown = async move {
                 let _ = stop_rx.changed().await;
             };
-            if let Err(e) = grpc::serve_component(engine, max_ops, max_bulk, listener, shutdown).await {
+            if let Err(e) = grpc::serve_component(engine, max_ops, max_bulk, listener, metrics, shutdown).await {
                 tracing::error!(cause = %e, "Dapr component socket stopped");
             }
         }));
@@ -259,11 +297,10 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
         #[cfg(feature = "embedded-broker")]
         match &broker {
             Some(b) => {
-                let door = Arc::new(mqtt::door::Door::new(
-                    engine.clone(),
-                    config.mqtt.client_id.clone(),
-                    config.mqtt.door.clone(),
-                ));
+                let door = Arc::new(
+                    mqtt::door::Door::new(engine.clone(), config.mqtt.client_id.clone(), config.mqtt.door.clone())
+                        .with_metrics(metrics.clone()),
+                );
                 tracing::info!("serving the state store inside the embedded broker");
                 MqttDoor::InBroker(b.serve_in_broker(door).await)
             }
@@ -277,10 +314,51 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
             port,
             ..config.mqtt.clone()
         };
-        MqttDoor::Client(MqttService::start(engine.clone(), settings, Duration::from_secs(10)).await)
+        MqttDoor::Client(
+            MqttService::start_observed(engine.clone(), settings, Duration::from_secs(10), metrics.clone()).await,
+        )
+    };
+    obs.sources.mqtt_door = Some(match &mqtt {
+        MqttDoor::Client(c) => c.door().clone(),
+        #[cfg(feature = "embedded-broker")]
+        MqttDoor::InBroker(i) => i.door().clone(),
+    });
+    #[cfg(feature = "embedded-broker")]
+    if let Some(b) = &broker {
+        obs.sources.broker_connections = Some(Arc::new(b.connection_counter()));
+    }
+    let metrics_task = match config.ops.metrics_listen {
+        Some(addr) if metrics.is_enabled() => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::MetricsBind { addr, source })?;
+            let bound = listener
+                .local_addr()
+                .map_err(|source| StartError::MetricsBind { addr, source })?;
+            tracing::info!(%bound, "metrics listening at /metrics");
+            let router = http::observe::metrics_router(obs.clone());
+            let mut stop_rx = stop_rx.clone();
+            Some((
+                bound,
+                tokio::spawn(async move {
+                    let shutdown = async move {
+                        let _ = stop_rx.changed().await;
+                    };
+                    if let Err(e) = http::serve(listener, router, shutdown).await {
+                        tracing::error!(cause = %e, "metrics listener stopped");
+                    }
+                }),
+            ))
+        }
+        _ => None,
     };
     drop(stop_rx);
     Ok(Running {
+        obs,
+        config: config_tx,
+        grace: config.ops.shutdown_grace,
+        metrics_addr: metrics_task.as_ref().map(|m| m.0),
+        metrics_task: metrics_task.map(|m| m.1),
         engine,
         mqtt_addr: (host, port),
         mqtt,
@@ -402,20 +480,53 @@ impl Running {
         self.grpc_addr
     }
 
-    /// Stops every door and background task.
-    pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
-        for h in self.grpc {
-            // Open Watch streams would hold graceful shutdown forever: bound it.
-            let abort = h.abort_handle();
-            if tokio::time::timeout(Duration::from_secs(2), h).await.is_err() {
-                abort.abort();
-            }
+    /// The metrics listener's address (`--metrics-listen`), if it runs.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// Metrics, readiness and the shutdown signal, as the doors see them.
+    pub fn observe(&self) -> &health::Observe {
+        &self.obs
+    }
+
+    /// The configuration, now and after each reload: parts that can change live (rules,
+    /// tokens, certificates, limits) hold a receiver and apply what `changed()` brings.
+    pub fn config_updates(&self) -> watch::Receiver<Arc<Config>> {
+        self.config.subscribe()
+    }
+
+    /// Publishes a re-read configuration to every part that follows it.
+    pub fn reload(&self, config: Config) {
+        self.config.send_replace(Arc::new(config));
+    }
+
+    fn mqtt_door(&self) -> &Arc<mqtt::door::Door> {
+        match &self.mqtt {
+            MqttDoor::Client(c) => c.door(),
+            #[cfg(feature = "embedded-broker")]
+            MqttDoor::InBroker(i) => i.door(),
         }
-        if let Some(h) = self.http {
-            // Open server-sent event streams would hold graceful shutdown forever: bound it.
+    }
+
+    /// Stops gracefully: readiness turns false and the listeners stop accepting; MQTT requests
+    /// that arrive now are answered `__stat=503`; change streams end with a final event;
+    /// requests in flight on every door finish, within the grace period (`--shutdown-grace`),
+    /// after which what is left is cut off; then the MQTT door, the broker and the background
+    /// tasks stop. Durable storage syncs and closes when the last engine handle is dropped.
+    pub async fn shutdown(self) {
+        let deadline = tokio::time::Instant::now() + self.grace;
+        let _ = self.stop.send(true);
+        let door = self.mqtt_door().clone();
+        door.close();
+        if tokio::time::timeout_at(deadline, door.drained()).await.is_err() {
+            tracing::warn!("shutdown: MQTT requests still running after the grace period");
+        }
+        let tasks = self.grpc.into_iter().chain(self.http).chain(self.metrics_task);
+        for h in tasks {
             let abort = h.abort_handle();
-            if tokio::time::timeout(Duration::from_secs(2), h).await.is_err() {
+            if tokio::time::timeout_at(deadline, h).await.is_err() {
+                tracing::warn!("shutdown: a door still had requests after the grace period");
                 abort.abort();
             }
         }

@@ -1,22 +1,26 @@
+use std::ffi::OsString;
+use std::sync::Arc;
+
 use clap::Parser;
-use stategate::config::{Cli, CliCommand, Config};
+use stategate::config::{Cli, CliCommand, Config, ConfigCommand, LIVE_SETTINGS, LayerError, Layered, file};
 use stategate::storage::{StorageKind, Store};
-use tracing_subscriber::EnvFilter;
+use stategate::telemetry::LogControl;
 
 /// Exit code for a bad command line or configuration (EX_USAGE).
 const EXIT_USAGE: i32 = 64;
 
 fn main() {
-    let cli = Cli::parse();
-    let args = match cli.command {
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    let cli = Cli::parse_from(&argv);
+    match cli.command {
         Some(CliCommand::Client(cmd)) => std::process::exit(stategate::cli::run(cmd)),
-        Some(CliCommand::Serve(a)) => a,
-        None => cli.serve,
-    };
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("stategate=info")))
-        .init();
-    let config = match Config::from_args(args) {
+        Some(CliCommand::Config(ConfigCommand::Default)) => {
+            print!("{}", file::default_file());
+            return;
+        }
+        Some(CliCommand::Serve(_)) | None => {}
+    }
+    let (config, layered) = match load(&argv) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("stategate: {e}");
@@ -30,14 +34,38 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if let Err(e) = runtime.block_on(serve(config)) {
+    // Inside the runtime: the OTLP exporter (feature `otlp`) needs one.
+    let logs = {
+        let _entered = runtime.enter();
+        stategate::telemetry::init(&config.ops)
+    };
+    if let Err(e) = runtime.block_on(serve(argv, config, layered, logs)) {
         eprintln!("stategate: {e}");
         std::process::exit(1);
     }
 }
 
-async fn serve(config: Config) -> anyhow::Result<()> {
-    let store = Store::open(&config.storage)
+/// The configuration from the command line, the environment and the configuration file.
+/// Errors name the file and the setting when the file supplied it.
+fn load(argv: &[OsString]) -> Result<(Config, Layered), String> {
+    let layered = match file::layer(argv) {
+        Ok(l) => l,
+        Err(LayerError::Cli(e)) => return Err(e.to_string().lines().next().unwrap_or_default().to_owned()),
+        Err(LayerError::File(e)) => return Err(e.to_string()),
+    };
+    let config = Config::from_args(layered.args.clone()).map_err(|e| match &layered.file {
+        Some(f) if layered.from_file.contains(e.setting()) => {
+            format!("{}: setting `{}`: {e}", f.display(), e.setting())
+        }
+        _ => e.to_string(),
+    })?;
+    Ok((config, layered))
+}
+
+async fn serve(argv: Vec<OsString>, config: Config, mut layered: Layered, logs: LogControl) -> anyhow::Result<()> {
+    let metrics = stategate::metrics::Metrics::enabled(config.ops.metrics);
+    let clock = Arc::new(stategate::hlc::SystemClock);
+    let store = Store::open_observed(&config.storage, clock.clone(), &metrics)
         .await
         .map_err(|e| match &config.storage.kind {
             StorageKind::Durable => anyhow::anyhow!("opening storage in {}: {e}", config.storage.data_dir.display()),
@@ -48,32 +76,98 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     if config.storage.kind == StorageKind::Memory {
         tracing::warn!("storage is in memory: every record is lost when the process stops");
     }
-    let running = stategate::start(config, store).await?;
+    let running = stategate::start_observed(config, store, clock, metrics).await?;
     let (host, port) = running.mqtt_broker();
     tracing::info!(host, port, "stategate is serving the state store over MQTT");
-    shutdown_signal().await;
-    tracing::info!("shutting down");
-    running.shutdown().await;
+    let mut signals = Signals::new()?;
+    loop {
+        match signals.next().await {
+            Signal::Reload => reload(&argv, &running, &logs, &mut layered),
+            Signal::Stop => break,
+        }
+    }
+    tracing::info!("shutting down: finishing requests in flight (a second signal stops at once)");
+    tokio::select! {
+        _ = running.shutdown() => {}
+        _ = signals.next_stop() => {
+            tracing::warn!("second signal: stopping without finishing requests in flight");
+            std::process::exit(1);
+        }
+    }
+    tracing::info!("stopped");
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+/// SIGHUP: re-reads the configuration file. The log level changes at once; parts that follow
+/// the configuration get the new one; a change to anything else is reported as needing a
+/// restart. A file that no longer loads changes nothing.
+fn reload(argv: &[OsString], running: &stategate::Running, logs: &LogControl, layered: &mut Layered) {
+    let (config, now) = match load(argv) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(cause = %e, "configuration not reloaded; the running one stays");
+            return;
         }
     };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
+    if let Err(e) = logs.set_filter(&config.ops.log_filter) {
+        tracing::error!(cause = %e, "log level not changed");
+    }
+    let changed = layered.changed(&now);
+    *layered = now;
+    let (live, restart): (Vec<&str>, Vec<&str>) = changed
+        .iter()
+        .map(String::as_str)
+        .partition(|s| LIVE_SETTINGS.contains(s));
+    if !restart.is_empty() {
+        tracing::warn!(settings = ?restart, "changed settings that take effect at the next start");
+    }
+    tracing::info!(applied = ?live, "configuration reloaded");
+    running.reload(config);
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Signal {
+    Reload,
+    Stop,
+}
+
+/// SIGHUP, SIGTERM and SIGINT (Ctrl-C).
+struct Signals {
+    #[cfg(unix)]
+    hup: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Signals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Signals {
+                hup: signal(SignalKind::hangup())?,
+                term: signal(SignalKind::terminate())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Signals {})
+    }
+
+    async fn next(&mut self) -> Signal {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.hup.recv() => Signal::Reload,
+            _ = self.term.recv() => Signal::Stop,
+            _ = tokio::signal::ctrl_c() => Signal::Stop,
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            Signal::Stop
+        }
+    }
+
+    async fn next_stop(&mut self) {
+        while self.next().await != Signal::Stop {}
     }
 }

@@ -15,6 +15,7 @@ use crate::hlc::Hlc;
 
 pub mod durable;
 pub mod memory;
+mod observed;
 #[cfg(feature = "redis")]
 pub mod redis;
 
@@ -113,6 +114,11 @@ pub trait Backend: Send + Sync + 'static {
 
     /// The highest version stored anywhere (to seed the clock after a restart).
     async fn max_version(&self) -> Result<Option<Hlc>, StorageError>;
+
+    /// Bytes of the stored values, where the backend keeps count (for metrics).
+    async fn value_bytes(&self) -> Result<Option<u64>, StorageError> {
+        Ok(None)
+    }
 }
 
 /// Which backend stores the records (`--storage`). Every backend is listed whatever cargo
@@ -269,6 +275,28 @@ impl Store {
         config: &StorageConfig,
         clock: Arc<dyn crate::hlc::Clock>,
     ) -> Result<Store, StorageError> {
+        Store::open_observed(config, clock, &crate::metrics::Metrics::disabled()).await
+    }
+
+    /// [`Store::open_with_clock`], recording write latency (any backend) and group commits,
+    /// fsyncs and snapshots (durable) in `metrics`.
+    pub async fn open_observed(
+        config: &StorageConfig,
+        clock: Arc<dyn crate::hlc::Clock>,
+        metrics: &crate::metrics::Metrics,
+    ) -> Result<Store, StorageError> {
+        let store = Store::open_backend(config, clock, metrics).await?;
+        Ok(match metrics.is_enabled() {
+            true => Store::new(observed::Observed::new(store, metrics.clone())),
+            false => store,
+        })
+    }
+
+    async fn open_backend(
+        config: &StorageConfig,
+        clock: Arc<dyn crate::hlc::Clock>,
+        metrics: &crate::metrics::Metrics,
+    ) -> Result<Store, StorageError> {
         match &config.kind {
             StorageKind::Memory => Ok(Store::memory()),
             StorageKind::Durable => {
@@ -276,6 +304,7 @@ impl Store {
                 options.fsync = config.fsync;
                 options.segment_bytes = config.segment_bytes;
                 options.clock = clock;
+                options.metrics = metrics.clone();
                 let backend = tokio::task::spawn_blocking(move || durable::DurableBackend::open(options))
                     .await
                     .map_err(|e| StorageError::Backend(format!("the opening thread failed: {e}")))??;

@@ -104,6 +104,8 @@ pub struct DurableOptions {
     /// The service's clock: records are stamped with its wall time (the floor for versions
     /// after a restart), so tests that move the engine's clock move this one too.
     pub clock: Arc<dyn Clock>,
+    /// Group commits, fsyncs and snapshots are counted here.
+    pub metrics: crate::metrics::Metrics,
 }
 
 impl fmt::Debug for DurableOptions {
@@ -125,6 +127,7 @@ impl DurableOptions {
             segment_bytes: 64 * 1024 * 1024,
             batch_interval: Duration::from_millis(50),
             clock: Arc::new(SystemClock),
+            metrics: crate::metrics::Metrics::disabled(),
         }
     }
 }
@@ -497,6 +500,10 @@ impl Backend for DurableBackend {
     async fn max_version(&self) -> Result<Option<Hlc>, StorageError> {
         self.shared.check()?;
         self.index.max_version().await
+    }
+
+    async fn value_bytes(&self) -> Result<Option<u64>, StorageError> {
+        self.index.value_bytes().await
     }
 }
 

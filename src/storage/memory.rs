@@ -103,6 +103,8 @@ struct Inner {
     max_version: Option<Hlc>,
     /// Node ids seen in versions (a handful: one per service node that ever wrote).
     nodes: Vec<Arc<str>>,
+    /// Bytes of the values held (for metrics).
+    value_bytes: u64,
 }
 
 impl Inner {
@@ -172,6 +174,7 @@ impl Inner {
                     self.max_version = Some(rec.version.clone());
                 }
                 let entry = self.entry(&key, rec);
+                self.value_bytes += entry.value().len() as u64;
                 if let Some(d) = entry.deadline() {
                     // A compact copy: the caller's key may be a slice of a network buffer.
                     self.deadlines.insert((d, Bytes::copy_from_slice(&key)));
@@ -180,6 +183,9 @@ impl Inner {
             }
             None => self.set.take(&key[..]),
         };
+        if let Some(o) = &old {
+            self.value_bytes -= o.value().len() as u64;
+        }
         if let Some(d) = old.and_then(|o| o.deadline()) {
             // The same (deadline, key) may have just been inserted again for the new record.
             let still = self.set.get(&key[..]).and_then(Entry::deadline) == Some(d);
@@ -337,5 +343,9 @@ impl Backend for MemoryBackend {
 
     async fn max_version(&self) -> Result<Option<Hlc>, StorageError> {
         Ok(self.read().max_version.clone())
+    }
+
+    async fn value_bytes(&self) -> Result<Option<u64>, StorageError> {
+        Ok(Some(self.read().value_bytes))
     }
 }

@@ -92,6 +92,7 @@ impl Writer {
                 return;
             }
             // `commit` acknowledged the whole group (synced or written, per the mode).
+            self.options.metrics.commit(group.len());
             for ack in group.drain(..) {
                 let _ = ack.send(Ok(()));
             }
@@ -149,7 +150,9 @@ impl Writer {
     }
 
     fn sync(&mut self) -> std::io::Result<()> {
+        let started = Instant::now();
         self.file.sync_data()?;
+        self.options.metrics.fsync(started);
         self.synced = self.written;
         self.last_sync = Instant::now();
         Ok(())
@@ -170,11 +173,13 @@ impl Writer {
 
         self.shared.snapshotting.store(true, Ordering::Release);
         let (dir, index, shared) = (self.dir.clone(), self.index.clone(), self.shared.clone());
-        let clock = self.options.clock.clone();
+        let (clock, metrics) = (self.options.clock.clone(), self.options.metrics.clone());
         let spawned = std::thread::Builder::new()
             .name("stategate-snapshot".into())
             .spawn(move || {
-                match snapshot::write(&dir, seq, &index, &shared, &*clock) {
+                let written = snapshot::write(&dir, seq, &index, &shared, &*clock);
+                metrics.snapshot(written.is_ok());
+                match written {
                     Ok(bytes) => {
                         shared.live_bytes.store(bytes, Ordering::Relaxed);
                         tracing::debug!(seq, bytes, "snapshot written");

@@ -1,0 +1,124 @@
+//! Liveness, readiness, and what every door shares for observing itself and shutting down.
+//!
+//! Alive: the process answers (`/healthz`). Ready (`/readyz`, the gRPC health service): the
+//! storage answers within [`PROBE_TIMEOUT`] (for Redis: the server is reachable) and the MQTT
+//! door receives requests (subscribed through its client connection, or served inside the
+//! embedded broker), and the service is not shutting down.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::engine::Engine;
+use crate::metrics::{Metrics, Sources};
+
+/// Longest a storage probe may take before the storage counts as unreachable.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How often the gRPC health service re-checks readiness.
+pub const GRPC_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What the doors share besides the engine: metrics, readiness, the shutdown signal.
+#[derive(Clone, Debug)]
+pub struct Observe {
+    pub metrics: Metrics,
+    /// Where `/metrics` reads mirrored state.
+    pub sources: Sources,
+    /// Turns `true` when the service begins shutting down: streams end with a final event.
+    pub stopping: watch::Receiver<bool>,
+    /// `None`: readiness is not checked (always ready), e.g. a router built alone in tests.
+    pub engine: Option<Engine>,
+}
+
+impl Default for Observe {
+    fn default() -> Observe {
+        // A receiver whose sender is gone never changes again: never stopping.
+        let (_, stopping) = watch::channel(false);
+        Observe {
+            metrics: Metrics::disabled(),
+            sources: Sources::default(),
+            stopping,
+            engine: None,
+        }
+    }
+}
+
+/// The answer of a readiness check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Readiness {
+    pub storage: Result<(), String>,
+    pub mqtt: Result<(), String>,
+    pub stopping: bool,
+}
+
+impl Readiness {
+    pub fn ready(&self) -> bool {
+        self.storage.is_ok() && self.mqtt.is_ok() && !self.stopping
+    }
+}
+
+impl Observe {
+    /// Checks every dependency now.
+    pub async fn readiness(&self) -> Readiness {
+        let stopping = *self.stopping.borrow();
+        let Some(engine) = &self.engine else {
+            return Readiness {
+                storage: Ok(()),
+                mqtt: Ok(()),
+                stopping,
+            };
+        };
+        let storage = match tokio::time::timeout(PROBE_TIMEOUT, engine.key_count()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {PROBE_TIMEOUT:?}")),
+        };
+        let mqtt = match self.metrics.mqtt_subscribed() {
+            true => Ok(()),
+            false => Err("not subscribed to the request topic".to_owned()),
+        };
+        Readiness {
+            storage,
+            mqtt,
+            stopping,
+        }
+    }
+
+    /// Resolves once shutdown begins.
+    pub async fn stopped(&self) {
+        let mut rx = self.stopping.clone();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+}
+
+/// Keeps the gRPC health service in step with readiness until shutdown begins, then reports
+/// every service as not serving.
+pub async fn drive_grpc_health(
+    obs: Observe,
+    reporter: tonic_health::server::HealthReporter,
+    services: Vec<&'static str>,
+) {
+    let mut last = None;
+    loop {
+        let ready = obs.readiness().await.ready();
+        if last != Some(ready) {
+            let status = match ready {
+                true => tonic_health::ServingStatus::Serving,
+                false => tonic_health::ServingStatus::NotServing,
+            };
+            for s in std::iter::once("").chain(services.iter().copied()) {
+                reporter.set_service_status(s, status).await;
+            }
+            last = Some(ready);
+        }
+        tokio::select! {
+            _ = obs.stopped() => {
+                for s in std::iter::once("").chain(services.iter().copied()) {
+                    reporter.set_service_status(s, tonic_health::ServingStatus::NotServing).await;
+                }
+                return;
+            }
+            _ = tokio::time::sleep(GRPC_HEALTH_INTERVAL) => {}
+        }
+    }
+}
