@@ -7,6 +7,8 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use tokio::sync::watch;
 
 use crate::engine::Engine;
@@ -23,7 +25,7 @@ pub const GRPC_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
 pub struct Observe {
     pub metrics: Metrics,
     /// Where `/metrics` reads mirrored state.
-    pub sources: Sources,
+    pub sources: Arc<Sources>,
     /// Turns `true` when the service begins shutting down: streams end with a final event.
     pub stopping: watch::Receiver<bool>,
     /// `None`: readiness is not checked (always ready), e.g. a router built alone in tests.
@@ -36,7 +38,7 @@ impl Default for Observe {
         let (_, stopping) = watch::channel(false);
         Observe {
             metrics: Metrics::disabled(),
-            sources: Sources::default(),
+            sources: Arc::default(),
             stopping,
             engine: None,
         }

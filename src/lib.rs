@@ -126,15 +126,13 @@ pub async fn start_observed(
     let engine = Engine::open(store, &config.node_id, clock, config.limits.clone()).await?;
     let (stop, stop_rx) = watch::channel(false);
     let (config_tx, _) = watch::channel(Arc::new(config.clone()));
-    let mut obs = health::Observe {
+    let obs = health::Observe {
         metrics: metrics.clone(),
-        sources: metrics::Sources {
-            engine: Some(engine.clone()),
-            ..metrics::Sources::default()
-        },
+        sources: Arc::default(),
         stopping: stop_rx.clone(),
         engine: Some(engine.clone()),
     };
+    let _ = obs.sources.engine.set(engine.clone());
 
     #[cfg(feature = "embedded-broker")]
     let mut broker = None;
@@ -318,14 +316,14 @@ pub async fn start_observed(
             MqttService::start_observed(engine.clone(), settings, Duration::from_secs(10), metrics.clone()).await,
         )
     };
-    obs.sources.mqtt_door = Some(match &mqtt {
+    let _ = obs.sources.mqtt_door.set(match &mqtt {
         MqttDoor::Client(c) => c.door().clone(),
         #[cfg(feature = "embedded-broker")]
         MqttDoor::InBroker(i) => i.door().clone(),
     });
     #[cfg(feature = "embedded-broker")]
     if let Some(b) = &broker {
-        obs.sources.broker_connections = Some(Arc::new(b.connection_counter()));
+        let _ = obs.sources.broker_connections.set(Arc::new(b.connection_counter()));
     }
     let metrics_task = match config.ops.metrics_listen {
         Some(addr) if metrics.is_enabled() => {

@@ -63,6 +63,8 @@ fn load(argv: &[OsString]) -> Result<(Config, Layered), String> {
 }
 
 async fn serve(argv: Vec<OsString>, config: Config, mut layered: Layered, logs: LogControl) -> anyhow::Result<()> {
+    // Before anything listens: a signal that arrives during startup must not kill the process.
+    let mut signals = Signals::new()?;
     let metrics = stategate::metrics::Metrics::enabled(config.ops.metrics);
     let clock = Arc::new(stategate::hlc::SystemClock);
     let store = Store::open_observed(&config.storage, clock.clone(), &metrics)
@@ -79,7 +81,6 @@ async fn serve(argv: Vec<OsString>, config: Config, mut layered: Layered, logs: 
     let running = stategate::start_observed(config, store, clock, metrics).await?;
     let (host, port) = running.mqtt_broker();
     tracing::info!(host, port, "stategate is serving the state store over MQTT");
-    let mut signals = Signals::new()?;
     loop {
         match signals.next().await {
             Signal::Reload => reload(&argv, &running, &logs, &mut layered),
@@ -137,6 +138,10 @@ struct Signals {
     hup: tokio::signal::unix::Signal,
     #[cfg(unix)]
     term: tokio::signal::unix::Signal,
+    /// Kept for the whole run (not one `ctrl_c()` per wait), so that no signal is missed
+    /// between two waits.
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -147,6 +152,7 @@ impl Signals {
             Ok(Signals {
                 hup: signal(SignalKind::hangup())?,
                 term: signal(SignalKind::terminate())?,
+                int: signal(SignalKind::interrupt())?,
             })
         }
         #[cfg(not(unix))]
@@ -158,7 +164,7 @@ impl Signals {
         tokio::select! {
             _ = self.hup.recv() => Signal::Reload,
             _ = self.term.recv() => Signal::Stop,
-            _ = tokio::signal::ctrl_c() => Signal::Stop,
+            _ = self.int.recv() => Signal::Stop,
         }
         #[cfg(not(unix))]
         {

@@ -374,7 +374,7 @@ impl Metrics {
     /// format. `None` when metrics are disabled.
     pub async fn render(&self, sources: &Sources) -> Option<String> {
         let h = self.0.handles.as_ref()?;
-        if let Some(engine) = &sources.engine {
+        if let Some(engine) = sources.engine.get() {
             if let Ok(n) = engine.key_count().await {
                 h.keys.set(n as i64);
             }
@@ -391,10 +391,10 @@ impl Metrics {
             );
             add_to(&h.expired, &self.0.state.last_expired, engine.expired_count());
         }
-        if let Some(door) = &sources.mqtt_door {
+        if let Some(door) = sources.mqtt_door.get() {
             h.response_cache_bytes.set(door.response_cache_held().1 as i64);
         }
-        if let Some(count) = &sources.broker_connections {
+        if let Some(count) = sources.broker_connections.get() {
             h.broker_connections.set(count() as i64);
         }
         let mut out = String::new();
@@ -408,12 +408,12 @@ impl Metrics {
     }
 }
 
-/// Where `/metrics` reads the state it mirrors.
-#[derive(Clone, Default)]
+/// Where `/metrics` reads the state it mirrors. Shared, and filled in as the parts start.
+#[derive(Default)]
 pub struct Sources {
-    pub engine: Option<Engine>,
-    pub mqtt_door: Option<Arc<crate::mqtt::door::Door>>,
-    pub broker_connections: Option<Arc<dyn Fn() -> usize + Send + Sync>>,
+    pub engine: OnceLock<Engine>,
+    pub mqtt_door: OnceLock<Arc<crate::mqtt::door::Door>>,
+    pub broker_connections: OnceLock<Arc<dyn Fn() -> usize + Send + Sync>>,
 }
 
 impl std::fmt::Debug for Sources {
