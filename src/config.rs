@@ -38,6 +38,7 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once per process
 pub enum CliCommand {
     /// Run the service (the default).
     Serve(ServeArgs),

@@ -81,11 +81,8 @@ async fn serve(argv: Vec<OsString>, config: Config, mut layered: Layered, logs: 
     let running = stategate::start_observed(config, store, clock, metrics).await?;
     let (host, port) = running.mqtt_broker();
     tracing::info!(host, port, "stategate is serving the state store over MQTT");
-    loop {
-        match signals.next().await {
-            Signal::Reload => reload(&argv, &running, &logs, &mut layered),
-            Signal::Stop => break,
-        }
+    while signals.next().await == Signal::Reload {
+        reload(&argv, &running, &logs, &mut layered);
     }
     tracing::info!("shutting down: finishing requests in flight (a second signal stops at once)");
     tokio::select! {
@@ -110,9 +107,6 @@ fn reload(argv: &[OsString], running: &stategate::Running, logs: &LogControl, la
             return;
         }
     };
-    if let Err(e) = logs.set_filter(&config.ops.log_filter) {
-        tracing::error!(cause = %e, "log level not changed");
-    }
     let changed = layered.changed(&now);
     *layered = now;
     let (live, restart): (Vec<&str>, Vec<&str>) = changed
@@ -122,7 +116,11 @@ fn reload(argv: &[OsString], running: &stategate::Running, logs: &LogControl, la
     if !restart.is_empty() {
         tracing::warn!(settings = ?restart, "changed settings that take effect at the next start");
     }
+    // Said under the old level, so that a reload to a quieter level is still on record.
     tracing::info!(applied = ?live, "configuration reloaded");
+    if let Err(e) = logs.set_filter(&config.ops.log_filter) {
+        tracing::error!(cause = %e, "log level not changed");
+    }
     running.reload(config);
 }
 
@@ -160,8 +158,10 @@ impl Signals {
     }
 
     async fn next(&mut self) -> Signal {
+        // Biased: a SIGHUP sent before a SIGTERM is handled before it.
         #[cfg(unix)]
         tokio::select! {
+            biased;
             _ = self.hup.recv() => Signal::Reload,
             _ = self.term.recv() => Signal::Stop,
             _ = self.int.recv() => Signal::Stop,

@@ -36,19 +36,25 @@ fn mqtt_urls() {
 
 #[test]
 fn external_broker_turns_on_observer_idle_expiry() {
-    let mut a = ServeArgs::default();
-    a.mqtt_url = Some("mqtt://127.0.0.1:1".into());
+    let a = ServeArgs {
+        mqtt_url: Some("mqtt://127.0.0.1:1".into()),
+        ..ServeArgs::default()
+    };
     let c = Config::from_args(a).unwrap();
     assert_eq!(c.limits.observers.idle, Some(Duration::from_secs(86_400)));
 }
 
 #[test]
 fn bad_values_are_refused() {
-    let mut a = ServeArgs::default();
-    a.node_id = "a:b".into();
+    let a = ServeArgs {
+        node_id: "a:b".into(),
+        ..ServeArgs::default()
+    };
     assert!(matches!(Config::from_args(a), Err(ConfigError::BadNodeId(_))));
-    let mut a = ServeArgs::default();
-    a.mqtt_max_packet_bytes = 1024;
+    let a = ServeArgs {
+        mqtt_max_packet_bytes: 1024,
+        ..ServeArgs::default()
+    };
     assert!(matches!(Config::from_args(a), Err(ConfigError::PacketTooSmall { .. })));
 }
 
@@ -304,14 +310,20 @@ mod file_layering {
 
     #[test]
     fn semantic_errors_name_their_setting() {
-        let mut a = ServeArgs::default();
-        a.node_id = "a:b".into();
+        let a = ServeArgs {
+            node_id: "a:b".into(),
+            ..ServeArgs::default()
+        };
         assert_eq!(Config::from_args(a).unwrap_err().setting(), "node-id");
-        let mut a = ServeArgs::default();
-        a.metrics_listen = "nowhere".into();
+        let a = ServeArgs {
+            metrics_listen: "nowhere".into(),
+            ..ServeArgs::default()
+        };
         assert_eq!(Config::from_args(a).unwrap_err().setting(), "metrics-listen");
-        let mut a = ServeArgs::default();
-        a.log_level = Some("stategate=loud".into());
+        let a = ServeArgs {
+            log_level: Some("stategate=loud".into()),
+            ..ServeArgs::default()
+        };
         assert_eq!(Config::from_args(a).unwrap_err().setting(), "log-level");
     }
 

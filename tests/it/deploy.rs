@@ -75,7 +75,7 @@ fn stategate_commands(text: &str) -> Vec<(String, Vec<String>, String)> {
             .collect();
         let tokens: Vec<&str> = cleaned.split_whitespace().collect();
         let is_list = line.contains("args:") || line.contains("command:") || line.contains("CMD");
-        if is_list && tokens.iter().any(|t| *t == "serve") {
+        if is_list && tokens.contains(&"serve") {
             let at = tokens.iter().position(|t| *t == "serve").unwrap_or(0);
             out.push(("serve".into(), flags_in(&tokens[at..]), line.to_owned()));
             continue;

@@ -381,7 +381,8 @@ fn write_config(dir: &Path, text: &str) -> String {
 async fn the_binary_layers_flags_over_env_over_file_over_defaults() {
     let dir = tempfile::tempdir().unwrap();
     let file = write_config(dir.path(), "node-id = \"from-file\"\nstorage = \"memory\"\n");
-    let cases: [(&[&str], &[(&str, &str)], &str); 4] = [
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 4] = [
         (&[], &[], "from-file"),
         (&[], &[("STATEGATE_NODE_ID", "from-env")], "from-env"),
         (
@@ -580,6 +581,55 @@ async fn sigterm_during_load_answers_every_request_in_flight_and_exits_0() {
         .await
         .unwrap();
     assert_eq!(r.text().await.unwrap(), "\"kept\"");
+}
+
+#[test]
+fn sighup_reloads_the_file_and_names_what_needs_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_config(dir.path(), "storage = \"memory\"\nlog-level = \"info\"\n");
+    let s = Service::start(&["--config", &file, "--log-format", "json"], &[]);
+    write_config(dir.path(), "storage = \"memory\"\nlog-level = \"warn\"\nmax-keys = 5\n");
+    s.signal("HUP");
+    s.signal("TERM");
+    let (code, err) = s.wait();
+    assert_eq!(code, Some(0), "{err}");
+    let reloaded = err
+        .lines()
+        .find(|l| l.contains("configuration reloaded"))
+        .unwrap_or_else(|| panic!("no reload record: {err}"));
+    assert!(reloaded.contains("log-level"), "{reloaded}");
+    let restart = err
+        .lines()
+        .find(|l| l.contains("take effect at the next start"))
+        .unwrap_or_else(|| panic!("no restart warning: {err}"));
+    assert!(
+        restart.contains("max-keys") && !restart.contains("log-level"),
+        "{restart}"
+    );
+    // After the reload the level is warn: the shutdown's info records are gone.
+    let after: Vec<&str> = err
+        .lines()
+        .skip_while(|l| !l.contains("configuration reloaded"))
+        .skip(1)
+        .collect();
+    assert!(!after.iter().any(|l| l.contains("\"level\":\"INFO\"")), "{err}");
+    assert!(!err.contains("shutting down"), "the shutdown record is info: {err}");
+}
+
+#[test]
+fn a_broken_file_on_sighup_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_config(dir.path(), "storage = \"memory\"\n");
+    let s = Service::start(&["--config", &file], &[]);
+    write_config(dir.path(), "storage = \"memory\"\nbogus = 1\n");
+    s.signal("HUP");
+    s.signal("TERM");
+    let (code, err) = s.wait();
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("configuration not reloaded") && err.contains("bogus"),
+        "{err}"
+    );
 }
 
 #[test]
