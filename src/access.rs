@@ -1,32 +1,388 @@
-//! Who may call, decided once for every door. For now: the shared API token of the HTTP and
-//! gRPC doors (`dapr-api-token`).
+//! Who may do what, decided once for every door.
+//!
+//! - [`identity`]: the [`Principal`] (MQTT client id and username, HTTP/gRPC token name), the
+//!   MQTT password file and the named API tokens.
+//! - [`rules`]: the per-key rules (`--acl-file`): `read`, `write`, `observe` on key globs.
+//! - [`limits`]: per-principal request rate and open streams.
+//! - `seal`: paging tokens that would name a key the caller may not read go out encrypted.
+//!
+//! A door finds out who is calling, gets a [`Grant`] from [`Access::grant`] and asks it before
+//! it runs anything ([`execute`] for engine commands, [`Grant::check`] for the Dapr layer's
+//! reads and writes, [`Grant::read_filter`] where key names are produced). Without a rules file
+//! every principal may do everything (the behaviour before rules existed).
 
-use subtle::ConstantTimeEq;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Whether `given` is the configured token, compared in constant time (a caller timing the
-/// answer learns nothing about how much of its guess was right).
-pub fn token_matches(expected: &str, given: Option<&str>) -> bool {
-    let Some(given) = given else {
-        return false;
-    };
-    // Lengths differ: still compare something of the same cost before saying no.
-    if given.len() != expected.len() {
-        let _ = expected.as_bytes().ct_eq(expected.as_bytes());
-        return false;
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+
+use crate::engine::{Command, Engine, EngineError, KeyFilter, Reply, Response};
+
+pub mod identity;
+pub mod limits;
+pub mod passwd;
+pub mod rules;
+mod seal;
+
+pub use identity::{Passwords, Principal, Tokens, token_matches};
+pub use limits::{LimitSettings, StreamSlot};
+pub use rules::{Op, RuleSet};
+
+/// Where the access files are and the limits per principal.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AccessSettings {
+    /// MQTT users and password hashes; when set the embedded broker refuses anonymous clients.
+    pub mqtt_auth_file: Option<PathBuf>,
+    /// Per-key rules (TOML).
+    pub acl_file: Option<PathBuf>,
+    /// Named HTTP/gRPC tokens, `name:token` per line.
+    pub api_token_file: Option<PathBuf>,
+    /// External broker: take the claimed `__srcId` as the caller's client id for rules.
+    pub trust_src_id: bool,
+    pub limits: LimitSettings,
+}
+
+/// A file that cannot be used, with where.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("{}:{line}: {message}", path.display())]
+    At {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no system randomness for sealing paging tokens")]
+    NoRandomness,
+}
+
+impl FileError {
+    pub fn at(path: &Path, line: usize, message: &str) -> FileError {
+        FileError::At {
+            path: path.to_owned(),
+            line,
+            message: message.to_owned(),
+        }
     }
-    expected.as_bytes().ct_eq(given.as_bytes()).into()
+}
+
+/// What the files said, replaced whole on reload.
+#[derive(Debug, Default)]
+struct Loaded {
+    passwords: Passwords,
+    tokens: Tokens,
+    rules: Option<Arc<RuleSet>>,
+}
+
+/// A missing or wrong HTTP/gRPC token (401 / UNAUTHENTICATED).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadToken;
+
+/// The access decisions of a running service (a cheap handle).
+#[derive(Clone, Debug)]
+pub struct Access(Arc<Inner>);
+
+#[derive(Debug)]
+struct Inner {
+    settings: AccessSettings,
+    api_token: Option<String>,
+    loaded: ArcSwap<Loaded>,
+    reloads: AtomicU64,
+    limits: limits::Limits,
+    sealer: seal::Sealer,
+    /// Password checks running at once (argon2 costs ~20 MiB and tens of ms each).
+    verify_slots: tokio::sync::Semaphore,
+}
+
+/// Most password checks at once.
+const MAX_CONCURRENT_VERIFIES: usize = 4;
+
+impl Access {
+    /// Reads the files `settings` name; `api_token` is the single `--api-token`, if any.
+    pub fn load(settings: &AccessSettings, api_token: Option<&str>) -> Result<Access, FileError> {
+        let api_token = api_token.filter(|t| !t.is_empty()).map(str::to_owned);
+        let loaded = read_files(settings, api_token.as_deref())?;
+        Ok(Access(Arc::new(Inner {
+            settings: settings.clone(),
+            api_token,
+            loaded: ArcSwap::from_pointee(loaded),
+            reloads: AtomicU64::new(0),
+            limits: limits::Limits::new(&settings.limits),
+            sealer: seal::Sealer::new().ok_or(FileError::NoRandomness)?,
+            verify_slots: tokio::sync::Semaphore::new(MAX_CONCURRENT_VERIFIES),
+        })))
+    }
+
+    /// No files, no limits: everything allowed to whoever can connect.
+    pub fn open() -> Access {
+        let settings = AccessSettings {
+            limits: LimitSettings {
+                max_streams: None,
+                ..LimitSettings::default()
+            },
+            ..AccessSettings::default()
+        };
+        Access::load(&settings, None).unwrap_or_else(|e| panic!("access without files cannot fail: {e}"))
+    }
+
+    /// Reads the files again (SIGHUP). On any error the rules in force stay, and the error says
+    /// which file and line.
+    pub fn reload(&self) -> Result<(), FileError> {
+        let loaded = read_files(&self.0.settings, self.0.api_token.as_deref())?;
+        let summary = (
+            loaded.passwords.len(),
+            loaded.tokens.len(),
+            loaded.rules.as_ref().map(|r| r.len()),
+        );
+        self.0.loaded.store(Arc::new(loaded));
+        let n = self.0.reloads.fetch_add(1, Ordering::SeqCst) + 1;
+        tracing::info!(
+            reloads = n,
+            users = summary.0,
+            tokens = summary.1,
+            rules = ?summary.2,
+            "access files reloaded"
+        );
+        Ok(())
+    }
+
+    /// Successful reloads so far.
+    pub fn reloads(&self) -> u64 {
+        self.0.reloads.load(Ordering::SeqCst)
+    }
+
+    pub fn settings(&self) -> &AccessSettings {
+        &self.0.settings
+    }
+
+    /// Whether MQTT clients must authenticate (a password file is configured).
+    pub fn mqtt_auth_required(&self) -> bool {
+        self.0.settings.mqtt_auth_file.is_some()
+    }
+
+    /// Whether HTTP/gRPC callers must present a token.
+    pub fn tokens_required(&self) -> bool {
+        self.0.settings.api_token_file.is_some() || self.0.api_token.is_some()
+    }
+
+    /// Whether a rules file is in force.
+    pub fn has_rules(&self) -> bool {
+        self.0.loaded.load().rules.is_some()
+    }
+
+    /// With an external broker: whether the claimed `__srcId` names the caller.
+    pub fn trust_src_id(&self) -> bool {
+        self.0.settings.trust_src_id
+    }
+
+    /// Checks an MQTT username and password against the password file (off the async threads,
+    /// a few at a time). `false` when no password file is configured.
+    pub async fn verify_password(&self, user: &str, password: &[u8]) -> bool {
+        if !self.mqtt_auth_required() {
+            return false;
+        }
+        let Ok(_slot) = self.0.verify_slots.acquire().await else {
+            return false;
+        };
+        let loaded = self.0.loaded.load_full();
+        let (user, password) = (user.to_owned(), password.to_vec());
+        tokio::task::spawn_blocking(move || loaded.passwords.verify(&user, &password))
+            .await
+            .unwrap_or(false)
+    }
+
+    /// The HTTP/gRPC principal for a presented token: `Ok` with the token's name, `Ok` with an
+    /// anonymous principal when no token is configured, `Err` for a missing or wrong token.
+    pub fn identify_token(&self, given: Option<&str>) -> Result<Principal, BadToken> {
+        if !self.tokens_required() {
+            return Ok(Principal::default());
+        }
+        let loaded = self.0.loaded.load();
+        match given.and_then(|g| loaded.tokens.name_of(g)) {
+            Some(name) => Ok(Principal {
+                token: Some(name.to_owned()),
+                ..Principal::default()
+            }),
+            None => Err(BadToken),
+        }
+    }
+
+    /// What `principal` may do, for one request or one stream.
+    pub fn grant(&self, principal: Principal) -> Grant {
+        Grant {
+            access: Some(self.clone()),
+            principal,
+        }
+    }
+
+    /// Takes one request from `principal`'s rate.
+    pub fn admit(&self, principal: &Principal) -> Result<(), EngineError> {
+        if self.0.limits.take(&principal.limit_key()) {
+            Ok(())
+        } else {
+            Err(EngineError::RateLimited)
+        }
+    }
+
+    /// Counts an open change stream of `principal`; dropped, the slot is free again.
+    pub fn open_stream(&self, principal: &Principal) -> Result<StreamSlot, EngineError> {
+        self.0
+            .limits
+            .open_stream(&principal.limit_key())
+            .ok_or(EngineError::RateLimited)
+    }
+
+    /// Requests and streams refused by the limits so far.
+    pub fn refused_by_limits(&self) -> u64 {
+        self.0.limits.refused()
+    }
+}
+
+fn read(path: &Path) -> Result<String, FileError> {
+    std::fs::read_to_string(path).map_err(|source| FileError::Read {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn read_files(s: &AccessSettings, api_token: Option<&str>) -> Result<Loaded, FileError> {
+    let passwords = match &s.mqtt_auth_file {
+        Some(p) => Passwords::parse(p, &read(p)?)?,
+        None => Passwords::default(),
+    };
+    let tokens = match &s.api_token_file {
+        Some(p) => Tokens::parse(p, &read(p)?)?,
+        None => Tokens::default(),
+    }
+    .with_default(api_token);
+    let rules = match &s.acl_file {
+        Some(p) => Some(Arc::new(RuleSet::parse(p, &read(p)?)?)),
+        None => None,
+    };
+    Ok(Loaded {
+        passwords,
+        tokens,
+        rules,
+    })
+}
+
+/// One caller's permissions. Checks read the rules in force at the time of the check, so a
+/// long stream follows a reload.
+#[derive(Debug, Clone)]
+pub struct Grant {
+    /// `None`: everything allowed (the Dapr component socket: daprd, trusted by file mode).
+    access: Option<Access>,
+    principal: Principal,
+}
+
+impl Grant {
+    /// Everything allowed.
+    pub fn all() -> Grant {
+        Grant {
+            access: None,
+            principal: Principal::default(),
+        }
+    }
+
+    pub fn principal(&self) -> &Principal {
+        &self.principal
+    }
+
+    fn allowed(&self) -> Option<Arc<rules::Allowed>> {
+        let access = self.access.as_ref()?;
+        let loaded = access.0.loaded.load();
+        Some(loaded.rules.as_ref()?.allowed(&self.principal))
+    }
+
+    /// Whether `op` on engine key `key` is allowed.
+    pub fn may(&self, op: Op, key: &[u8]) -> bool {
+        self.allowed().is_none_or(|a| a.may(op, key))
+    }
+
+    /// [`Grant::may`] as the error every door maps (MQTT 403, HTTP 403, gRPC PERMISSION_DENIED).
+    pub fn check(&self, op: Op, key: &[u8]) -> Result<(), EngineError> {
+        if self.may(op, key) {
+            Ok(())
+        } else {
+            Err(EngineError::NotAuthorized)
+        }
+    }
+
+    /// Every key must allow `op` (a transaction: all or nothing).
+    pub fn check_all<'a>(&self, op: Op, keys: impl IntoIterator<Item = &'a [u8]>) -> Result<(), EngineError> {
+        let Some(allowed) = self.allowed() else {
+            return Ok(());
+        };
+        if keys.into_iter().all(|k| allowed.may(op, k)) {
+            Ok(())
+        } else {
+            Err(EngineError::NotAuthorized)
+        }
+    }
+
+    /// The keys this caller may read, for the places that produce key names; `None` when every
+    /// key may be read. A snapshot of the rules in force now.
+    pub fn read_filter(&self) -> Option<KeyFilter> {
+        let allowed = self.allowed()?;
+        Some(KeyFilter::new(move |k: &[u8]| allowed.may(Op::Read, k)))
+    }
+
+    /// A paging position for the caller: the key itself when the caller may read it (then
+    /// the name tells nothing new), sealed otherwise.
+    pub fn position_token(&self, filter: Option<&KeyFilter>, key: &[u8]) -> Result<String, EngineError> {
+        match (filter, &self.access) {
+            (Some(f), Some(access)) if !f.keeps(key) => access.0.sealer.seal(key).ok_or(EngineError::NotAuthorized),
+            _ => Ok(hex::encode_upper(key)),
+        }
+    }
+
+    /// The key a paging token names (plain upper-case hex, or sealed); `None` if it is neither.
+    pub fn open_position(&self, token: &[u8]) -> Option<Vec<u8>> {
+        if seal::Sealer::is_sealed(token) {
+            return self.access.as_ref()?.0.sealer.open(token);
+        }
+        hex::decode(token).ok().filter(|k| !k.is_empty())
+    }
+}
+
+/// Runs one engine command for `grant`: refused with [`EngineError::NotAuthorized`] (nothing
+/// executed) when the rules do not allow it; SCAN shows only readable keys, and its
+/// continuation token never names a key the caller may not read.
+pub async fn execute(engine: &Engine, grant: &Grant, mut cmd: Command) -> Result<Response, EngineError> {
+    let mut scan_filter = None;
+    match &mut cmd {
+        Command::Get(c) => grant.check(Op::Read, &c.key)?,
+        Command::Set(c) => grant.check(Op::Write, &c.key)?,
+        Command::Del(c) => grant.check(Op::Write, &c.key)?,
+        Command::VDel(c) => grant.check(Op::Write, &c.key)?,
+        // STOP only ends the caller's own registration.
+        Command::KeyNotify(c) if c.stop => {}
+        Command::KeyNotify(c) => grant.check(Op::Observe, &c.key)?,
+        Command::Scan(c) => {
+            if let Some(filter) = grant.read_filter() {
+                if let Some(t) = &c.token {
+                    let key = grant.open_position(t).ok_or(EngineError::Syntax)?;
+                    c.token = Some(Bytes::from(hex::encode_upper(key)));
+                }
+                c.filter = Some(filter.clone());
+                scan_filter = Some(filter);
+            }
+        }
+    }
+    let mut resp = engine.execute(cmd).await?;
+    if let (Some(filter), Reply::Keys { token: Some(t), .. }) = (&scan_filter, &mut resp.reply) {
+        let key = hex::decode(&t[..]).map_err(|_| EngineError::Syntax)?;
+        *t = Bytes::from(grant.position_token(Some(filter), &key)?);
+    }
+    Ok(resp)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tokens() {
-        assert!(token_matches("s3cret", Some("s3cret")));
-        assert!(!token_matches("s3cret", Some("s3creT")));
-        assert!(!token_matches("s3cret", Some("s3cre")));
-        assert!(!token_matches("s3cret", Some("")));
-        assert!(!token_matches("s3cret", None));
-    }
-}
+mod tests;

@@ -1,6 +1,7 @@
 //! Command line and configuration. Every flag is also an environment variable `STATEGATE_*`.
 
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 
 pub mod file;
 
+use crate::access::{AccessSettings, LimitSettings};
 use crate::dapr::{StoreSpec, Stores};
 use crate::engine::{FeedLimits, Limits, ObserverLimits};
 use crate::http::HttpSettings;
@@ -45,6 +47,9 @@ pub enum CliCommand {
     /// The configuration file: `stategate config default` prints one with every setting.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Add, replace (or with --delete remove) a user in an MQTT password file
+    /// (--mqtt-auth-file); the password is read from standard input.
+    Passwd(crate::access::passwd::PasswdArgs),
     /// The client commands (`get`, `set`, ...).
     #[command(flatten)]
     Client(crate::cli::args::ClientCommand),
@@ -127,6 +132,24 @@ pub struct ServeArgs {
     /// after which a client's KEYNOTIFY registrations are dropped. 0 = never.
     #[arg(long, env = "STATEGATE_OBSERVER_IDLE_SECS", default_value_t = 86_400)]
     pub observer_idle_secs: u64,
+    /// Most KEYNOTIFY registrations of all clients together; past it a registration is refused
+    /// with the quota error.
+    #[arg(long, env = "STATEGATE_MAX_OBSERVERS_TOTAL", default_value_t = 1_000_000)]
+    pub max_observers_total: usize,
+    /// Bytes of KEYNOTIFY notifications waiting to be sent; past it new ones are dropped,
+    /// counted and logged (observers miss them).
+    #[arg(long, env = "STATEGATE_KEYNOTIFY_QUEUE_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub keynotify_queue_bytes: usize,
+    /// Changes the watch history keeps (what SSE and gRPC Watch readers are served from, and
+    /// resume from); a reader that falls further behind gets the `overflow` event.
+    #[arg(long, env = "STATEGATE_WATCH_HISTORY_EVENTS", default_value_t = 65_536)]
+    pub watch_history_events: usize,
+    /// Bytes of keys and values the watch history keeps (the newest change is always kept).
+    #[arg(long, env = "STATEGATE_WATCH_HISTORY_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub watch_history_bytes: usize,
+    /// Seconds the watch history keeps a change.
+    #[arg(long, env = "STATEGATE_WATCH_HISTORY_SECS", default_value_t = 600)]
+    pub watch_history_secs: u64,
     /// Where the HTTP door (Dapr state API) listens; `off` disables it. An address other than
     /// loopback opens the API to the network (set --api-token).
     #[arg(long, env = "STATEGATE_HTTP_LISTEN", default_value = "127.0.0.1:3500")]
@@ -206,6 +229,34 @@ pub struct ServeArgs {
     /// Do not serve the web console at `/ui` on the HTTP door.
     #[arg(long, env = "STATEGATE_NO_UI")]
     pub no_ui: bool,
+    /// MQTT users and password hashes (`user:$argon2id$...` lines; write them with `stategate
+    /// passwd`). Set: the embedded broker refuses clients without a valid username and password.
+    /// Reloaded on SIGHUP.
+    #[arg(long, env = "STATEGATE_MQTT_AUTH_FILE")]
+    pub mqtt_auth_file: Option<PathBuf>,
+    /// Per-key access rules (TOML: who may read, write, observe which keys). Absent: everyone
+    /// who can connect may do everything. Reloaded on SIGHUP.
+    #[arg(long, env = "STATEGATE_ACL_FILE")]
+    pub acl_file: Option<PathBuf>,
+    /// Named HTTP/gRPC tokens, `name:token` per line (each name a principal for the rules).
+    /// Set: every HTTP/gRPC call needs one of them in `dapr-api-token`. Reloaded on SIGHUP.
+    #[arg(long, env = "STATEGATE_API_TOKEN_FILE")]
+    pub api_token_file: Option<PathBuf>,
+    /// External broker only: take a request's `__srcId` as the caller's client id for the
+    /// rules. Only safe when the broker's own ACLs make every client publish its real id.
+    #[arg(long, env = "STATEGATE_MQTT_TRUST_SRC_ID")]
+    pub mqtt_trust_src_id: bool,
+    /// Requests per second one principal may make (MQTT, HTTP, gRPC together); past it MQTT
+    /// `__stat=429`, HTTP 429, gRPC RESOURCE_EXHAUSTED. 0 = unlimited.
+    #[arg(long, env = "STATEGATE_RATE_LIMIT", default_value_t = 0)]
+    pub rate_limit: u32,
+    /// Requests one principal may make at once above --rate-limit (0 = the rate).
+    #[arg(long, env = "STATEGATE_RATE_LIMIT_BURST", default_value_t = 0)]
+    pub rate_limit_burst: u32,
+    /// Change streams (SSE, gRPC Watch) one principal may hold open; past it HTTP 429, gRPC
+    /// RESOURCE_EXHAUSTED. 0 = unlimited.
+    #[arg(long, env = "STATEGATE_MAX_STREAMS_PER_PRINCIPAL", default_value_t = 64)]
+    pub max_streams_per_principal: usize,
     /// Serve the Dapr pluggable state component API on this Unix socket, e.g.
     /// `/tmp/dapr-components-sockets/stategate.sock` (daprd's component type `state.stategate`).
     #[arg(long, env = "STATEGATE_DAPR_COMPONENT_SOCKET")]
@@ -247,7 +298,9 @@ pub enum ConfigError {
     BadMqttUrl(String),
     #[error("--mqtt-url {0:?}: TLS (mqtts://) is not supported yet")]
     TlsUnsupported(String),
-    #[error("--node-id must be non-empty and contain no ':' (got {0:?})")]
+    #[error(
+        "--node-id must be 1 to 64 ASCII letters, digits, '-', '_' or '.' (it is part of every version, event id and log line; got {0:?})"
+    )]
     BadNodeId(String),
     #[error("--mqtt-max-packet-bytes ({packet}) must exceed --max-value-bytes ({value}) plus the key and envelope")]
     PacketTooSmall { packet: u32, value: usize },
@@ -259,19 +312,33 @@ pub enum ConfigError {
     BadStateStore(String),
     #[error("--log-level {0:?} is not a level or a filter: {1}")]
     BadLogFilter(String, String),
+    #[error("{0}")]
+    Access(#[from] crate::access::FileError),
+    #[error("--mqtt-auth-file needs the embedded broker (an external broker authenticates its own clients)")]
+    AuthNeedsEmbeddedBroker,
+    #[error(
+        "--mqtt-auth-file cannot be combined with --mqtt-client-path (the service would need a password of its own)"
+    )]
+    AuthWithClientPath,
+    #[error("--mqtt-trust-src-id is for an external broker (the embedded one knows every client's id)")]
+    TrustNeedsExternalBroker,
 }
 
 impl ConfigError {
-    /// The setting (flag long name, configuration file key) the error is about.
-    pub fn setting(&self) -> &'static str {
-        match self {
+    /// The setting (flag long name, configuration file key) the error is about; `None` for an
+    /// access file's own error (its message names that file and line).
+    pub fn setting(&self) -> Option<&'static str> {
+        Some(match self {
             ConfigError::BadMqttUrl(_) | ConfigError::TlsUnsupported(_) | ConfigError::NoEmbeddedBroker => "mqtt-url",
             ConfigError::BadNodeId(_) => "node-id",
             ConfigError::PacketTooSmall { .. } => "mqtt-max-packet-bytes",
             ConfigError::BadListen { flag, .. } => flag.trim_start_matches("--"),
             ConfigError::BadStateStore(_) => "state-store",
             ConfigError::BadLogFilter(..) => "log-level",
-        }
+            ConfigError::Access(_) => return None,
+            ConfigError::AuthNeedsEmbeddedBroker | ConfigError::AuthWithClientPath => "mqtt-auth-file",
+            ConfigError::TrustNeedsExternalBroker => "mqtt-trust-src-id",
+        })
     }
 }
 
@@ -290,6 +357,8 @@ pub struct Config {
     pub grpc_listen: Option<SocketAddr>,
     /// Unix socket of the Dapr pluggable state component (`None`: off).
     pub dapr_component_socket: Option<std::path::PathBuf>,
+    /// Access files and per-principal limits (loaded by `lib::start`, with `http.api_token`).
+    pub access: AccessSettings,
     pub ops: OpsSettings,
 }
 
@@ -327,7 +396,11 @@ impl Default for Config {
 
 impl Config {
     pub fn from_args(a: ServeArgs) -> Result<Config, ConfigError> {
-        if a.node_id.is_empty() || a.node_id.contains(':') {
+        let node_ok = (1..=64).contains(&a.node_id.len())
+            && a.node_id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+        if !node_ok {
             return Err(ConfigError::BadNodeId(a.node_id));
         }
         if (a.mqtt_max_packet_bytes as usize) < a.max_value_bytes + a.max_key_bytes + 1024 {
@@ -369,9 +442,15 @@ impl Config {
                 per_client: a.max_observed_keys.max(1),
                 // The embedded broker reports disconnects; only an external one needs idle expiry.
                 idle: (external && a.observer_idle_secs > 0).then(|| Duration::from_secs(a.observer_idle_secs)),
+                total: a.max_observers_total.max(1),
+                queue_bytes: a.keynotify_queue_bytes.max(1),
                 ..ObserverLimits::default()
             },
-            feed: FeedLimits::default(),
+            feed: FeedLimits {
+                max_events: a.watch_history_events,
+                max_bytes: a.watch_history_bytes,
+                max_age: Duration::from_secs(a.watch_history_secs),
+            },
         };
         let http_listen = parse_listen("--http-listen", &a.http_listen)?;
         let grpc_listen = parse_listen("--grpc-listen", &a.grpc_listen)?;
@@ -394,6 +473,29 @@ impl Config {
             ui: !a.no_ui,
             ..HttpSettings::default()
         };
+        let access = AccessSettings {
+            mqtt_auth_file: a.mqtt_auth_file,
+            acl_file: a.acl_file,
+            api_token_file: a.api_token_file,
+            trust_src_id: a.mqtt_trust_src_id,
+            limits: LimitSettings {
+                rate_per_sec: NonZeroU32::new(a.rate_limit),
+                burst: NonZeroU32::new(a.rate_limit_burst),
+                max_streams: (a.max_streams_per_principal > 0).then_some(a.max_streams_per_principal),
+            },
+        };
+        match &broker {
+            BrokerChoice::External { .. } if access.mqtt_auth_file.is_some() => {
+                return Err(ConfigError::AuthNeedsEmbeddedBroker);
+            }
+            BrokerChoice::Embedded { client_path: true, .. } if access.mqtt_auth_file.is_some() => {
+                return Err(ConfigError::AuthWithClientPath);
+            }
+            BrokerChoice::Embedded { .. } if access.trust_src_id => return Err(ConfigError::TrustNeedsExternalBroker),
+            _ => {}
+        }
+        // Malformed files are refused at startup (exit 64), naming the file and line.
+        crate::access::Access::load(&access, http.api_token.as_deref())?;
         let storage = StorageConfig {
             kind: a.storage,
             data_dir: a.data_dir,
@@ -429,6 +531,7 @@ impl Config {
             storage,
             grpc_listen,
             dapr_component_socket: a.dapr_component_socket,
+            access,
         })
     }
 }

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use base64::Engine as _;
 use bytes::Bytes;
 
+use crate::access::{self, Grant, Op};
 use crate::engine::{Del, DelCondition, Engine, EngineError, Entry, Reply, Set, SetCondition, TxOp};
 use crate::hlc::Hlc;
 
@@ -273,13 +274,20 @@ pub fn stored_value(value: Vec<u8>, metadata: &HashMap<String, String>) -> Resul
 pub struct BulkEntry {
     pub key: String,
     pub entry: Option<Entry>,
+    /// Why the key was not read (the caller may not read it); `entry` is then `None`.
+    pub error: Option<String>,
 }
+
+/// The per-item error of a bulk get for a key the caller may not read.
+pub const BULK_DENIED: &str = "permission denied";
 
 /// Bulk get, one policy for every door (as daprd answers): more than `max_keys` keys, or any
 /// key that is not valid, fails the whole request before anything is read; a storage failure
-/// fails it too; a missing key is an entry without a value.
+/// fails it too; a missing key is an entry without a value, and a key the caller may not read
+/// an entry with an error (the caller named it: nothing leaks).
 pub async fn bulk_get(
     engine: &Engine,
+    grant: &Grant,
     store: &StoreSpec,
     keys: Vec<String>,
     max_keys: usize,
@@ -295,8 +303,20 @@ pub async fn bulk_get(
         .collect::<Result<Vec<_>, _>>()?;
     let mut out = Vec::with_capacity(keys.len());
     for (key, engine_key) in keys.into_iter().zip(engine_keys) {
+        if !grant.may(Op::Read, &engine_key) {
+            out.push(BulkEntry {
+                key,
+                entry: None,
+                error: Some(BULK_DENIED.into()),
+            });
+            continue;
+        }
         let entry = engine.read(&engine_key).await?;
-        out.push(BulkEntry { key, entry });
+        out.push(BulkEntry {
+            key,
+            entry,
+            error: None,
+        });
     }
     Ok(out)
 }
@@ -325,10 +345,10 @@ pub fn components(stores: &Stores) -> Vec<ComponentInfo> {
 
 /// Saves every item (each its own atomic write; good items land even when another fails) and
 /// returns the first failure.
-pub async fn save_each(engine: &Engine, store: &StoreSpec, items: &[SaveItem]) -> Result<(), DaprError> {
+pub async fn save_each(engine: &Engine, grant: &Grant, store: &StoreSpec, items: &[SaveItem]) -> Result<(), DaprError> {
     let mut first = None;
     for item in items {
-        if let Err(e) = save(engine, store, item).await {
+        if let Err(e) = save(engine, grant, store, item).await {
             first.get_or_insert(e);
         }
     }
@@ -336,10 +356,15 @@ pub async fn save_each(engine: &Engine, store: &StoreSpec, items: &[SaveItem]) -
 }
 
 /// Deletes every item, like [`save_each`].
-pub async fn delete_each(engine: &Engine, store: &StoreSpec, items: &[DeleteItem]) -> Result<(), DaprError> {
+pub async fn delete_each(
+    engine: &Engine,
+    grant: &Grant,
+    store: &StoreSpec,
+    items: &[DeleteItem],
+) -> Result<(), DaprError> {
     let mut first = None;
     for item in items {
-        if let Err(e) = delete(engine, store, item).await {
+        if let Err(e) = delete(engine, grant, store, item).await {
             first.get_or_insert(e);
         }
     }
@@ -480,11 +505,10 @@ fn mismatch(e: EngineError) -> DaprError {
 }
 
 /// Saves one item; returns the new version.
-pub async fn save(engine: &Engine, store: &StoreSpec, item: &SaveItem) -> Result<Hlc, DaprError> {
+pub async fn save(engine: &Engine, grant: &Grant, store: &StoreSpec, item: &SaveItem) -> Result<Hlc, DaprError> {
     let cmd = item.command(store)?;
     let first_write = cmd.condition == SetCondition::IfAbsent;
-    let resp = engine
-        .execute(crate::engine::Command::Set(cmd))
+    let resp = access::execute(engine, grant, crate::engine::Command::Set(cmd))
         .await
         .map_err(mismatch)?;
     match (resp.reply, resp.version) {
@@ -497,11 +521,10 @@ pub async fn save(engine: &Engine, store: &StoreSpec, item: &SaveItem) -> Result
 }
 
 /// Deletes one item; deleting a missing key without an ETag succeeds.
-pub async fn delete(engine: &Engine, store: &StoreSpec, item: &DeleteItem) -> Result<(), DaprError> {
+pub async fn delete(engine: &Engine, grant: &Grant, store: &StoreSpec, item: &DeleteItem) -> Result<(), DaprError> {
     let cmd = item.command(store)?;
     let first_write = cmd.condition == DelCondition::IfAbsent;
-    engine
-        .execute(crate::engine::Command::Del(cmd))
+    access::execute(engine, grant, crate::engine::Command::Del(cmd))
         .await
         .map_err(|e| match e {
             EngineError::VersionMismatch if first_write => {
@@ -513,8 +536,9 @@ pub async fn delete(engine: &Engine, store: &StoreSpec, item: &DeleteItem) -> Re
 }
 
 /// Reads one key of a store.
-pub async fn get(engine: &Engine, store: &StoreSpec, key: &str) -> Result<Option<Entry>, DaprError> {
+pub async fn get(engine: &Engine, grant: &Grant, store: &StoreSpec, key: &str) -> Result<Option<Entry>, DaprError> {
     let key = store.engine_key(key)?;
+    grant.check(Op::Read, &key)?;
     Ok(engine.read(&key).await?)
 }
 
@@ -534,9 +558,11 @@ pub struct KeysPage {
 /// Lists the keys of a store in key order, those whose Dapr key matches `pattern` (the glob
 /// rules of SCAN; all keys when `None`), at most `limit` of them. Like SCAN, one call examines a
 /// bounded number of keys (`examine`), so a rare match may give a short (even empty) page with a
-/// token: callers follow tokens until there is none.
+/// token: callers follow tokens until there is none. Only keys the caller may read are listed,
+/// and a token never names a key the caller may not read (it is sealed then).
 pub async fn list_keys(
     engine: &Engine,
+    grant: &Grant,
     store: &StoreSpec,
     pattern: Option<&str>,
     limit: Option<usize>,
@@ -553,10 +579,11 @@ pub async fn list_keys(
         .map(|p| glob::Pattern::new(p).map_err(|e| DaprError::Malformed(format!("pattern {p:?}: {e}"))))
         .transpose()?;
     let prefix = store.key_prefix();
+    let readable = grant.read_filter();
     let mut after = match token {
         Some(t) => {
-            let key = hex::decode(t)
-                .ok()
+            let key = grant
+                .open_position(t.as_bytes())
                 .filter(|k| k.starts_with(&prefix) && k.len() > prefix.len())
                 .ok_or_else(|| DaprError::Malformed(format!("invalid token {t:?}")))?;
             Some(Bytes::from(key))
@@ -575,7 +602,8 @@ pub async fn list_keys(
                 continue;
             }
             let name = store.dapr_key(&key);
-            if pattern.as_ref().is_none_or(|p| p.matches(&name)) {
+            let shown = readable.as_ref().is_none_or(|f| f.keeps(&key));
+            if shown && pattern.as_ref().is_none_or(|p| p.matches(&name)) {
                 keys.push(name);
             }
             after = Some(key);
@@ -592,14 +620,22 @@ pub async fn list_keys(
             None => {}
         }
     }
-    Ok(KeysPage {
-        keys,
-        token: after.map(|k| hex::encode_upper(&k)),
-    })
+    let token = match after {
+        Some(k) => Some(grant.position_token(readable.as_ref(), &k)?),
+        None => None,
+    };
+    Ok(KeysPage { keys, token })
 }
 
 /// Runs a transaction: all operations in order, or none.
-pub async fn transact(engine: &Engine, store: &StoreSpec, items: &[TxItem], max_ops: usize) -> Result<(), DaprError> {
+/// Every key must be writable by the caller, or nothing is done.
+pub async fn transact(
+    engine: &Engine,
+    grant: &Grant,
+    store: &StoreSpec,
+    items: &[TxItem],
+    max_ops: usize,
+) -> Result<(), DaprError> {
     if items.len() > max_ops {
         return Err(DaprError::TooManyOperations {
             got: items.len(),
@@ -613,6 +649,13 @@ pub async fn transact(engine: &Engine, store: &StoreSpec, items: &[TxItem], max_
             TxItem::Delete(d) => TxOp::Del(d.command(store)?),
         });
     }
+    grant.check_all(
+        Op::Write,
+        ops.iter().map(|op| match op {
+            TxOp::Set(s) => &s.key[..],
+            TxOp::Del(d) => &d.key[..],
+        }),
+    )?;
     engine.transact(ops).await.map_err(mismatch)?;
     Ok(())
 }

@@ -22,7 +22,7 @@ pub mod feed;
 pub mod notify;
 pub mod watch;
 
-pub use command::{Command, Del, DelCondition, Get, KeyNotify, Meta, Scan, Set, SetCondition, VDel};
+pub use command::{Command, Del, DelCondition, Get, KeyFilter, KeyNotify, Meta, Scan, Set, SetCondition, VDel};
 pub use error::EngineError;
 pub use feed::{FeedEvent, FeedLimits, FeedReader, Lagged};
 pub use notify::{Change, ChangeKind, KeyNotification, KeyNotifyReceiver, ObserverLimits};
@@ -147,6 +147,18 @@ struct Inner {
     expired: AtomicU64,
 }
 
+/// A handle that does not keep the engine alive (for callbacks that may outlive the service,
+/// such as hooks the embedded broker keeps after its shutdown).
+#[derive(Clone)]
+pub struct WeakEngine(std::sync::Weak<Inner>);
+
+impl WeakEngine {
+    /// The engine, if it still runs.
+    pub fn upgrade(&self) -> Option<Engine> {
+        self.0.upgrade().map(Engine)
+    }
+}
+
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine").field("node", self.0.hlc.node()).finish()
@@ -186,9 +198,20 @@ impl Engine {
         &self.0.limits
     }
 
+    /// A handle that does not keep the engine alive.
+    pub fn downgrade(&self) -> WeakEngine {
+        WeakEngine(Arc::downgrade(&self.0))
+    }
+
     /// The service clock's wall time, ms since the epoch (what deadlines are compared with).
     pub fn now_ms(&self) -> u64 {
         self.0.hlc.wall_ms()
+    }
+
+    /// Makes the expiry driver look at the deadlines now (after the clock moved, in tests; when
+    /// another replica may have added an earlier deadline).
+    pub fn wake_expiry(&self) {
+        self.0.deadline_added.notify_one();
     }
 
     /// A reader of every change applied from now on.
@@ -695,9 +718,12 @@ impl Engine {
             None => None,
         };
         let now = self.0.hlc.wall_ms();
-        let keep = |k: &[u8]| match std::str::from_utf8(k) {
-            Ok(s) => pattern.matches(s),
-            Err(_) => pattern.matches(&String::from_utf8_lossy(k)),
+        let keep = |k: &[u8]| {
+            let matches = match std::str::from_utf8(k) {
+                Ok(s) => pattern.matches(s),
+                Err(_) => pattern.matches(&String::from_utf8_lossy(k)),
+            };
+            matches && c.filter.as_ref().is_none_or(|f| f.keeps(k))
         };
         let page = self
             .0

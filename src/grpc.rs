@@ -13,6 +13,7 @@ use tonic::service::Interceptor;
 use tonic::transport::Server;
 use tonic::{Request, Status};
 
+use crate::access::{Access, Grant};
 use crate::dapr::StoreSpec;
 use crate::engine::Engine;
 use crate::http::HttpSettings;
@@ -60,22 +61,33 @@ use pb::statestore::v1 as npb;
 /// Largest gRPC message accepted, bytes (values up to the engine's limit fit).
 const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
-/// Checks `dapr-api-token` when a token is configured (health and reflection stay open).
+/// Who is calling: checks `dapr-api-token` when tokens are configured, takes one request from
+/// the caller's rate, and hands the caller's [`Grant`] to the service in the request's
+/// extensions (health and reflection stay open).
 #[derive(Clone)]
-struct TokenCheck(Option<Arc<str>>);
+struct Identify(Access);
 
-impl Interceptor for TokenCheck {
-    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
-        let Some(token) = &self.0 else {
-            return Ok(req);
-        };
+impl Interceptor for Identify {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
         let given = req.metadata().get("dapr-api-token").and_then(|v| v.to_str().ok());
-        if crate::access::token_matches(token, given) {
-            Ok(req)
-        } else {
-            Err(Status::unauthenticated("invalid api token"))
-        }
+        let principal = self
+            .0
+            .identify_token(given)
+            .map_err(|_| Status::unauthenticated("invalid api token"))?;
+        self.0
+            .admit(&principal)
+            .map_err(|e| error::from_engine(error::Surface::Native, e))?;
+        req.extensions_mut().insert(self.0.grant(principal));
+        Ok(req)
     }
+}
+
+/// The caller's permissions, as [`Identify`] found them.
+fn grant_of<T>(req: &Request<T>) -> Result<Grant, Status> {
+    req.extensions()
+        .get::<Grant>()
+        .cloned()
+        .ok_or_else(|| Status::internal("no caller identity"))
 }
 
 /// Reflection over every descriptor (so any message can be described) that lists only the
@@ -106,7 +118,7 @@ fn reflection_v1alpha(
 }
 
 /// The services of the TCP door, as reflection lists them.
-const TCP_SERVICES: &[&str] = &[npb::state_store_server::SERVICE_NAME, rpb::dapr_server::SERVICE_NAME];
+pub const TCP_SERVICES: &[&str] = &[npb::state_store_server::SERVICE_NAME, rpb::dapr_server::SERVICE_NAME];
 /// The services of the component socket (what daprd discovers).
 const COMPONENT_SERVICES: &[&str] = &[
     cpb::state_store_server::SERVICE_NAME,
@@ -130,28 +142,25 @@ pub enum GrpcError {
     },
 }
 
-/// Serves the TCP gRPC door on an already bound listener until `shutdown` resolves.
-/// The health service reports readiness (see [`crate::health`]), for `""` and each service.
-pub async fn serve_tcp(
+/// Serves the TCP gRPC door on an already bound listener until `shutdown` resolves. `health`
+/// is the health service, whose reporter `lib::start` drives from readiness
+/// ([`crate::health::drive_grpc_health`]).
+pub async fn serve_tcp<H: tonic_health::pb::health_server::Health>(
     engine: Engine,
     settings: Arc<HttpSettings>,
     listener: TcpListener,
     obs: crate::health::Observe,
+    health: tonic_health::pb::health_server::HealthServer<H>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), GrpcError> {
-    let (health_reporter, health) = tonic_health::server::health_reporter();
-    let health_driver = tokio::spawn(crate::health::drive_grpc_health(
-        obs.clone(),
-        health_reporter,
-        TCP_SERVICES.to_vec(),
-    ));
-    let check = TokenCheck(settings.api_token.as_deref().map(Arc::from));
+    let check = Identify(settings.access.clone());
     let layer = observe::ObserveLayer {
         metrics: obs.metrics.clone(),
         door: crate::metrics::Door::Grpc,
     };
     let native = npb::state_store_server::StateStoreServer::new(native::Native {
         engine: engine.clone(),
+        access: settings.access.clone(),
         obs,
     })
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -177,7 +186,6 @@ pub async fn serve_tcp(
             shutdown,
         )
         .await;
-    health_driver.abort();
     served?;
     Ok(())
 }

@@ -93,34 +93,41 @@ impl Observe {
     }
 }
 
-/// Keeps the gRPC health service in step with readiness until shutdown begins, then reports
-/// every service as not serving.
+/// Sets every service's status in the gRPC health service.
+async fn report(reporter: &tonic_health::server::HealthReporter, services: &[&'static str], ready: bool) {
+    let status = match ready {
+        true => tonic_health::ServingStatus::Serving,
+        false => tonic_health::ServingStatus::NotServing,
+    };
+    for s in std::iter::once("").chain(services.iter().copied()) {
+        reporter.set_service_status(s, status).await;
+    }
+}
+
+/// Reports readiness now (at the end of startup, so that a check made once `start` returned
+/// sees it), then keeps the gRPC health service in step, re-checking every
+/// [`GRPC_HEALTH_INTERVAL`], until shutdown begins: then every service is not serving.
 pub async fn drive_grpc_health(
     obs: Observe,
     reporter: tonic_health::server::HealthReporter,
-    services: Vec<&'static str>,
-) {
-    let mut last = None;
-    loop {
-        let ready = obs.readiness().await.ready();
-        if last != Some(ready) {
-            let status = match ready {
-                true => tonic_health::ServingStatus::Serving,
-                false => tonic_health::ServingStatus::NotServing,
-            };
-            for s in std::iter::once("").chain(services.iter().copied()) {
-                reporter.set_service_status(s, status).await;
-            }
-            last = Some(ready);
-        }
-        tokio::select! {
-            _ = obs.stopped() => {
-                for s in std::iter::once("").chain(services.iter().copied()) {
-                    reporter.set_service_status(s, tonic_health::ServingStatus::NotServing).await;
+    services: &'static [&'static str],
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let mut last = obs.readiness().await.ready();
+    report(&reporter, services, last).await;
+    async move {
+        loop {
+            tokio::select! {
+                _ = obs.stopped() => {
+                    report(&reporter, services, false).await;
+                    return;
                 }
-                return;
+                _ = tokio::time::sleep(GRPC_HEALTH_INTERVAL) => {}
             }
-            _ = tokio::time::sleep(GRPC_HEALTH_INTERVAL) => {}
+            let ready = obs.readiness().await.ready();
+            if ready != last {
+                report(&reporter, services, ready).await;
+                last = ready;
+            }
         }
     }
 }

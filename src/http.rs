@@ -20,6 +20,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::access::{Access, Grant};
 use crate::dapr::{StoreSpec, Stores};
 use crate::engine::Engine;
 
@@ -38,8 +39,11 @@ pub use status::ServiceInfo;
 #[derive(Debug, Clone)]
 pub struct HttpSettings {
     pub stores: Stores,
-    /// When set, every route but health needs header `dapr-api-token` with this value.
+    /// When set, every route but health needs header `dapr-api-token` with this value (or
+    /// one of `access`'s named tokens).
     pub api_token: Option<String>,
+    /// Who may do what: tokens, rules, limits (`lib::start` loads it with `api_token`).
+    pub access: Access,
     /// Largest request body, bytes.
     pub body_limit: usize,
     /// Longest a request may take before it is answered 408 (server-sent events excepted).
@@ -59,6 +63,7 @@ impl Default for HttpSettings {
         HttpSettings {
             stores: Stores::default(),
             api_token: None,
+            access: Access::open(),
             body_limit: 4 * 1024 * 1024,
             request_timeout: Duration::from_secs(30),
             max_transaction_ops: 1000,
@@ -198,6 +203,14 @@ pub fn router_observed(
     };
     let (mut router, _) = routes().split_for_parts();
     router = router.merge(observe::routes());
+    // The keys named `bulk` and `transaction` are keys too: their GET and DELETE go with the
+    // POST/PUT routes that share their paths.
+    for path in ["/v1.0/state/{store}/bulk", "/v1.0/state/{store}/transaction"] {
+        router = router.route(
+            path,
+            axum::routing::get(state::get_reserved_key).delete(state::delete_reserved_key),
+        );
+    }
     if settings.ui {
         router = router.merge(ui::routes());
     }
@@ -209,7 +222,7 @@ pub fn router_observed(
         )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(settings.clone(), check_token))
+        .layer(middleware::from_fn_with_state(settings.clone(), identify))
         .layer(axum::extract::DefaultBodyLimit::max(settings.body_limit))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
@@ -232,20 +245,42 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
-/// `dapr-api-token` check, as Dapr does it: 401 with a plain-text body. Health is exempt, and
-/// so are the web console's own files (they hold no data; the console sends the token on every
-/// data call it makes).
-async fn check_token(State(settings): State<Arc<HttpSettings>>, req: Request, next: Next) -> Response {
-    if let Some(token) = &settings.api_token {
-        let path = req.uri().path();
-        let probe = path == "/healthz" || path == "/readyz";
-        let exempt = probe || path.starts_with("/v1.0/healthz") || (settings.ui && ui::is_public(path));
-        let given = req.headers().get("dapr-api-token").and_then(|v| v.to_str().ok());
-        if !exempt && !crate::access::token_matches(token, given) {
-            return (StatusCode::UNAUTHORIZED, "invalid api token").into_response();
-        }
+/// Who is calling. `dapr-api-token` is checked as Dapr does it (401 with a plain-text body)
+/// when tokens are configured; then one request is taken from the caller's rate (429 past it)
+/// and the caller's [`Grant`] goes to the handlers in the request's extensions. Health is
+/// exempt (`/healthz`, `/readyz`, Dapr's `/v1.0/healthz`), and so are the web console's own files (they hold no data; the console sends the
+/// token on every data call it makes).
+async fn identify(State(settings): State<Arc<HttpSettings>>, mut req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    let probe = path == "/healthz" || path == "/readyz" || path.starts_with("/v1.0/healthz");
+    if probe || (settings.ui && ui::is_public(path)) {
+        return next.run(req).await;
     }
+    let given = req.headers().get("dapr-api-token").and_then(|v| v.to_str().ok());
+    let Ok(principal) = settings.access.identify_token(given) else {
+        return (StatusCode::UNAUTHORIZED, "invalid api token").into_response();
+    };
+    if let Err(e) = settings.access.admit(&principal) {
+        return ApiError::from_engine(Op::Get, e).into_response();
+    }
+    req.extensions_mut().insert(settings.access.grant(principal));
     next.run(req).await
+}
+
+/// The caller's permissions, as [`identify`] found them.
+pub struct Caller(pub Grant);
+
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Caller, ApiError> {
+        parts
+            .extensions
+            .get::<Grant>()
+            .cloned()
+            .map(Caller)
+            .ok_or_else(|| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "ERR_INTERNAL", "no caller identity"))
+    }
 }
 
 /// Serves `router` on an already bound listener until `shutdown` resolves.

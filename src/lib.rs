@@ -58,6 +58,8 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{0}")]
+    Access(#[from] access::FileError),
     #[error("binding the HTTP door to {addr}: {source}")]
     HttpBind {
         addr: SocketAddr,
@@ -85,6 +87,7 @@ pub struct Running {
     metrics_addr: Option<SocketAddr>,
     metrics_task: Option<tokio::task::JoinHandle<()>>,
     engine: Engine,
+    access: access::Access,
     mqtt_addr: (String, u16),
     mqtt: MqttDoor,
     #[cfg(feature = "embedded-broker")]
@@ -118,11 +121,15 @@ pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::
 /// [`start_with_clock`] recording in `metrics` (the registry `store` was opened with:
 /// [`Store::open_observed`]).
 pub async fn start_observed(
-    config: Config,
+    mut config: Config,
     store: Store,
     clock: Arc<dyn hlc::Clock>,
     metrics: metrics::Metrics,
 ) -> Result<Running, StartError> {
+    // One access handle for every door: tokens, rules and limits are decided in one place.
+    let access = access::Access::load(&config.access, config.http.api_token.as_deref())?;
+    config.http.access = access.clone();
+    config.mqtt.access = access.clone();
     let engine = Engine::open(store, &config.node_id, clock, config.limits.clone()).await?;
     let (stop, stop_rx) = watch::channel(false);
     let (config_tx, _) = watch::channel(Arc::new(config.clone()));
@@ -142,8 +149,13 @@ pub async fn start_observed(
         #[cfg(feature = "embedded-broker")]
         BrokerChoice::Embedded { listen, client_path } => {
             let on_disconnect: mqtt::broker::OnDisconnect = {
-                let engine = engine.clone();
+                // rmqtt keeps its hooks after the broker stops: a strong handle here would keep
+                // the engine (and its storage, locked) alive after shutdown.
+                let engine = engine.downgrade();
                 Arc::new(move |client: &str, session: u64| {
+                    let Some(engine) = engine.upgrade() else {
+                        return;
+                    };
                     let n = engine.drop_client(client, Some(session));
                     if n > 0 {
                         tracing::debug!(
@@ -160,12 +172,17 @@ pub async fn start_observed(
                     max_packet_bytes: config.mqtt.max_packet_bytes,
                     receive_maximum: 1024,
                     default_message_expiry: None,
+                    guard: Some(mqtt::brokerauth::BrokerGuard {
+                        access: access.clone(),
+                        service_id: config.mqtt.client_id.clone(),
+                        client_path: *client_path,
+                    }),
                 },
                 on_disconnect,
             )
             .await?;
             let addr = b.local_addr();
-            if !addr.ip().is_loopback() {
+            if !addr.ip().is_loopback() && !access.mqtt_auth_required() {
                 tracing::warn!(%addr, "the embedded MQTT broker listens beyond loopback, without authentication");
             }
             tracing::info!(%addr, "embedded MQTT broker listening");
@@ -234,7 +251,7 @@ pub async fn start_observed(
         None => (None, None),
         Some((listener, bound)) => {
             if !bound.ip().is_loopback() {
-                tracing::warn!(%bound, token = config.http.api_token.is_some(), "the HTTP door listens beyond loopback");
+                tracing::warn!(%bound, token = access.tokens_required(), "the HTTP door listens beyond loopback");
             }
             tracing::info!(%bound, "HTTP door (Dapr state API) listening");
             if config.http.ui {
@@ -256,20 +273,23 @@ pub async fn start_observed(
 
     let dapr_settings = Arc::new(config.http.clone());
     let mut grpc_tasks = Vec::new();
+    let mut grpc_health = None;
     let grpc_addr = match grpc_listener {
         None => None,
         Some((listener, bound)) => {
             if !bound.ip().is_loopback() {
-                tracing::warn!(%bound, token = config.http.api_token.is_some(), "the gRPC door listens beyond loopback");
+                tracing::warn!(%bound, token = access.tokens_required(), "the gRPC door listens beyond loopback");
             }
             tracing::info!(%bound, "gRPC door (statestore.v1, Dapr runtime) listening");
             let (engine, settings, mut stop_rx) = (engine.clone(), dapr_settings.clone(), stop_rx.clone());
             let obs = obs.clone();
+            let (reporter, health) = tonic_health::server::health_reporter();
+            grpc_health = Some(reporter);
             grpc_tasks.push(tokio::spawn(async move {
                 let shutdown = async move {
                     let _ = stop_rx.changed().await;
                 };
-                if let Err(e) = grpc::serve_tcp(engine, settings, listener, obs, shutdown).await {
+                if let Err(e) = grpc::serve_tcp(engine, settings, listener, obs, health, shutdown).await {
                     tracing::error!(cause = %e, "gRPC door stopped");
                 }
             }));
@@ -297,6 +317,7 @@ pub async fn start_observed(
             Some(b) => {
                 let door = Arc::new(
                     mqtt::door::Door::new(engine.clone(), config.mqtt.client_id.clone(), config.mqtt.door.clone())
+                        .with_access(access.clone())
                         .with_metrics(metrics.clone()),
                 );
                 tracing::info!("serving the state store inside the embedded broker");
@@ -351,6 +372,11 @@ pub async fn start_observed(
         _ => None,
     };
     drop(stop_rx);
+    // Every door is up: the gRPC health service says so before `start` returns.
+    if let Some(reporter) = grpc_health {
+        let driver = health::drive_grpc_health(obs.clone(), reporter, grpc::TCP_SERVICES).await;
+        grpc_tasks.push(tokio::spawn(driver));
+    }
     Ok(Running {
         obs,
         config: config_tx,
@@ -358,6 +384,7 @@ pub async fn start_observed(
         metrics_addr: metrics_task.as_ref().map(|m| m.0),
         metrics_task: metrics_task.map(|m| m.1),
         engine,
+        access,
         mqtt_addr: (host, port),
         mqtt,
         #[cfg(feature = "embedded-broker")]
@@ -450,6 +477,12 @@ fn connect_host(addr: SocketAddr) -> String {
 impl Running {
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// Tokens, rules and limits in force; [`access::Access::reload`] re-reads their files
+    /// (what SIGHUP does).
+    pub fn access(&self) -> &access::Access {
+        &self.access
     }
 
     /// The broker the MQTT door uses (the embedded one's real address when it runs).

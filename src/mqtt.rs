@@ -8,6 +8,8 @@
 
 #[cfg(feature = "embedded-broker")]
 pub mod broker;
+#[cfg(feature = "embedded-broker")]
+pub mod brokerauth;
 mod dedup;
 pub mod door;
 #[cfg(feature = "embedded-broker")]

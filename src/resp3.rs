@@ -56,6 +56,9 @@ pub fn decode_request(payload: &Bytes) -> Result<Vec<Bytes>, DecodeError> {
         return Err(DecodeError::NotACommand);
     }
     let n = cur.count()?.ok_or(DecodeError::NotACommand)?;
+    if n > MAX_ELEMENTS {
+        return Err(DecodeError::TooLarge);
+    }
     let mut args = Vec::with_capacity(n.min(16));
     for _ in 0..n {
         if cur.byte()? != b'$' {

@@ -51,6 +51,24 @@ fn bad_values_are_refused() {
         ..ServeArgs::default()
     };
     assert!(matches!(Config::from_args(a), Err(ConfigError::BadNodeId(_))));
+    // What would break a version, an SSE event id (a newline) or a log line is refused.
+    for bad in ["", "a\nb", "a b", "é", "a/b", &"n".repeat(65)] {
+        let a = ServeArgs {
+            node_id: bad.into(),
+            ..ServeArgs::default()
+        };
+        assert!(
+            matches!(Config::from_args(a), Err(ConfigError::BadNodeId(_))),
+            "{bad:?}"
+        );
+    }
+    for good in ["n1", "edge-gw_01.site", &"n".repeat(64)] {
+        let a = ServeArgs {
+            node_id: good.into(),
+            ..ServeArgs::default()
+        };
+        assert!(Config::from_args(a).is_ok(), "{good:?}");
+    }
     let a = ServeArgs {
         mqtt_max_packet_bytes: 1024,
         ..ServeArgs::default()
@@ -182,6 +200,9 @@ mod file_layering {
             "state-store" => "[\"a\", \"b=none\"]",
             "dapr-component-socket" => "\"/tmp/x.sock\"",
             "log-level" => "\"debug\"",
+            "mqtt-auth-file" => "\"/etc/stategate/passwd\"",
+            "acl-file" => "\"/etc/stategate/acl.toml\"",
+            "api-token-file" => "\"/etc/stategate/tokens\"",
             _ => return None,
         })
     }
@@ -314,17 +335,17 @@ mod file_layering {
             node_id: "a:b".into(),
             ..ServeArgs::default()
         };
-        assert_eq!(Config::from_args(a).unwrap_err().setting(), "node-id");
+        assert_eq!(Config::from_args(a).unwrap_err().setting(), Some("node-id"));
         let a = ServeArgs {
             metrics_listen: "nowhere".into(),
             ..ServeArgs::default()
         };
-        assert_eq!(Config::from_args(a).unwrap_err().setting(), "metrics-listen");
+        assert_eq!(Config::from_args(a).unwrap_err().setting(), Some("metrics-listen"));
         let a = ServeArgs {
             log_level: Some("stategate=loud".into()),
             ..ServeArgs::default()
         };
-        assert_eq!(Config::from_args(a).unwrap_err().setting(), "log-level");
+        assert_eq!(Config::from_args(a).unwrap_err().setting(), Some("log-level"));
     }
 
     #[test]

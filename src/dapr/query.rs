@@ -1,11 +1,19 @@
 //! The Dapr state query language over JSON values: filters (EQ, NEQ, GT, GTE, LT, LTE, IN,
 //! AND, OR) on dotted paths into the value, sort, and paging with an opaque token.
+//!
+//! Paths (filter fields and sort keys) are dotted paths into the stored JSON document
+//! (`person.org`). A leading `value.` is optional (`value.person.org` is the same path), as the
+//! Dapr components that keep the document under `value` accept it; so the bare path `value` is
+//! the whole document (`{"EQ": {"value": 5}}` matches documents that are the number 5, sort key
+//! `value` orders by the documents themselves), and a field named `value` is `value.value`.
+//! Values that are not JSON never match.
 
 use std::cmp::Ordering;
 
 use serde_json::Value;
 
 use super::{DaprError, StoreSpec};
+use crate::access::Grant;
 use crate::engine::Engine;
 
 /// A parsed query.
@@ -14,8 +22,34 @@ pub struct Query {
     pub filter: Option<Filter>,
     pub sort: Vec<SortKey>,
     pub limit: Option<usize>,
-    /// Offset into the sorted result where the page starts.
-    pub offset: usize,
+    /// Where the page starts: after this row of the previous page.
+    pub after: Option<Cursor>,
+}
+
+/// The last row of a page, in result order: its sort values and its key. The next page is the
+/// rows that come after it, so a page costs memory in proportion to its size however deep it is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cursor {
+    sort: Vec<Value>,
+    key: Vec<u8>,
+}
+
+impl Cursor {
+    /// The opaque `page.token`.
+    fn encode(&self) -> String {
+        use base64::Engine as _;
+        let doc = serde_json::json!({ "s": self.sort, "k": hex::encode(&self.key) });
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(doc.to_string())
+    }
+
+    fn decode(token: &str) -> Option<Cursor> {
+        use base64::Engine as _;
+        let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token).ok()?;
+        let doc: Value = serde_json::from_slice(&raw).ok()?;
+        let sort = doc.get("s")?.as_array()?.clone();
+        let key = hex::decode(doc.get("k")?.as_str()?).ok()?;
+        Some(Cursor { sort, key })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -63,6 +97,10 @@ fn bad(msg: impl Into<String>) -> DaprError {
 
 /// Most keys a query examines; beyond that it is refused rather than run unbounded.
 pub const MAX_QUERY_KEYS: usize = 1_000_000;
+/// Most rows in one page (also without a `page.limit`): a page's memory is bounded by it.
+pub const MAX_QUERY_PAGE: usize = 1000;
+/// Keys examined between two yields to the scheduler, so a long query does not hold a worker.
+const YIELD_EVERY: usize = 256;
 
 impl Query {
     /// Parses the JSON body of a query request.
@@ -98,7 +136,7 @@ impl Query {
                 });
             }
         }
-        let (mut limit, mut offset) = (None, 0);
+        let (mut limit, mut after) = (None, None);
         if let Some(p) = obj.get("page") {
             let p = p.as_object().ok_or_else(|| bad("page must be an object"))?;
             match p.get("limit") {
@@ -115,7 +153,9 @@ impl Query {
             match p.get("token") {
                 None | Some(Value::Null) => {}
                 Some(Value::String(t)) if t.is_empty() => {}
-                Some(Value::String(t)) => offset = t.parse().map_err(|_| bad("page.token is not a token we issued"))?,
+                Some(Value::String(t)) => {
+                    after = Some(Cursor::decode(t).ok_or_else(|| bad("page.token is not a token we issued"))?)
+                }
                 Some(_) => return Err(bad("page.token must be a string")),
             }
         }
@@ -123,7 +163,7 @@ impl Query {
             filter,
             sort,
             limit,
-            offset,
+            after,
         })
     }
 }
@@ -201,8 +241,12 @@ impl Filter {
     }
 }
 
-/// Follows a dotted path (`person.org`) into a JSON value. A leading `value.` is accepted.
+/// Follows a dotted path (`person.org`) into a JSON document. A leading `value.` is accepted;
+/// the bare path `value` is the whole document.
 fn lookup<'a>(doc: &'a Value, path: &str) -> Option<&'a Value> {
+    if path == "value" {
+        return Some(doc);
+    }
     let path = path.strip_prefix("value.").unwrap_or(path);
     path.split('.').try_fold(doc, |v, part| v.get(part))
 }
@@ -236,23 +280,72 @@ fn sort_order(a: Option<&Value>, b: Option<&Value>) -> Ordering {
     }
 }
 
+/// One matching row, with what it sorts by.
+struct Candidate {
+    sort: Vec<Value>,
+    key: Vec<u8>,
+    row: Row,
+}
+
+impl Query {
+    /// The sort values of a document.
+    fn sort_values(&self, doc: &Value) -> Vec<Value> {
+        self.sort
+            .iter()
+            .map(|s| lookup(doc, &s.path).cloned().unwrap_or(Value::Null))
+            .collect()
+    }
+
+    /// Result order: the sort keys (each in its direction), then the key, ascending.
+    fn order(&self, a_sort: &[Value], a_key: &[u8], b_sort: &[Value], b_key: &[u8]) -> Ordering {
+        self.sort
+            .iter()
+            .zip(a_sort.iter().zip(b_sort))
+            .map(|(s, (a, b))| {
+                let o = sort_order(Some(a), Some(b));
+                if s.descending { o.reverse() } else { o }
+            })
+            .find(|o| *o != Ordering::Equal)
+            .unwrap_or_else(|| a_key.cmp(b_key))
+    }
+}
+
 /// Runs a query over the JSON values of a store. Values that are not JSON never match.
-pub async fn run(engine: &Engine, store: &StoreSpec, q: &Query) -> Result<QueryPage, DaprError> {
+///
+/// A page holds at most `page.limit` rows (and never more than [`MAX_QUERY_PAGE`]). Without a
+/// sort, the keys are read in key order from where the previous page ended and the scan stops
+/// when the page is full. With a sort, every key of the store is examined, keeping only the
+/// best rows after the previous page's last one: memory in proportion to the page, not to the
+/// store, and the scan yields to other work as it goes.
+/// Only keys the caller may read are considered, so results, pages and tokens say nothing
+/// about the others (a token names the last row returned, which the caller may read).
+pub async fn run(engine: &Engine, grant: &Grant, store: &StoreSpec, q: &Query) -> Result<QueryPage, DaprError> {
+    let readable = grant.read_filter();
+    let limit = q.limit.unwrap_or(MAX_QUERY_PAGE).min(MAX_QUERY_PAGE);
+    let sorted = !q.sort.is_empty();
     let prefix = store.key_prefix();
-    let mut after: Option<bytes::Bytes> = None;
-    let mut rows: Vec<(Value, Row)> = Vec::new();
+    // Without a sort, result order is key order: start right after the previous page.
+    let mut after: Option<bytes::Bytes> = match (&q.after, sorted) {
+        (Some(c), false) => Some(bytes::Bytes::copy_from_slice(&c.key)),
+        _ => None,
+    };
+    let mut best: Vec<Candidate> = Vec::new();
     let mut examined = 0usize;
-    loop {
-        let page = engine.keys_with_prefix(&prefix, after.as_deref(), 4096).await?;
+    let mut more = false;
+    'scan: loop {
+        let page = engine.keys_with_prefix(&prefix, after.as_deref(), 1024).await?;
         for key in page.keys {
             examined += 1;
-            if !store.owns(&key) {
-                continue;
+            if examined % YIELD_EVERY == 0 {
+                tokio::task::yield_now().await;
             }
             if examined > MAX_QUERY_KEYS {
                 return Err(DaprError::Malformed(format!(
                     "the query would examine more than {MAX_QUERY_KEYS} keys"
                 )));
+            }
+            if !store.owns(&key) || readable.as_ref().is_some_and(|f| !f.keeps(&key)) {
+                continue;
             }
             let Some(entry) = engine.read(&key).await? else {
                 continue;
@@ -260,15 +353,31 @@ pub async fn run(engine: &Engine, store: &StoreSpec, q: &Query) -> Result<QueryP
             let Ok(doc) = serde_json::from_slice::<Value>(&entry.value) else {
                 continue;
             };
-            if q.filter.as_ref().is_none_or(|f| f.matches(&doc)) {
-                rows.push((
-                    doc,
-                    Row {
-                        key: store.dapr_key(&key),
-                        value: entry.value,
-                        etag: entry.version.to_string(),
-                    },
-                ));
+            if !q.filter.as_ref().is_none_or(|f| f.matches(&doc)) {
+                continue;
+            }
+            let sort = q.sort_values(&doc);
+            if let Some(c) = &q.after
+                && q.order(&sort, &key, &c.sort, &c.key) != Ordering::Greater
+            {
+                continue;
+            }
+            if !sorted && best.len() == limit {
+                // One more match past a full page: there is a next page.
+                more = true;
+                break 'scan;
+            }
+            best.push(Candidate {
+                sort,
+                key: key.to_vec(),
+                row: Row {
+                    key: store.dapr_key(&key),
+                    value: entry.value,
+                    etag: entry.version.to_string(),
+                },
+            });
+            if sorted && best.len() >= 2 * limit.max(1) {
+                trim(q, &mut best, limit, &mut more);
             }
         }
         match page.resume_after {
@@ -276,29 +385,33 @@ pub async fn run(engine: &Engine, store: &StoreSpec, q: &Query) -> Result<QueryP
             None => break,
         }
     }
-    if !q.sort.is_empty() {
-        rows.sort_by(|(a, _), (b, _)| {
-            q.sort
-                .iter()
-                .map(|s| {
-                    let o = sort_order(lookup(a, &s.path), lookup(b, &s.path));
-                    if s.descending { o.reverse() } else { o }
-                })
-                .find(|o| *o != Ordering::Equal)
-                .unwrap_or(Ordering::Equal)
-        });
+    if sorted {
+        trim(q, &mut best, limit, &mut more);
     }
-    let total = rows.len();
-    let start = q.offset.min(total);
-    let end = match q.limit {
-        Some(l) => start.saturating_add(l).min(total),
-        None => total,
+    let token = if more {
+        best.last().map(|c| {
+            Cursor {
+                sort: c.sort.clone(),
+                key: c.key.clone(),
+            }
+            .encode()
+        })
+    } else {
+        None
     };
-    let token = (end < total).then(|| end.to_string());
     Ok(QueryPage {
-        rows: rows.into_iter().skip(start).take(end - start).map(|(_, r)| r).collect(),
+        rows: best.into_iter().map(|c| c.row).collect(),
         token,
     })
+}
+
+/// Keeps the first `limit` candidates in result order; notes whether any were dropped.
+fn trim(q: &Query, best: &mut Vec<Candidate>, limit: usize, more: &mut bool) {
+    best.sort_by(|a, b| q.order(&a.sort, &a.key, &b.sort, &b.key));
+    if best.len() > limit {
+        *more = true;
+        best.truncate(limit);
+    }
 }
 
 #[cfg(test)]
@@ -344,6 +457,92 @@ mod tests {
     }
 
     #[test]
+    fn bare_value_is_the_whole_document() {
+        let matches = |filter: Value, doc: Value| q(json!({ "filter": filter })).filter.unwrap().matches(&doc);
+        assert!(matches(json!({"EQ": {"value": 5}}), json!(5)));
+        assert!(!matches(json!({"EQ": {"value": 5}}), json!(6)));
+        assert!(matches(json!({"EQ": {"value": "s"}}), json!("s")));
+        assert!(matches(json!({"EQ": {"value": {"a": 1}}}), json!({"a": 1})));
+        assert!(matches(json!({"GT": {"value": 4}}), json!(5)));
+        assert!(matches(json!({"IN": {"value": [1, 5]}}), json!(5)));
+        assert!(matches(json!({"NEQ": {"value": 5}}), json!({"value": 5})));
+        // A field named `value` is `value.value`; without the prefix, `value` is not that field.
+        assert!(!matches(json!({"EQ": {"value": 5}}), json!({"value": 5})));
+        assert!(matches(json!({"EQ": {"value.value": 5}}), json!({"value": 5})));
+        // Other paths are unchanged, with or without the prefix.
+        assert!(matches(json!({"EQ": {"value.n": 1}}), json!({"n": 1})));
+        assert!(matches(json!({"EQ": {"n": 1}}), json!({"n": 1})));
+        assert!(!matches(json!({"EQ": {"valuex": 1}}), json!({"valuex": 2})));
+        assert_eq!(lookup(&json!(7), "value"), Some(&json!(7)));
+        assert_eq!(lookup(&json!(7), "value."), None);
+    }
+
+    #[tokio::test]
+    async fn sort_and_filter_on_bare_value_over_a_store() {
+        use std::sync::Arc;
+
+        use crate::engine::{Limits, Set, SetCondition};
+        use crate::hlc::ManualClock;
+        use crate::storage::Store;
+
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let engine = Engine::open(Store::memory(), "n", clock, Limits::default())
+            .await
+            .unwrap();
+        for (key, value) in [
+            ("a", "3"),
+            ("b", "1"),
+            ("c", "2"),
+            ("d", "{\"value\":1}"),
+            ("e", "not json"),
+        ] {
+            let set = Set {
+                key: bytes::Bytes::from(key),
+                value: bytes::Bytes::from(value),
+                condition: SetCondition::Always,
+                ttl_ms: None,
+                timestamp: None,
+                fencing: None,
+            };
+            engine.execute(crate::engine::Command::Set(set)).await.unwrap();
+        }
+        let store: StoreSpec = "statestore".parse().unwrap();
+        let keys = |page: QueryPage| page.rows.into_iter().map(|r| r.key).collect::<Vec<_>>();
+        let page = run(&engine, &Grant::all(), &store, &q(json!({"sort": [{"key": "value"}]})))
+            .await
+            .unwrap();
+        // Numbers in order, then the object; the value that is not JSON is not a document.
+        assert_eq!(keys(page), ["b", "c", "a", "d"]);
+        let page = run(
+            &engine,
+            &Grant::all(),
+            &store,
+            &q(json!({"sort": [{"key": "value", "order": "DESC"}]})),
+        )
+        .await
+        .unwrap();
+        assert_eq!(keys(page), ["d", "a", "c", "b"]);
+        let page = run(
+            &engine,
+            &Grant::all(),
+            &store,
+            &q(json!({"filter": {"EQ": {"value": 1}}})),
+        )
+        .await
+        .unwrap();
+        assert_eq!(keys(page), ["b"]);
+        let page = run(
+            &engine,
+            &Grant::all(),
+            &store,
+            &q(json!({"filter": {"EQ": {"value.value": 1}}})),
+        )
+        .await
+        .unwrap();
+        assert_eq!(keys(page), ["d"]);
+    }
+
+    #[test]
     fn malformed_queries_are_refused() {
         for bad in [
             json!([]),
@@ -355,7 +554,7 @@ mod tests {
             json!({"sort": [{"order": "ASC"}]}),
             json!({"sort": [{"key": "a", "order": "UP"}]}),
             json!({"page": {"limit": -1}}),
-            json!({"page": {"token": "x"}}),
+            json!({"page": {"token": "x!"}}),
             json!({"page": {"token": 3}}),
             json!({"other": 1}),
         ] {
@@ -365,10 +564,9 @@ mod tests {
 
     #[test]
     fn page_and_sort_parse() {
-        let query =
-            q(json!({"sort": [{"key": "a", "order": "DESC"}, {"key": "b"}], "page": {"limit": 2, "token": "4"}}));
+        let query = q(json!({"sort": [{"key": "a", "order": "DESC"}, {"key": "b"}], "page": {"limit": 2}}));
         assert_eq!(query.limit, Some(2));
-        assert_eq!(query.offset, 4);
+        assert_eq!(query.after, None);
         assert_eq!(
             query.sort,
             vec![
@@ -397,5 +595,97 @@ mod tests {
             assert_eq!(sort_order(w[0].as_ref(), w[1].as_ref()), Ordering::Less);
         }
         assert_eq!(sort_order(Some(&json!(10)), Some(&json!(9.5))), Ordering::Greater);
+    }
+
+    async fn engine_with(docs: &[(String, Value)]) -> Engine {
+        let clock = std::sync::Arc::new(crate::hlc::ManualClock::new(1_700_000_000_000));
+        let e = Engine::open(
+            crate::storage::Store::memory(),
+            "n",
+            clock,
+            crate::engine::Limits::default(),
+        )
+        .await
+        .unwrap();
+        for (k, v) in docs {
+            let set = crate::engine::Set {
+                key: bytes::Bytes::copy_from_slice(k.as_bytes()),
+                value: bytes::Bytes::from(v.to_string()),
+                condition: crate::engine::SetCondition::Always,
+                ttl_ms: None,
+                timestamp: None,
+                fencing: None,
+            };
+            e.execute(crate::engine::Command::Set(set)).await.unwrap();
+        }
+        e
+    }
+
+    async fn all_pages(e: &Engine, body: Value) -> (Vec<String>, usize) {
+        let store = StoreSpec::raw("s");
+        let mut query = Query::parse(&body).unwrap();
+        let (mut keys, mut pages) = (Vec::new(), 0);
+        loop {
+            let page = run(e, &Grant::all(), &store, &query).await.unwrap();
+            pages += 1;
+            assert!(page.rows.len() <= query.limit.unwrap_or(MAX_QUERY_PAGE));
+            keys.extend(page.rows.into_iter().map(|r| r.key));
+            match page.token {
+                None => return (keys, pages),
+                Some(t) => {
+                    let mut next = body.clone();
+                    next["page"]["token"] = json!(t);
+                    query = Query::parse(&next).unwrap();
+                }
+            }
+            assert!(pages < 1000, "paging does not end");
+        }
+    }
+
+    /// Pages are cut by the previous page's last row (sort values, then key), so following
+    /// tokens lists every match once, in result order, whatever the page size.
+    #[tokio::test]
+    async fn pages_follow_each_other_without_gaps_or_repeats() {
+        let docs: Vec<(String, Value)> = (0..300)
+            .map(|i| (format!("k{i:03}"), json!({"n": (i * 37) % 11, "even": i % 2 == 0})))
+            .collect();
+        let e = engine_with(&docs).await;
+        // Expected: sorted by n descending, then key ascending (the stable order).
+        let mut want: Vec<&(String, Value)> = docs.iter().filter(|(_, v)| v["even"] == json!(true)).collect();
+        want.sort_by(|a, b| b.1["n"].as_i64().cmp(&a.1["n"].as_i64()).then(a.0.cmp(&b.0)));
+        let want: Vec<String> = want.into_iter().map(|(k, _)| k.clone()).collect();
+        for limit in [1, 7, 150, 2000] {
+            let body = json!({"filter": {"EQ": {"even": true}}, "sort": [{"key": "n", "order": "DESC"}],
+                              "page": {"limit": limit}});
+            let (got, pages) = all_pages(&e, body).await;
+            assert_eq!(got, want, "sorted, limit {limit}");
+            assert_eq!(
+                pages,
+                want.len().div_ceil(limit.min(MAX_QUERY_PAGE)).max(1),
+                "limit {limit}"
+            );
+        }
+        // Unsorted: key order; the scan stops once the page is full.
+        let want: Vec<String> = docs
+            .iter()
+            .filter(|(_, v)| v["n"] == json!(3))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for limit in [1, 4, 500] {
+            let body = json!({"filter": {"EQ": {"n": 3}}, "page": {"limit": limit}});
+            assert_eq!(all_pages(&e, body).await.0, want, "unsorted, limit {limit}");
+        }
+        // No limit: pages of at most MAX_QUERY_PAGE rows.
+        let docs: Vec<(String, Value)> = (0..2500).map(|i| (format!("{i:05}"), json!(i))).collect();
+        let e = engine_with(&docs).await;
+        let (got, pages) = all_pages(&e, json!({})).await;
+        assert_eq!((got.len(), pages), (2500, 3));
+    }
+
+    #[test]
+    fn tokens_are_checked() {
+        for bad in ["x!", "e30", "bm90IGpzb24"] {
+            assert!(Query::parse(&json!({"page": {"token": bad}})).is_err(), "{bad}");
+        }
     }
 }

@@ -50,8 +50,17 @@ fn store_specs_and_key_prefixes() {
     assert_eq!(spec("s=app1").dapr_key(b"app1||k"), "k");
     assert!(matches!(spec("s").engine_key(""), Err(DaprError::Malformed(_))));
     assert!(matches!(spec("s").engine_key("a||b"), Err(DaprError::Malformed(_))));
-    for bad in ["", "=x", "a/b", "s=a||b", "s="] {
-        assert!(bad.parse::<StoreSpec>().is_err(), "{bad}");
+    for (bad, why) in [
+        ("", "the name must be non-empty"),
+        ("=x", "the name must be non-empty"),
+        ("a/b", "have no '/'"),
+        ("s=a||b", "a literal without ||"),
+        ("s=", "a literal without ||"),
+    ] {
+        match bad.parse::<StoreSpec>() {
+            Err(e) if e.contains(why) => {}
+            other => panic!("{bad:?}: {other:?}"),
+        }
     }
 }
 
@@ -60,18 +69,19 @@ fn metadata_parsing() {
     let m = |k: &str, v: &str| HashMap::from([(k.to_owned(), v.to_owned())]);
     assert_eq!(WriteMeta::parse(&m("ttlInSeconds", "5")).unwrap().ttl_ms, Some(5000));
     assert_eq!(WriteMeta::parse(&m("ttlInSeconds", "-1")).unwrap().ttl_ms, None);
+    let malformed = |r: Result<WriteMeta, DaprError>, what: &str| match r {
+        Err(DaprError::Malformed(m)) if m.contains(what) => {}
+        other => panic!("{what}: {other:?}"),
+    };
     for bad in ["abc", "1.5", "-2", "99999999999999999999"] {
-        assert!(
-            matches!(WriteMeta::parse(&m("ttlInSeconds", bad)), Err(DaprError::Malformed(_))),
-            "{bad}"
-        );
+        malformed(WriteMeta::parse(&m("ttlInSeconds", bad)), "'ttlInSeconds'");
     }
     // In range or not is the engine's rule (see `ttl_out_of_range_is_the_engines_answer`).
     assert_eq!(WriteMeta::parse(&m("ttlInSeconds", "0")).unwrap().ttl_ms, Some(0));
-    assert!(WriteMeta::parse(&m("fencingToken", "x")).is_err());
+    malformed(WriteMeta::parse(&m("fencingToken", "x")), "'fencingToken'");
     assert!(WriteMeta::parse(&m("fencingToken", "1:0:n")).unwrap().fencing.is_some());
-    assert!(Concurrency::parse(Some("sometimes")).is_err());
-    assert!(check_consistency(Some("weak")).is_err());
+    assert!(matches!(Concurrency::parse(Some("sometimes")), Err(DaprError::Malformed(m)) if m.contains("concurrency")));
+    assert!(matches!(check_consistency(Some("weak")), Err(DaprError::Malformed(m)) if m.contains("consistency")));
     assert!(matches!(parse_etag(Some("nope")), Err(DaprError::InvalidEtag(_))));
     assert_eq!(parse_etag(Some("")).unwrap(), None);
 }
@@ -80,65 +90,83 @@ fn metadata_parsing() {
 async fn etags_and_first_write() {
     let e = engine().await;
     let s = spec("statestore");
-    let v1 = save(&e, &s, &save_item("k", "1")).await.unwrap();
+    let v1 = save(&e, &Grant::all(), &s, &save_item("k", "1")).await.unwrap();
     let mut stale = save_item("k", "2");
     stale.etag = Some(v1.to_string());
-    let v2 = save(&e, &s, &stale).await.unwrap();
+    let v2 = save(&e, &Grant::all(), &s, &stale).await.unwrap();
     assert!(v2 > v1);
     // The old etag is now stale.
-    assert!(matches!(save(&e, &s, &stale).await, Err(DaprError::EtagMismatch(_))));
+    assert!(matches!(
+        save(&e, &Grant::all(), &s, &stale).await,
+        Err(DaprError::EtagMismatch(_))
+    ));
     let mut fw = save_item("k", "3");
     fw.concurrency = Some("first-write".into());
-    assert!(matches!(save(&e, &s, &fw).await, Err(DaprError::EtagMismatch(_))));
+    assert!(matches!(
+        save(&e, &Grant::all(), &s, &fw).await,
+        Err(DaprError::EtagMismatch(_))
+    ));
     fw.key = "fresh".into();
-    save(&e, &s, &fw).await.unwrap();
+    save(&e, &Grant::all(), &s, &fw).await.unwrap();
     // Delete: first-write without etag on an existing key conflicts; a missing key is fine.
     let mut d = delete_item("k");
     d.concurrency = Some("first-write".into());
-    assert!(matches!(delete(&e, &s, &d).await, Err(DaprError::EtagMismatch(_))));
+    assert!(matches!(
+        delete(&e, &Grant::all(), &s, &d).await,
+        Err(DaprError::EtagMismatch(_))
+    ));
     d.key = "absent".into();
-    delete(&e, &s, &d).await.unwrap();
+    delete(&e, &Grant::all(), &s, &d).await.unwrap();
     let mut d = delete_item("k");
     d.etag = Some(v1.to_string());
-    assert!(matches!(delete(&e, &s, &d).await, Err(DaprError::EtagMismatch(_))));
+    assert!(matches!(
+        delete(&e, &Grant::all(), &s, &d).await,
+        Err(DaprError::EtagMismatch(_))
+    ));
     d.etag = Some(v2.to_string());
-    delete(&e, &s, &d).await.unwrap();
-    assert_eq!(get(&e, &s, "k").await.unwrap(), None);
+    delete(&e, &Grant::all(), &s, &d).await.unwrap();
+    assert_eq!(get(&e, &Grant::all(), &s, "k").await.unwrap(), None);
 }
 
 #[tokio::test]
 async fn transactions_are_all_or_nothing_and_ordered() {
     let e = engine().await;
     let s = spec("statestore");
-    save(&e, &s, &save_item("k1", "1")).await.unwrap();
-    save(&e, &s, &save_item("k2", "2")).await.unwrap();
+    save(&e, &Grant::all(), &s, &save_item("k1", "1")).await.unwrap();
+    save(&e, &Grant::all(), &s, &save_item("k2", "2")).await.unwrap();
     let items = vec![
         TxItem::Delete(delete_item("k1")),
         TxItem::Upsert(save_item("k2", "22")),
         TxItem::Delete(delete_item("k2")),
         TxItem::Upsert(save_item("k3", "3")),
     ];
-    transact(&e, &s, &items, 10).await.unwrap();
-    assert_eq!(get(&e, &s, "k1").await.unwrap(), None);
-    assert_eq!(get(&e, &s, "k2").await.unwrap(), None);
-    assert_eq!(&get(&e, &s, "k3").await.unwrap().unwrap().value[..], b"3");
+    transact(&e, &Grant::all(), &s, &items, 10).await.unwrap();
+    assert_eq!(get(&e, &Grant::all(), &s, "k1").await.unwrap(), None);
+    assert_eq!(get(&e, &Grant::all(), &s, "k2").await.unwrap(), None);
+    assert_eq!(
+        &get(&e, &Grant::all(), &s, "k3").await.unwrap().unwrap().value[..],
+        b"3"
+    );
 
     // A stale etag in the middle fails everything.
     let mut bad = save_item("k3", "x");
     bad.etag = Some("000000000000001:00000:n".into());
     let items = vec![TxItem::Upsert(save_item("k4", "4")), TxItem::Upsert(bad)];
     assert!(matches!(
-        transact(&e, &s, &items, 10).await,
+        transact(&e, &Grant::all(), &s, &items, 10).await,
         Err(DaprError::EtagMismatch(_))
     ));
-    assert_eq!(get(&e, &s, "k4").await.unwrap(), None);
-    assert_eq!(&get(&e, &s, "k3").await.unwrap().unwrap().value[..], b"3");
+    assert_eq!(get(&e, &Grant::all(), &s, "k4").await.unwrap(), None);
+    assert_eq!(
+        &get(&e, &Grant::all(), &s, "k3").await.unwrap().unwrap().value[..],
+        b"3"
+    );
     // Too many operations.
     let many: Vec<TxItem> = (0..3)
         .map(|i| TxItem::Upsert(save_item(&format!("m{i}"), "1")))
         .collect();
     assert!(matches!(
-        transact(&e, &s, &many, 2).await,
+        transact(&e, &Grant::all(), &s, &many, 2).await,
         Err(DaprError::TooManyOperations { got: 3, max: 2 })
     ));
 }
@@ -150,12 +178,12 @@ async fn fencing_tokens_protect_keys_over_dapr_too() {
     let mut item = save_item("f", "1");
     item.metadata
         .insert("fencingToken".into(), "000000000001000:00000:c".into());
-    save(&e, &s, &item).await.unwrap();
-    let err = save(&e, &s, &save_item("f", "2")).await.unwrap_err();
+    save(&e, &Grant::all(), &s, &item).await.unwrap();
+    let err = save(&e, &Grant::all(), &s, &save_item("f", "2")).await.unwrap_err();
     assert!(matches!(err, DaprError::Engine(EngineError::FencingTokenRequired)));
     item.metadata
         .insert("fencingToken".into(), "000000000000999:00000:c".into());
-    let err = save(&e, &s, &item).await.unwrap_err();
+    let err = save(&e, &Grant::all(), &s, &item).await.unwrap_err();
     assert!(matches!(err, DaprError::Engine(EngineError::FencingTokenLower)));
 }
 
@@ -207,10 +235,16 @@ async fn a_base64_save_item_stores_bytes() {
     let store = spec("statestore");
     let mut item = save_item("bin", "\"AP8=\"");
     item.metadata.insert(ENCODING_METADATA.into(), "base64".into());
-    save(&e, &store, &item).await.unwrap();
-    assert_eq!(&get(&e, &store, "bin").await.unwrap().unwrap().value[..], b"\x00\xff");
+    save(&e, &Grant::all(), &store, &item).await.unwrap();
+    assert_eq!(
+        &get(&e, &Grant::all(), &store, "bin").await.unwrap().unwrap().value[..],
+        b"\x00\xff"
+    );
     item.value = Bytes::from_static(b"\"%%\"");
-    assert!(matches!(save(&e, &store, &item).await, Err(DaprError::Malformed(_))));
+    assert!(matches!(
+        save(&e, &Grant::all(), &store, &item).await,
+        Err(DaprError::Malformed(_))
+    ));
 }
 
 #[tokio::test]
@@ -222,7 +256,7 @@ async fn ttl_out_of_range_is_the_engines_answer() {
         item.metadata.insert("ttlInSeconds".into(), ttl.into());
         assert!(
             matches!(
-                save(&e, &s, &item).await,
+                save(&e, &Grant::all(), &s, &item).await,
                 Err(DaprError::Engine(EngineError::TtlOutOfRange))
             ),
             "{ttl}"

@@ -107,6 +107,31 @@ pub struct KeyNotify {
 pub struct Scan {
     pub pattern: Bytes,
     pub token: Option<Bytes>,
+    /// Only keys this keeps are returned (the caller's readable keys; `None`: all). Applied
+    /// where keys are produced, so hidden keys never reach a page.
+    pub filter: Option<KeyFilter>,
+}
+
+/// A predicate over key names (the engine does not know why a key is kept or hidden).
+#[derive(Clone)]
+pub struct KeyFilter(std::sync::Arc<KeyPredicate>);
+
+type KeyPredicate = dyn Fn(&[u8]) -> bool + Send + Sync;
+
+impl KeyFilter {
+    pub fn new(f: impl Fn(&[u8]) -> bool + Send + Sync + 'static) -> KeyFilter {
+        KeyFilter(std::sync::Arc::new(f))
+    }
+
+    pub fn keeps(&self, key: &[u8]) -> bool {
+        (self.0)(key)
+    }
+}
+
+impl std::fmt::Debug for KeyFilter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyFilter")
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -209,7 +234,11 @@ impl Command {
                 let pattern = args.next().ok_or(EngineError::WrongArity)?;
                 let token = args.next();
                 args.finish()?;
-                Command::Scan(Scan { pattern, token })
+                Command::Scan(Scan {
+                    pattern,
+                    token,
+                    filter: None,
+                })
             }
             _ => return Err(EngineError::UnknownCommand),
         };

@@ -309,4 +309,11 @@ impl KeyNotifyReceiver {
         self.bytes.fetch_sub(n.cost(), Ordering::Relaxed);
         Some(n)
     }
+
+    /// The next notification if one is waiting.
+    pub fn try_recv(&mut self) -> Option<KeyNotification> {
+        let n = self.rx.try_recv().ok()?;
+        self.bytes.fetch_sub(n.cost(), Ordering::Relaxed);
+        Some(n)
+    }
 }

@@ -136,6 +136,7 @@ impl Fx {
             let cmd = Command::Scan(Scan {
                 pattern: b(pattern),
                 token: token.take(),
+                filter: None,
             });
             let resp = self.engine.execute(cmd).await.unwrap();
             assert_eq!(resp.version, None);
@@ -419,7 +420,9 @@ fn parse_empty_key() {
         assert_err!(parse(args, client("c")), EngineError::EmptyKey);
     }
     // An empty SCAN pattern is a pattern (that matches no key).
-    assert!(parse(&["SCAN", ""], Meta::default()).is_ok());
+    assert!(
+        matches!(parse(&["SCAN", ""], Meta::default()), Ok(Command::Scan(s)) if s.pattern.is_empty() && s.token.is_none())
+    );
 }
 
 async fn empty_keys_are_refused_by_execute_too() {
@@ -972,7 +975,9 @@ async fn request_timestamp_skew() {
     assert_eq!(f.run(&["SET", "c", "v"], ts(0)).await.unwrap().reply, Reply::Ok);
     // `__ts` is optional and unchecked on the other commands.
     for args in [&["GET", "a"][..], &["DEL", "a"], &["VDEL", "b", "v"]] {
-        assert!(f.run(args, ts(u64::MAX / 2)).await.is_ok(), "{args:?}");
+        if let Err(e) = f.run(args, ts(u64::MAX / 2)).await {
+            panic!("{args:?}: {e:?}");
+        }
     }
 }
 
@@ -1412,11 +1417,23 @@ async fn change_feed_nothing_for_operations_not_applied() {
     f.run(&["KEYNOTIFY", "k"], client("c")).await.unwrap();
     f.run(&["KEYNOTIFY", "k", "STOP"], client("c")).await.unwrap();
     f.ok(&["SCAN", "*"]).await;
-    assert!(f.run(&["SET", "third", "v"], ts(T0)).await.is_err());
-    assert!(f.run(&["SET", "f", "w"], ts(T0)).await.is_err());
-    assert!(f.run(&["DEL", "f"], ft(hlc(T0, 4))).await.is_err());
-    assert!(f.run(&["SET", "k", "w"], ts(T0 + 3_600_000)).await.is_err());
-    assert!(f.run(&["SET", "k", "w", "PX", "0"], ts(T0)).await.is_err());
+    assert_err!(f.run(&["SET", "third", "v"], ts(T0)).await, EngineError::QuotaExceeded);
+    assert_err!(
+        f.run(&["SET", "f", "w"], ts(T0)).await,
+        EngineError::FencingTokenRequired
+    );
+    assert_err!(
+        f.run(&["DEL", "f"], ft(hlc(T0, 4))).await,
+        EngineError::FencingTokenLower
+    );
+    assert_err!(
+        f.run(&["SET", "k", "w"], ts(T0 + 3_600_000)).await,
+        EngineError::TimestampSkew
+    );
+    assert_err!(
+        f.run(&["SET", "k", "w", "PX", "0"], ts(T0)).await,
+        EngineError::TtlOutOfRange
+    );
     f.no_changes();
 }
 
@@ -1495,6 +1512,7 @@ async fn scan_bad_patterns_and_tokens_are_syntax_errors() {
     let bad_utf8 = Command::Scan(Scan {
         pattern: Bytes::from_static(b"\xff*"),
         token: None,
+        filter: None,
     });
     assert_err!(f.engine.execute(bad_utf8).await, EngineError::Syntax);
     for token in ["zz", "", "ABC", "6B 65", "0x6B"] {
@@ -1624,8 +1642,7 @@ async fn scan_tokens_are_upper_case_hex_of_the_last_key() {
     assert_eq!(keys, [b("lock")]);
 }
 
-// ======================= hardening: rules once, bounded work =======================
-
+// ======================= hardening: rules once, bounded work ================
 fn del_cmd(key: &str, condition: DelCondition) -> Command {
     Command::Del(Del {
         key: b(key),
@@ -1963,3 +1980,6 @@ on_every_backend!(
     keynotify_keys_do_not_pin_request_buffers,
     keynotify_queue_overflow_is_counted,
 );
+
+mod expiry;
+mod transact;

@@ -8,6 +8,7 @@ use tonic::{Request, Response, Status};
 
 use super::error::{Surface, from_dapr};
 use super::pb::dapr::proto::components::v1 as pb;
+use crate::access::Grant;
 use crate::dapr::{self, DaprError, DeleteItem, SaveItem, StoreSpec, TxItem, query};
 use crate::engine::Engine;
 
@@ -63,17 +64,22 @@ fn content_type(value: &[u8]) -> String {
 
 impl Component {
     async fn get_one(&self, key: String) -> Result<pb::GetResponse, Status> {
-        Ok(match dapr::get(&self.engine, &self.store, &key).await.map_err(err)? {
-            None => pb::GetResponse::default(),
-            Some(e) => pb::GetResponse {
-                content_type: content_type(&e.value),
-                data: e.value.to_vec(),
-                etag: Some(pb::Etag {
-                    value: e.version.to_string(),
-                }),
-                metadata: dapr::ttl_metadata(e.expires_at_ms),
+        Ok(
+            match dapr::get(&self.engine, &Grant::all(), &self.store, &key)
+                .await
+                .map_err(err)?
+            {
+                None => pb::GetResponse::default(),
+                Some(e) => pb::GetResponse {
+                    content_type: content_type(&e.value),
+                    data: e.value.to_vec(),
+                    etag: Some(pb::Etag {
+                        value: e.version.to_string(),
+                    }),
+                    metadata: dapr::ttl_metadata(e.expires_at_ms),
+                },
             },
-        })
+        )
     }
 }
 
@@ -93,7 +99,9 @@ impl pb::state_store_server::StateStore for Component {
 
     async fn delete(&self, req: Request<pb::DeleteRequest>) -> Result<Response<pb::DeleteResponse>, Status> {
         let item = delete_item(req.into_inner()).map_err(err)?;
-        dapr::delete(&self.engine, &self.store, &item).await.map_err(err)?;
+        dapr::delete(&self.engine, &Grant::all(), &self.store, &item)
+            .await
+            .map_err(err)?;
         Ok(Response::new(pb::DeleteResponse {}))
     }
 
@@ -105,7 +113,9 @@ impl pb::state_store_server::StateStore for Component {
 
     async fn set(&self, req: Request<pb::SetRequest>) -> Result<Response<pb::SetResponse>, Status> {
         let item = save_item(req.into_inner()).map_err(err)?;
-        dapr::save(&self.engine, &self.store, &item).await.map_err(err)?;
+        dapr::save(&self.engine, &Grant::all(), &self.store, &item)
+            .await
+            .map_err(err)?;
         Ok(Response::new(pb::SetResponse {}))
     }
 
@@ -124,7 +134,7 @@ impl pb::state_store_server::StateStore for Component {
             .map(delete_item)
             .collect::<Result<Vec<_>, _>>()
             .map_err(err)?;
-        dapr::delete_each(&self.engine, &self.store, &items)
+        dapr::delete_each(&self.engine, &Grant::all(), &self.store, &items)
             .await
             .map_err(err)?;
         Ok(Response::new(pb::BulkDeleteResponse {}))
@@ -132,7 +142,7 @@ impl pb::state_store_server::StateStore for Component {
 
     async fn bulk_get(&self, req: Request<pb::BulkGetRequest>) -> Result<Response<pb::BulkGetResponse>, Status> {
         let keys = req.into_inner().items.into_iter().map(|g| g.key).collect();
-        let entries = dapr::bulk_get(&self.engine, &self.store, keys, self.max_bulk_keys)
+        let entries = dapr::bulk_get(&self.engine, &Grant::all(), &self.store, keys, self.max_bulk_keys)
             .await
             .map_err(err)?;
         let items = entries
@@ -165,7 +175,9 @@ impl pb::state_store_server::StateStore for Component {
             .map(save_item)
             .collect::<Result<Vec<_>, _>>()
             .map_err(err)?;
-        dapr::save_each(&self.engine, &self.store, &items).await.map_err(err)?;
+        dapr::save_each(&self.engine, &Grant::all(), &self.store, &items)
+            .await
+            .map_err(err)?;
         Ok(Response::new(pb::BulkSetResponse {}))
     }
 }
@@ -192,9 +204,15 @@ impl pb::transactional_state_store_server::TransactionalStateStore for Component
                 None => return Err(Status::invalid_argument("a transaction operation has no request")),
             });
         }
-        dapr::transact(&self.engine, &self.store, &items, self.max_transaction_ops)
-            .await
-            .map_err(err)?;
+        dapr::transact(
+            &self.engine,
+            &Grant::all(),
+            &self.store,
+            &items,
+            self.max_transaction_ops,
+        )
+        .await
+        .map_err(err)?;
         Ok(Response::new(pb::TransactionalStateResponse {}))
     }
 }
@@ -229,7 +247,9 @@ impl pb::queriable_state_store_server::QueriableStateStore for Component {
             "page": {"limit": page.limit.max(0), "token": page.token},
         });
         let q = query::Query::parse(&doc).map_err(err)?;
-        let page = query::run(&self.engine, &self.store, &q).await.map_err(err)?;
+        let page = query::run(&self.engine, &Grant::all(), &self.store, &q)
+            .await
+            .map_err(err)?;
         Ok(Response::new(pb::QueryResponse {
             items: page
                 .rows

@@ -7,7 +7,9 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 use super::error::{Surface, from_engine};
+use super::grant_of;
 use super::pb::statestore::v1 as pb;
+use crate::access::{self, Access, Op};
 use crate::engine::watch::{self, Selector, WatchItem};
 use crate::engine::{
     ChangeKind, Command, Del, DelCondition, Engine, EngineError, FeedEvent, Reply, Scan, Set, SetCondition, VDel,
@@ -17,6 +19,7 @@ use crate::hlc::Hlc;
 pub struct Native {
     pub(crate) engine: Engine,
     pub(crate) obs: crate::health::Observe,
+    pub(crate) access: Access,
 }
 
 fn err(e: EngineError) -> Status {
@@ -41,6 +44,7 @@ fn version(v: Option<Hlc>) -> String {
 #[tonic::async_trait]
 impl pb::state_store_server::StateStore for Native {
     async fn set(&self, req: Request<pb::SetRequest>) -> Result<Response<pb::SetResponse>, Status> {
+        let grant = grant_of(&req)?;
         let r = req.into_inner();
         let condition = match (pb::SetCondition::try_from(r.condition), hlc(&r.if_version)?) {
             (Ok(pb::SetCondition::Unspecified), Some(v)) => SetCondition::IfVersion(v),
@@ -58,7 +62,9 @@ impl pb::state_store_server::StateStore for Native {
             timestamp: hlc(&r.timestamp)?,
             fencing: hlc(&r.fencing_token)?,
         };
-        let resp = self.engine.execute(Command::Set(cmd)).await.map_err(err)?;
+        let resp = access::execute(&self.engine, &grant, Command::Set(cmd))
+            .await
+            .map_err(err)?;
         Ok(Response::new(pb::SetResponse {
             applied: resp.reply == Reply::Ok,
             version: version(resp.version),
@@ -66,7 +72,9 @@ impl pb::state_store_server::StateStore for Native {
     }
 
     async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::GetResponse>, Status> {
+        let grant = grant_of(&req)?;
         let key = Bytes::from(req.into_inner().key);
+        grant.check(Op::Read, &key).map_err(err)?;
         Ok(Response::new(match self.engine.read(&key).await.map_err(err)? {
             None => pb::GetResponse::default(),
             Some(e) => pb::GetResponse {
@@ -79,6 +87,7 @@ impl pb::state_store_server::StateStore for Native {
     }
 
     async fn del(&self, req: Request<pb::DelRequest>) -> Result<Response<pb::DelResponse>, Status> {
+        let grant = grant_of(&req)?;
         let r = req.into_inner();
         let cmd = Del {
             key: Bytes::from(r.key),
@@ -88,7 +97,9 @@ impl pb::state_store_server::StateStore for Native {
                 None => DelCondition::Always,
             },
         };
-        let resp = self.engine.execute(Command::Del(cmd)).await.map_err(err)?;
+        let resp = access::execute(&self.engine, &grant, Command::Del(cmd))
+            .await
+            .map_err(err)?;
         Ok(Response::new(pb::DelResponse {
             deleted: resp.reply == Reply::Int(1),
             version: version(resp.version),
@@ -96,13 +107,16 @@ impl pb::state_store_server::StateStore for Native {
     }
 
     async fn v_del(&self, req: Request<pb::VDelRequest>) -> Result<Response<pb::VDelResponse>, Status> {
+        let grant = grant_of(&req)?;
         let r = req.into_inner();
         let cmd = VDel {
             key: Bytes::from(r.key),
             value: Bytes::from(r.value),
             fencing: hlc(&r.fencing_token)?,
         };
-        let resp = self.engine.execute(Command::VDel(cmd)).await.map_err(err)?;
+        let resp = access::execute(&self.engine, &grant, Command::VDel(cmd))
+            .await
+            .map_err(err)?;
         let outcome = match resp.reply {
             Reply::Int(1) => pb::DeleteOutcome::Deleted,
             Reply::NotApplied => pb::DeleteOutcome::ValueMismatch,
@@ -115,12 +129,16 @@ impl pb::state_store_server::StateStore for Native {
     }
 
     async fn scan(&self, req: Request<pb::ScanRequest>) -> Result<Response<pb::ScanResponse>, Status> {
+        let grant = grant_of(&req)?;
         let r = req.into_inner();
         let cmd = Scan {
             pattern: Bytes::from(r.pattern),
             token: (!r.continuation_token.is_empty()).then(|| Bytes::from(r.continuation_token)),
+            filter: None,
         };
-        let resp = self.engine.execute(Command::Scan(cmd)).await.map_err(err)?;
+        let resp = access::execute(&self.engine, &grant, Command::Scan(cmd))
+            .await
+            .map_err(err)?;
         let Reply::Keys { keys, token } = resp.reply else {
             return Err(Status::internal("scan returned no keys"));
         };
@@ -135,11 +153,18 @@ impl pb::state_store_server::StateStore for Native {
     type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
 
     async fn watch(&self, req: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let grant = grant_of(&req)?;
         let r = req.into_inner();
         let keys = r.keys.into_iter().map(Bytes::from).collect();
         let selector = Selector::new(keys, &r.patterns).map_err(Status::invalid_argument)?;
-        let wanted = move |e: &FeedEvent| selector.wants(&e.change.key, || String::from_utf8_lossy(&e.change.key));
-        let stream = watch::stream(self.engine.subscribe(), wanted).map(|item| {
+        let slot = self.access.open_stream(grant.principal()).map_err(err)?;
+        // Only keys the caller may read, by the rules in force when each change happens.
+        let wanted = move |e: &FeedEvent| {
+            selector.wants(&e.change.key, || String::from_utf8_lossy(&e.change.key))
+                && grant.may(Op::Read, &e.change.key)
+        };
+        let stream = watch::stream(self.engine.subscribe(), wanted).map(move |item| {
+            let _open = &slot;
             Ok(match item {
                 WatchItem::Change(e) => {
                     let c = &e.change;

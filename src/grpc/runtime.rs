@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::error::{Surface, from_dapr};
+use super::grant_of;
 use super::pb::dapr::proto::common::v1 as common;
 use super::pb::dapr::proto::runtime::v1 as pb;
 use crate::dapr::{self, DaprError, DeleteItem, SaveItem, TxItem, query};
@@ -62,10 +63,11 @@ impl Runtime {
 #[tonic::async_trait]
 impl pb::dapr_server::Dapr for Runtime {
     async fn get_state(&self, req: Request<pb::GetStateRequest>) -> Result<Response<pb::GetStateResponse>, Status> {
+        let grant = grant_of(&req)?;
         let r = req.into_inner();
         let store = self.store(&r.store_name)?;
         dapr::consistency_from_proto(r.consistency).map_err(err)?;
-        let entry = dapr::get(&self.engine, store, &r.key).await.map_err(err)?;
+        let entry = dapr::get(&self.engine, &grant, store, &r.key).await.map_err(err)?;
         Ok(Response::new(match entry {
             None => pb::GetStateResponse::default(),
             Some(e) => pb::GetStateResponse {
@@ -80,9 +82,10 @@ impl pb::dapr_server::Dapr for Runtime {
         &self,
         req: Request<pb::GetBulkStateRequest>,
     ) -> Result<Response<pb::GetBulkStateResponse>, Status> {
+        let grant = grant_of(&req)?;
         let r = req.into_inner();
         let store = self.store(&r.store_name)?;
-        let entries = dapr::bulk_get(&self.engine, store, r.keys, self.settings.max_bulk_keys)
+        let entries = dapr::bulk_get(&self.engine, &grant, store, r.keys, self.settings.max_bulk_keys)
             .await
             .map_err(err)?;
         let items = entries
@@ -97,6 +100,7 @@ impl pb::dapr_server::Dapr for Runtime {
                 },
                 None => pb::BulkStateItem {
                     key: b.key,
+                    error: b.error.unwrap_or_default(),
                     ..Default::default()
                 },
             })
@@ -105,6 +109,7 @@ impl pb::dapr_server::Dapr for Runtime {
     }
 
     async fn save_state(&self, req: Request<pb::SaveStateRequest>) -> Result<Response<()>, Status> {
+        let grant = grant_of(&req)?;
         let r = req.into_inner();
         let store = self.store(&r.store_name)?;
         let items = r
@@ -113,7 +118,9 @@ impl pb::dapr_server::Dapr for Runtime {
             .map(save_item)
             .collect::<Result<Vec<_>, _>>()
             .map_err(err)?;
-        dapr::save_each(&self.engine, store, &items).await.map_err(err)?;
+        dapr::save_each(&self.engine, &grant, store, &items)
+            .await
+            .map_err(err)?;
         Ok(Response::new(()))
     }
 
@@ -121,12 +128,13 @@ impl pb::dapr_server::Dapr for Runtime {
         &self,
         req: Request<pb::QueryStateRequest>,
     ) -> Result<Response<pb::QueryStateResponse>, Status> {
+        let grant = grant_of(&req)?;
         let r = req.into_inner();
         let store = self.store(&r.store_name)?;
         let q: serde_json::Value = serde_json::from_str(&r.query)
             .map_err(|e| Status::invalid_argument(format!("failed parsing query: {e}")))?;
         let q = query::Query::parse(&q).map_err(err)?;
-        let page = query::run(&self.engine, store, &q).await.map_err(err)?;
+        let page = query::run(&self.engine, &grant, store, &q).await.map_err(err)?;
         Ok(Response::new(pb::QueryStateResponse {
             results: page
                 .rows
@@ -144,6 +152,7 @@ impl pb::dapr_server::Dapr for Runtime {
     }
 
     async fn delete_state(&self, req: Request<pb::DeleteStateRequest>) -> Result<Response<()>, Status> {
+        let grant = grant_of(&req)?;
         let r = req.into_inner();
         let store = self.store(&r.store_name)?;
         let item = delete_item(common::StateItem {
@@ -154,11 +163,12 @@ impl pb::dapr_server::Dapr for Runtime {
             options: r.options,
         })
         .map_err(err)?;
-        dapr::delete(&self.engine, store, &item).await.map_err(err)?;
+        dapr::delete(&self.engine, &grant, store, &item).await.map_err(err)?;
         Ok(Response::new(()))
     }
 
     async fn delete_bulk_state(&self, req: Request<pb::DeleteBulkStateRequest>) -> Result<Response<()>, Status> {
+        let grant = grant_of(&req)?;
         let r = req.into_inner();
         let store = self.store(&r.store_name)?;
         let items = r
@@ -167,7 +177,9 @@ impl pb::dapr_server::Dapr for Runtime {
             .map(delete_item)
             .collect::<Result<Vec<_>, _>>()
             .map_err(err)?;
-        dapr::delete_each(&self.engine, store, &items).await.map_err(err)?;
+        dapr::delete_each(&self.engine, &grant, store, &items)
+            .await
+            .map_err(err)?;
         Ok(Response::new(()))
     }
 
@@ -176,6 +188,7 @@ impl pb::dapr_server::Dapr for Runtime {
         req: Request<pb::ExecuteStateTransactionRequest>,
     ) -> Result<Response<()>, Status> {
         let tx = Surface::Runtime { transaction: true };
+        let grant = grant_of(&req)?;
         let r = req.into_inner();
         let store = self.settings.stores.get(&r.store_name).map_err(|e| from_dapr(tx, e))?;
         let mut items = Vec::with_capacity(r.operations.len());
@@ -190,7 +203,7 @@ impl pb::dapr_server::Dapr for Runtime {
                 other => return Err(from_dapr(tx, DaprError::UnsupportedOperation(other.to_owned()))),
             });
         }
-        dapr::transact(&self.engine, store, &items, self.settings.max_transaction_ops)
+        dapr::transact(&self.engine, &grant, store, &items, self.settings.max_transaction_ops)
             .await
             .map_err(|e| from_dapr(tx, e))?;
         Ok(Response::new(()))

@@ -29,6 +29,8 @@ pub struct SaveItem {
     pub metadata: HashMap<String, String>,
     #[serde(default)]
     pub options: StateOptions,
+    /// Accepted for daprd compatibility and type-checked as daprd's decoder does (a wrong type
+    /// is a 400); the stored bytes say what they are.
     #[serde(rename = "contentType")]
     pub content_type: Option<String>,
 }
@@ -37,7 +39,10 @@ pub struct SaveItem {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct BulkGetRequest {
     pub keys: Vec<String>,
+    /// Type-checked as daprd does (a wrong type is a 400), otherwise unused: every key is read
+    /// from one engine.
     pub parallelism: Option<i64>,
+    /// Type-checked as daprd does; no read takes metadata.
     #[serde(default)]
     pub metadata: HashMap<String, String>,
 }
@@ -187,8 +192,24 @@ pub struct Status {
     /// `embedded` or `external`.
     #[serde(rename = "mqttBroker")]
     pub mqtt_broker: String,
-    /// MQTT connections to the embedded broker (the service's own included); `null` when the
-    /// broker is external and cannot tell.
+    /// MQTT connections to the embedded broker; `null` when the broker is external and cannot
+    /// tell.
     #[serde(rename = "mqttConnectedClients")]
     pub mqtt_connected_clients: Option<u64>,
+    /// KEYNOTIFY registrations of all clients.
+    #[serde(rename = "keynotifyRegistrations")]
+    pub keynotify_registrations: u64,
+    /// KEYNOTIFY notifications dropped so far because the send queue was full.
+    #[serde(rename = "keynotifyDropped")]
+    pub keynotify_dropped: u64,
+    /// Changes and bytes the watch history holds.
+    #[serde(rename = "watchHistory")]
+    pub watch_history: HistoryStatus,
+}
+
+/// What the watch history holds (status).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct HistoryStatus {
+    pub changes: u64,
+    pub bytes: u64,
 }

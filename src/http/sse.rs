@@ -12,7 +12,8 @@ use tokio_stream::StreamExt;
 
 use super::dto::ChangeEvent;
 use super::error::{ApiError, ErrorBody, Op};
-use super::{AppState, DaprPath, DaprQuery};
+use super::{AppState, Caller, DaprPath, DaprQuery};
+use crate::access::Op as AccessOp;
 use crate::dapr;
 use crate::engine::watch::{self, Selector, WatchItem};
 use crate::engine::{Change, ChangeKind, FeedEvent};
@@ -70,6 +71,7 @@ fn event(key: String, change: &Change, base64: bool) -> Event {
 )]
 pub async fn subscribe(
     State(st): State<AppState>,
+    Caller(grant): Caller,
     DaprPath(store): DaprPath<String>,
     DaprQuery(params): DaprQuery,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
@@ -94,11 +96,21 @@ pub async fn subscribe(
         }
     }
     let selector = Selector::new(keys, &patterns).map_err(ApiError::malformed)?;
+    let slot = st
+        .settings
+        .access
+        .open_stream(grant.principal())
+        .map_err(|e| ApiError::from_engine(Op::Subscribe, e))?;
     let store = spec.clone();
+    // Only keys the caller may read, by the rules in force when each change happens.
     let wanted = move |e: &FeedEvent| {
-        store.owns(&e.change.key) && selector.wants(&e.change.key, || store.dapr_key(&e.change.key).into())
+        store.owns(&e.change.key)
+            && selector.wants(&e.change.key, || store.dapr_key(&e.change.key).into())
+            && grant.may(AccessOp::Read, &e.change.key)
     };
     let stream = watch::stream(st.engine.subscribe(), wanted).map(move |item| {
+        // The stream holds its slot of the caller's stream limit until it ends.
+        let _open = &slot;
         Ok(match item {
             WatchItem::Change(e) => event(spec.dapr_key(&e.change.key), &e.change, base64),
             // Never stall the engine for a slow reader: tell it, and the stream ends.

@@ -10,7 +10,8 @@ use serde_json::Value;
 
 use super::dto;
 use super::error::{ApiError, ErrorBody, Op};
-use super::{AppState, Body, DaprPath, DaprQuery};
+use super::{AppState, Body, Caller, DaprPath, DaprQuery};
+use crate::access::Grant;
 use crate::dapr::{self, DeleteItem, SaveItem, TxItem, query};
 
 /// Query parameters as pairs (`metadata.<name>`, `concurrency`, `consistency`).
@@ -26,6 +27,18 @@ fn query_metadata(params: &[(String, String)]) -> HashMap<String, String> {
 
 fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
     params.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+/// A body that must be a JSON object (serde would also read a struct from a JSON array, by
+/// position: `[[]]` must not pass for a transaction).
+fn parse_object<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        return Err(ApiError::malformed(
+            "failed to parse the request body: expected a JSON object",
+        ));
+    }
+    parse_json(body)
 }
 
 fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
@@ -70,6 +83,7 @@ fn save_item(item: dto::SaveItem, request_meta: &HashMap<String, String>) -> Res
 )]
 pub async fn save_state(
     State(st): State<AppState>,
+    Caller(grant): Caller,
     DaprPath(store): DaprPath<String>,
     DaprQuery(params): Params,
     body: Body,
@@ -84,7 +98,7 @@ pub async fn save_state(
         .collect::<Result<Vec<_>, _>>()?;
     if let [item] = &items[..] {
         // One item: its new version is known, and a client (the CLI's fencing token) needs it.
-        let version = dapr::save(&st.engine, store, item)
+        let version = dapr::save(&st.engine, &grant, store, item)
             .await
             .map_err(|e| ApiError::from_dapr(Op::Save, e))?;
         let mut headers = HeaderMap::new();
@@ -93,7 +107,7 @@ pub async fn save_state(
         }
         return Ok((StatusCode::NO_CONTENT, headers).into_response());
     }
-    dapr::save_each(&st.engine, store, &items)
+    dapr::save_each(&st.engine, &grant, store, &items)
         .await
         .map_err(|e| ApiError::from_dapr(Op::Save, e))?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -117,12 +131,55 @@ pub async fn save_state(
 )]
 pub async fn get_state(
     State(st): State<AppState>,
+    Caller(grant): Caller,
     DaprPath((store, key)): DaprPath<(String, String)>,
     DaprQuery(params): Params,
 ) -> Result<Response, ApiError> {
-    let store = st.store(&store, Op::Get)?;
-    dapr::check_consistency(param(&params, "consistency")).map_err(|e| ApiError::from_dapr(Op::Get, e))?;
-    let Some(entry) = dapr::get(&st.engine, store, &key)
+    get_one(&st, &grant, &store, &key, &params).await
+}
+
+/// GET of the keys named `bulk` and `transaction`, whose paths the POST routes of those names
+/// take: they are keys like any other.
+pub async fn get_reserved_key(
+    State(st): State<AppState>,
+    Caller(grant): Caller,
+    DaprPath(store): DaprPath<String>,
+    DaprQuery(params): Params,
+    uri: axum::http::Uri,
+) -> Result<Response, ApiError> {
+    get_one(&st, &grant, &store, reserved_key(&uri), &params).await
+}
+
+/// DELETE of the keys named `bulk` and `transaction` (see [`get_reserved_key`]).
+pub async fn delete_reserved_key(
+    State(st): State<AppState>,
+    Caller(grant): Caller,
+    DaprPath(store): DaprPath<String>,
+    DaprQuery(params): Params,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    delete_one(&st, &grant, &store, reserved_key(&uri).to_owned(), &params, &headers).await
+}
+
+fn reserved_key(uri: &axum::http::Uri) -> &'static str {
+    if uri.path().trim_end_matches('/').ends_with("/transaction") {
+        "transaction"
+    } else {
+        "bulk"
+    }
+}
+
+async fn get_one(
+    st: &AppState,
+    grant: &Grant,
+    store: &str,
+    key: &str,
+    params: &[(String, String)],
+) -> Result<Response, ApiError> {
+    let store = st.store(store, Op::Get)?;
+    dapr::check_consistency(param(params, "consistency")).map_err(|e| ApiError::from_dapr(Op::Get, e))?;
+    let Some(entry) = dapr::get(&st.engine, grant, store, key)
         .await
         .map_err(|e| ApiError::from_dapr(Op::Get, e))?
     else {
@@ -170,6 +227,7 @@ pub async fn get_state(
 )]
 pub async fn list_keys(
     State(st): State<AppState>,
+    Caller(grant): Caller,
     DaprPath(store): DaprPath<String>,
     DaprQuery(params): Params,
 ) -> Result<axum::Json<dto::KeysPage>, ApiError> {
@@ -190,6 +248,7 @@ pub async fn list_keys(
     }
     let page = dapr::list_keys(
         &st.engine,
+        &grant,
         store,
         param(&params, "pattern"),
         limit,
@@ -215,12 +274,13 @@ pub async fn list_keys(
 )]
 pub async fn bulk_get(
     State(st): State<AppState>,
+    Caller(grant): Caller,
     DaprPath(store): DaprPath<String>,
     body: Body,
 ) -> Result<axum::Json<Vec<dto::BulkItem>>, ApiError> {
     let store = st.store(&store, Op::BulkGet)?;
-    let req: dto::BulkGetRequest = parse_json(&body.0)?;
-    let entries = dapr::bulk_get(&st.engine, store, req.keys, st.settings.max_bulk_keys)
+    let req: dto::BulkGetRequest = parse_object(&body.0)?;
+    let entries = dapr::bulk_get(&st.engine, &grant, store, req.keys, st.settings.max_bulk_keys)
         .await
         .map_err(|e| ApiError::from_dapr(Op::BulkGet, e))?;
     let out = entries
@@ -245,7 +305,7 @@ pub async fn bulk_get(
                 data: None,
                 etag: None,
                 metadata: None,
-                error: None,
+                error: b.error,
             },
         })
         .collect();
@@ -270,11 +330,23 @@ pub async fn bulk_get(
 )]
 pub async fn delete_state(
     State(st): State<AppState>,
+    Caller(grant): Caller,
     DaprPath((store, key)): DaprPath<(String, String)>,
     DaprQuery(params): Params,
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
-    let store = st.store(&store, Op::Delete)?;
+    delete_one(&st, &grant, &store, key, &params, &headers).await
+}
+
+async fn delete_one(
+    st: &AppState,
+    grant: &Grant,
+    store: &str,
+    key: String,
+    params: &[(String, String)],
+    headers: &HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    let store = st.store(store, Op::Delete)?;
     let etag = match headers.get(header::IF_MATCH) {
         None => None,
         Some(v) => Some(
@@ -286,11 +358,11 @@ pub async fn delete_state(
     let item = DeleteItem {
         key,
         etag,
-        metadata: query_metadata(&params),
-        concurrency: param(&params, "concurrency").map(str::to_owned),
-        consistency: param(&params, "consistency").map(str::to_owned),
+        metadata: query_metadata(params),
+        concurrency: param(params, "concurrency").map(str::to_owned),
+        consistency: param(params, "consistency").map(str::to_owned),
     };
-    dapr::delete(&st.engine, store, &item)
+    dapr::delete(&st.engine, grant, store, &item)
         .await
         .map_err(|e| ApiError::from_dapr(Op::Delete, e))?;
     Ok(StatusCode::NO_CONTENT)
@@ -311,12 +383,13 @@ pub async fn delete_state(
 )]
 pub async fn transaction(
     State(st): State<AppState>,
+    Caller(grant): Caller,
     DaprPath(store): DaprPath<String>,
     DaprQuery(params): Params,
     body: Body,
 ) -> Result<StatusCode, ApiError> {
     let store = st.store(&store, Op::Transaction)?;
-    let req: dto::TransactionRequest = parse_json(&body.0)?;
+    let req: dto::TransactionRequest = parse_object(&body.0)?;
     let mut meta = req.metadata;
     dapr::merge_request_metadata(&mut meta, &query_metadata(&params));
     let mut items = Vec::with_capacity(req.operations.len());
@@ -339,7 +412,7 @@ pub async fn transaction(
             }
         });
     }
-    dapr::transact(&st.engine, store, &items, st.settings.max_transaction_ops)
+    dapr::transact(&st.engine, &grant, store, &items, st.settings.max_transaction_ops)
         .await
         .map_err(|e| ApiError::from_dapr(Op::Transaction, e))?;
     Ok(StatusCode::NO_CONTENT)
@@ -360,13 +433,14 @@ pub async fn transaction(
 )]
 pub async fn query_state(
     State(st): State<AppState>,
+    Caller(grant): Caller,
     DaprPath(store): DaprPath<String>,
     body: Body,
 ) -> Result<Response, ApiError> {
     let store = st.store(&store, Op::Query)?;
     let q: Value = parse_json(&body.0)?;
     let q = query::Query::parse(&q).map_err(|e| ApiError::from_dapr(Op::Query, e))?;
-    let page = query::run(&st.engine, store, &q)
+    let page = query::run(&st.engine, &grant, store, &q)
         .await
         .map_err(|e| ApiError::from_dapr(Op::Query, e))?;
     if page.rows.is_empty() {

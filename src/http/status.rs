@@ -108,5 +108,14 @@ pub async fn status(State(st): State<AppState>) -> Result<axum::Json<dto::Status
         doors: info.doors.clone(),
         mqtt_broker: info.mqtt_broker.clone(),
         mqtt_connected_clients: info.mqtt_clients.as_ref().map(|count| count() as u64),
+        keynotify_registrations: st.engine.registrations() as u64,
+        keynotify_dropped: st.engine.keynotify_dropped(),
+        watch_history: {
+            let (changes, bytes) = st.engine.feed_held();
+            dto::HistoryStatus {
+                changes: changes as u64,
+                bytes: bytes as u64,
+            }
+        },
     }))
 }

@@ -39,6 +39,7 @@ use rmqtt::types::{
 };
 use tokio::task::{JoinHandle, JoinSet};
 
+use super::brokerauth::BrokerGuard;
 use super::door::Door;
 use super::inbroker::InBroker;
 
@@ -65,6 +66,8 @@ pub struct BrokerOptions {
     pub receive_maximum: u16,
     /// Message expiry the broker applies to messages that carry none (None = never expire).
     pub default_message_expiry: Option<Duration>,
+    /// Authentication and topic ACLs (`None`: anyone may connect and use any topic).
+    pub guard: Option<BrokerGuard>,
 }
 
 /// Why the embedded broker could not start.
@@ -128,6 +131,14 @@ impl EmbeddedBroker {
         hooks
             .add(Type::ClientDisconnected, Box::new(DisconnectHook { on_disconnect }))
             .await;
+        let allow_anonymous = match opts.guard {
+            Some(guard) => {
+                let anonymous = !guard.access.mqtt_auth_required();
+                guard.install(&*hooks).await;
+                anonymous
+            }
+            None => true,
+        };
         hooks.start().await;
 
         let bind_error = |source: rmqtt::Error| BrokerError::Bind {
@@ -139,7 +150,7 @@ impl EmbeddedBroker {
             .laddr(opts.listen)
             .reuseaddr(Some(true))
             .nodelay(true)
-            .allow_anonymous(true)
+            .allow_anonymous(allow_anonymous)
             .max_packet_size(opts.max_packet_bytes)
             .max_inflight(receive_maximum)
             .message_expiry_interval(message_expiry)

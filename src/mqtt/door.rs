@@ -17,6 +17,7 @@ use super::dedup::{Dedup, Seen};
 use super::request::{
     self, Caller, Outgoing, PROP_PROTOCOL_VERSION, PROP_SOURCE_ID, PROP_TIMESTAMP, PROTOCOL_VERSION, Request,
 };
+use crate::access::Access;
 use crate::engine::{ChangeKind, Engine, KeyNotification, KeyNotifyReceiver};
 
 /// Where a transport publishes answers and notifications.
@@ -61,6 +62,7 @@ const BYTE_UNIT: usize = 1024;
 /// The shared serving path of the MQTT door.
 pub struct Door {
     engine: Engine,
+    access: Access,
     service_id: String,
     limits: DoorLimits,
     dedup: Dedup,
@@ -124,6 +126,7 @@ impl Door {
             refused_busy: AtomicU64::new(0),
             metrics: crate::metrics::Metrics::disabled(),
             closed: Default::default(),
+            access: Access::open(),
             engine,
             service_id,
             limits,
@@ -140,8 +143,18 @@ impl Door {
         &self.metrics
     }
 
+    /// The same door, deciding who may do what with `access`.
+    pub fn with_access(mut self, access: Access) -> Door {
+        self.access = access;
+        self
+    }
+
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    pub fn access(&self) -> &Access {
+        &self.access
     }
 
     pub fn service_id(&self) -> &str {
@@ -257,7 +270,7 @@ impl Door {
                 }
             }
         }
-        match request::handle_as(&self.engine, &self.service_id, req, caller).await {
+        match request::handle_as(&self.engine, &self.access, &self.service_id, req, caller).await {
             Ok(out) => {
                 let out = Arc::new(out);
                 if let Some(k) = &key {

@@ -74,18 +74,19 @@ impl Sink for BrokerSink {
 /// Per-connection in-flight limits, keyed by broker session.
 type Connections = Arc<Mutex<HashMap<u64, Arc<Semaphore>>>>;
 
-/// The request hook.
+/// The request hook. It holds the door weakly: rmqtt keeps hooks after the broker stops, and
+/// the door (its engine, its storage) must go with the service.
 struct ServeRequests {
-    door: Arc<Door>,
+    door: std::sync::Weak<Door>,
     sink: Arc<BrokerSink>,
     connections: Connections,
 }
 
 impl ServeRequests {
-    fn connection(&self, token: u64) -> Arc<Semaphore> {
+    fn connection(&self, token: u64, limit: usize) -> Arc<Semaphore> {
         let mut map = self.connections.lock().unwrap_or_else(|e| e.into_inner());
         map.entry(token)
-            .or_insert_with(|| Arc::new(Semaphore::new(self.door.limits().max_inflight_per_caller.max(1))))
+            .or_insert_with(|| Arc::new(Semaphore::new(limit.max(1))))
             .clone()
     }
 }
@@ -125,14 +126,19 @@ impl Handler for ServeRequests {
         if publish.topic != INVOKE_TOPIC {
             return (true, acc);
         }
+        // The service stopped: nothing answers any more.
+        let Some(door) = self.door.upgrade() else {
+            return consumed();
+        };
         let req = to_request(publish);
         let token = session_token(&session.id);
         // Backpressure on this connection only: it waits here, unread, while others go on.
-        let Ok(slot) = self.connection(token).acquire_owned().await else {
+        let connection = self.connection(token, door.limits().max_inflight_per_caller);
+        let Ok(slot) = connection.acquire_owned().await else {
             return consumed();
         };
-        let Some(admitted) = self.door.admit(&req, None) else {
-            if let Some(out) = self.door.busy(&req) {
+        let Some(admitted) = door.admit(&req, None) else {
+            if let Some(out) = door.busy(&req) {
                 self.sink.publish(&out).await;
             }
             return consumed();
@@ -140,8 +146,9 @@ impl Handler for ServeRequests {
         let caller = Caller {
             client_id: Some(session.id.client_id.to_string()),
             session: Some(token),
+            username: session.id.username.as_ref().map(|u| u.to_string()),
         };
-        let (door, sink) = (self.door.clone(), self.sink.clone());
+        let sink = self.sink.clone();
         tokio::spawn(async move {
             let _held = (slot, admitted);
             if let Some(out) = door.serve(&req, &caller).await {
@@ -190,7 +197,7 @@ impl InBroker {
             .add(
                 Type::MessagePublishCheckAcl,
                 Box::new(ServeRequests {
-                    door: door.clone(),
+                    door: Arc::downgrade(&door),
                     sink: sink.clone(),
                     connections: connections.clone(),
                 }),

@@ -7,6 +7,7 @@ use bytes::Bytes;
 
 use super::payload::{ErrorReply, error_reply, reply_frame};
 use super::{INVOKE_TOPIC, NOTIFY_TOPIC_PREFIX};
+use crate::access::{self, Access, Principal};
 use crate::engine::{Command, Engine, EngineError, Meta};
 use crate::hlc::Hlc;
 use crate::resp3;
@@ -57,6 +58,9 @@ pub struct Caller {
     pub client_id: Option<String>,
     /// The publisher's broker session: KEYNOTIFY registrations end with it.
     pub session: Option<u64>,
+    /// The name the publisher authenticated with (in-broker serving): a password-file user or
+    /// a certificate identity. Never taken from the request.
+    pub username: Option<String>,
 }
 
 /// An outgoing PUBLISH at QoS 1.
@@ -183,19 +187,59 @@ fn parse(req: &Request, caller: &Caller) -> Parsed {
 /// Handles one request from a caller the transport cannot identify (behind a client
 /// connection): `Err` when it must go unanswered (and unexecuted).
 pub async fn handle(engine: &Engine, service_id: &str, req: &Request) -> Result<Outgoing, Dropped> {
-    handle_as(engine, service_id, req, &Caller::default()).await
+    static OPEN: std::sync::OnceLock<Access> = std::sync::OnceLock::new();
+    let access = OPEN.get_or_init(Access::open);
+    handle_as(engine, access, service_id, req, &Caller::default()).await
 }
 
-/// Handles one request from `caller`: `Err` when it must go unanswered (and unexecuted).
-pub async fn handle_as(engine: &Engine, service_id: &str, req: &Request, caller: &Caller) -> Result<Outgoing, Dropped> {
+/// Who the rules see: the identity the broker vouches for; with an external broker nothing,
+/// or the claimed `__srcId` when the operator opted in to trust it.
+fn principal(access: &Access, req: &Request, caller: &Caller) -> Principal {
+    let claimed = || {
+        access
+            .trust_src_id()
+            .then(|| req.claimed_source().map(str::to_owned))
+            .flatten()
+    };
+    Principal {
+        client_id: caller.client_id.clone().or_else(claimed),
+        username: caller.username.clone(),
+        token: None,
+    }
+}
+
+/// Handles one request from `caller`, as `access` allows: `Err` when it must go unanswered
+/// (and unexecuted).
+pub async fn handle_as(
+    engine: &Engine,
+    access: &Access,
+    service_id: &str,
+    req: &Request,
+    caller: &Caller,
+) -> Result<Outgoing, Dropped> {
     let to = reply_to(req)?;
-    let (payload, status, version, extra) = match parse(req, caller) {
+    let principal = principal(access, req, caller);
+    // The rate counts per verified identity; behind an external broker the claimed id is all
+    // there is to tell callers apart (a liar only spends someone else's bucket or a new one).
+    let rate_key = match (&principal.client_id, &principal.username, req.claimed_source()) {
+        (None, None, Some(claimed)) => Principal {
+            client_id: Some(claimed.to_owned()),
+            ..Principal::default()
+        },
+        _ => principal.clone(),
+    };
+    let parsed = match access.admit(&rate_key) {
+        Ok(()) => parse(req, caller),
+        Err(e) => Parsed::Refused(e),
+    };
+    let (payload, status, version, extra) = match parsed {
         Parsed::Execute(cmd, client) => {
             if let Some(c) = &client {
                 engine.touch_client(c);
             }
             let name = cmd.name();
-            match engine.execute(cmd).await {
+            let grant = access.grant(principal);
+            match access::execute(engine, &grant, cmd).await {
                 Ok(resp) => (reply_frame(resp.reply).encode(), 200, resp.version, vec![]),
                 Err(e) => match error_reply(&e) {
                     ErrorReply::Payload(f) => (f.encode(), 200, None, vec![]),
@@ -284,9 +328,14 @@ pub fn busy(service_id: &str, req: &Request) -> Option<Outgoing> {
 pub fn notify_topic(client: &str, key: &[u8]) -> String {
     format!(
         "{NOTIFY_TOPIC_PREFIX}/{}/command/notify/{}",
-        hex::encode_upper(client.as_bytes()),
+        notify_topic_client_level(client),
         hex::encode_upper(key)
     )
+}
+
+/// The level of a notification topic that names its observer.
+pub fn notify_topic_client_level(client: &str) -> String {
+    hex::encode_upper(client.as_bytes())
 }
 
 /// A notification payload: `NOTIFY SET VALUE <v>` or `NOTIFY DELETE`.

@@ -30,6 +30,7 @@ use tracing::{debug, info, warn};
 use super::INVOKE_TOPIC;
 use super::door::{self, Door, DoorLimits, Sink};
 use super::request::{CONTENT_TYPE, Caller, Outgoing, Request};
+use crate::access::Access;
 use crate::engine::Engine;
 use crate::metrics::Link;
 
@@ -51,6 +52,8 @@ pub struct MqttSettings {
     /// Session expiry asked of the broker, so requests queue while the service reconnects.
     pub session_expiry: Duration,
     pub keep_alive: Duration,
+    /// Who may do what (per-key rules, rate limits); `__srcId` is trusted only when it says so.
+    pub access: Access,
 }
 
 impl Default for MqttSettings {
@@ -65,6 +68,7 @@ impl Default for MqttSettings {
             door: DoorLimits::default(),
             session_expiry: Duration::from_secs(3600),
             keep_alive: Duration::from_secs(30),
+            access: Access::open(),
         }
     }
 }
@@ -88,9 +92,6 @@ impl MqttSettings {
         o.set_manual_acks(false);
         o.set_max_packet_size(Some(self.max_packet_bytes));
         o.set_receive_maximum(Some(self.receive_maximum.max(1)));
-        // Answers wait here for the connection: a small queue keeps their bytes bounded (the
-        // request tasks holding their admission wait instead).
-        o.set_request_channel_capacity(REQUEST_CHANNEL);
         let mut net = rumqttc::NetworkOptions::new();
         net.set_tcp_nodelay(true);
         net.set_connection_timeout(5);
@@ -99,7 +100,8 @@ impl MqttSettings {
     }
 }
 
-/// Outgoing packets queued for the connection (answers, notifications, subscriptions).
+/// Outgoing packets queued for the connection (answers, notifications, subscriptions): a small
+/// queue keeps their bytes bounded (the request tasks, holding their admission, wait instead).
 const REQUEST_CHANNEL: usize = 256;
 
 /// A running MQTT door.
@@ -135,7 +137,9 @@ impl MqttService {
         let (ready_tx, ready_rx) = oneshot::channel();
         let settings = Arc::new(settings);
         let door = Arc::new(
-            Door::new(engine.clone(), settings.client_id.clone(), settings.door.clone()).with_metrics(metrics.clone()),
+            Door::new(engine.clone(), settings.client_id.clone(), settings.door.clone())
+                .with_access(settings.access.clone())
+                .with_metrics(metrics.clone()),
         );
         let ctx = Arc::new(Ctx {
             door: door.clone(),

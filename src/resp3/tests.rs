@@ -245,14 +245,27 @@ fn request_negative_lengths() {
 
 #[test]
 fn request_huge_counts_fail_without_allocating() {
-    // Counts are not trusted for allocation: these fail when the bytes run out.
-    request_err(b"*999999999999\r\n", DecodeError::Incomplete);
-    request_err(b"*9223372036854775807\r\n$0\r\n\r\n", DecodeError::Incomplete);
+    // Counts are not trusted for allocation: too many arguments are refused at once, and
+    // lengths fail when the bytes run out.
+    request_err(b"*999999999999\r\n", DecodeError::TooLarge);
+    request_err(b"*9223372036854775807\r\n$0\r\n\r\n", DecodeError::TooLarge);
     request_err(b"*1\r\n$999999999999\r\nGET\r\n", DecodeError::Incomplete);
     request_err(b"*1\r\n$9223372036854775807\r\nGET\r\n", DecodeError::Incomplete);
     // More digits than any i64.
     request_err(b"*99999999999999999999\r\n", DecodeError::BadNumber);
     request_err(b"*1\r\n$99999999999999999999\r\n", DecodeError::BadNumber);
+}
+
+/// A request is bounded like any frame: more than `MAX_ELEMENTS` arguments are refused before
+/// anything is allocated for them.
+#[test]
+fn request_over_max_elements_is_refused() {
+    let n = MAX_ELEMENTS + 1;
+    let mut wire = format!("*{n}\r\n").into_bytes();
+    wire.extend_from_slice(&b"$0\r\n\r\n".repeat(n));
+    let wire = Bytes::from(wire);
+    assert_eq!(decode(&wire), Err(DecodeError::TooLarge));
+    assert_eq!(decode_request(&wire), Err(DecodeError::TooLarge));
 }
 
 #[test]
@@ -428,7 +441,11 @@ fn reply_fixtures_decode_to_their_frames() {
         assert_eq!(expect.encode(), wire, "{name}");
         assert_eq!(decode(&wire), Ok(expect), "{name}");
         if !name.starts_with("notify_") {
-            assert!(decode_request(&wire).is_err(), "{name}: a reply is not a request");
+            assert_eq!(
+                decode_request(&wire),
+                Err(DecodeError::NotACommand),
+                "{name}: a reply is not a request"
+            );
         }
     }
 }
@@ -492,6 +509,177 @@ fn resp_like_bytes() -> impl Strategy<Value = Vec<u8>> {
     proptest::collection::vec(token, 0..40).prop_map(|ts| ts.concat())
 }
 
+/// One argument of a generated request: any bytes, or RESP-like tokens (so that an argument can
+/// look like a header, `\r\n$3\r\n`, and a decoder that trusts content over lengths goes wrong).
+fn arb_arg() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        proptest::collection::vec(any::<u8>(), 0..12),
+        proptest::collection::vec(resp_like_bytes(), 0..3).prop_map(|v| v.concat()),
+    ]
+}
+
+/// How a generated request is damaged before it is decoded.
+#[derive(Debug, Clone)]
+enum Mutation {
+    /// Left as encoded: a valid request.
+    Keep,
+    /// Cut at an offset.
+    Truncate(prop::sample::Index),
+    /// Bytes appended after the end.
+    Append(Vec<u8>),
+    /// One byte replaced by a byte that means something in RESP (a type, a digit, CR, LF).
+    Replace(prop::sample::Index, u8),
+    /// One byte xor-ed with a non-zero mask.
+    Flip(prop::sample::Index, u8),
+    /// One byte inserted.
+    Insert(prop::sample::Index, u8),
+    /// One byte removed.
+    Remove(prop::sample::Index),
+    /// One element (or, in an empty request, a new one) replaced by the encoding of a frame that
+    /// is not a bulk string: `$-1`, `*-1`, `_`, a simple string, an integer, a nested array.
+    Foreign(prop::sample::Index, Vec<u8>),
+}
+
+impl Mutation {
+    fn is_keep(&self) -> bool {
+        matches!(self, Mutation::Keep)
+    }
+
+    /// The request `list` encoded, then damaged.
+    fn apply(&self, list: &[Vec<u8>]) -> Vec<u8> {
+        if let Mutation::Foreign(at, frame) = self {
+            let at = at.index(list.len().max(1));
+            let n = list.len().max(1);
+            let mut out = format!("*{n}\r\n").into_bytes();
+            for i in 0..n {
+                match list.get(i) {
+                    Some(_) if i == at => out.extend_from_slice(frame),
+                    Some(arg) => out.extend_from_slice(&Frame::Bulk(Bytes::from(arg.clone())).encode()),
+                    None => out.extend_from_slice(frame),
+                }
+            }
+            return out;
+        }
+        let mut out = encode_request(list).to_vec();
+        // Every encoded request has at least `*0\r\n`, so indexing into it is safe.
+        match self {
+            Mutation::Keep | Mutation::Foreign(..) => {}
+            Mutation::Truncate(at) => out.truncate(at.index(out.len())),
+            Mutation::Append(extra) => out.extend_from_slice(extra),
+            Mutation::Replace(at, b) => {
+                let i = at.index(out.len());
+                out[i] = *b;
+            }
+            Mutation::Flip(at, mask) => {
+                let i = at.index(out.len());
+                out[i] ^= *mask;
+            }
+            Mutation::Insert(at, b) => out.insert(at.index(out.len() + 1), *b),
+            Mutation::Remove(at) => {
+                out.remove(at.index(out.len()));
+            }
+        }
+        out
+    }
+}
+
+fn arb_mutation() -> impl Strategy<Value = Mutation> {
+    let foreign = prop_oneof![
+        Just(b"$-1\r\n".to_vec()),
+        Just(b"*-1\r\n".to_vec()),
+        Just(b"_\r\n".to_vec()),
+        Just(b"+OK\r\n".to_vec()),
+        Just(b"-ERR x\r\n".to_vec()),
+        Just(b":1\r\n".to_vec()),
+        Just(b"*1\r\n$1\r\nx\r\n".to_vec()),
+        arb_frame()
+            .prop_filter("not a bulk string", |f| !matches!(f, Frame::Bulk(_)))
+            .prop_map(|f| f.encode().to_vec()),
+    ];
+    let resp_byte = prop::sample::select(&b"*$+-:_\r\n0123456789"[..]);
+    prop_oneof![
+        8 => Just(Mutation::Keep),
+        1 => any::<prop::sample::Index>().prop_map(Mutation::Truncate),
+        1 => proptest::collection::vec(any::<u8>(), 1..4).prop_map(Mutation::Append),
+        1 => (any::<prop::sample::Index>(), resp_byte.clone()).prop_map(|(i, b)| Mutation::Replace(i, b)),
+        1 => (any::<prop::sample::Index>(), 1..=255u8).prop_map(|(i, m)| Mutation::Flip(i, m)),
+        1 => (any::<prop::sample::Index>(), resp_byte).prop_map(|(i, b)| Mutation::Insert(i, b)),
+        1 => any::<prop::sample::Index>().prop_map(Mutation::Remove),
+        1 => (any::<prop::sample::Index>(), foreign).prop_map(|(i, f)| Mutation::Foreign(i, f)),
+    ]
+}
+
+/// `decode_request` and `decode` agree on every input: a request decodes as an array of bulk
+/// strings with the same bytes, and an array of bulk strings decodes as that request. The inputs
+/// are valid requests (most of them) and mutations of them; counters check that both the valid
+/// and the damaged branches really run, so the property cannot pass vacuously.
+#[test]
+fn a_request_is_a_frame_too() {
+    use std::cell::Cell;
+
+    use proptest::test_runner::{Config, TestRunner};
+
+    let cases = 2048;
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let (total, requests, mutated, mutated_requests) =
+        (Cell::new(0u32), Cell::new(0u32), Cell::new(0u32), Cell::new(0u32));
+    let strategy = (proptest::collection::vec(arb_arg(), 0..6), arb_mutation());
+    runner
+        .run(&strategy, |(list, mutation)| {
+            let wire = Bytes::from(mutation.apply(&list));
+            total.set(total.get() + 1);
+            if !mutation.is_keep() {
+                mutated.set(mutated.get() + 1);
+            }
+            let as_request = decode_request(&wire);
+            if mutation.is_keep() {
+                let expect: Vec<Bytes> = list.into_iter().map(Bytes::from).collect();
+                prop_assert_eq!(&as_request, &Ok(expect));
+            }
+            match as_request {
+                Ok(args) => {
+                    requests.set(requests.get() + 1);
+                    if !mutation.is_keep() {
+                        mutated_requests.set(mutated_requests.get() + 1);
+                    }
+                    let expect = Frame::Array(args.into_iter().map(Frame::Bulk).collect());
+                    prop_assert_eq!(decode(&wire), Ok(expect), "{:?}", String::from_utf8_lossy(&wire));
+                }
+                Err(_) => {
+                    // Not a request: then it must not be an array of bulk strings either.
+                    if let Ok(Frame::Array(items)) = decode(&wire) {
+                        prop_assert!(
+                            !items.iter().all(|f| matches!(f, Frame::Bulk(_))),
+                            "decode reads a request that decode_request refuses: {:?}",
+                            String::from_utf8_lossy(&wire)
+                        );
+                    }
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    let (total, requests, mutated, mutated_requests) =
+        (total.get(), requests.get(), mutated.get(), mutated_requests.get());
+    assert_eq!(total, cases, "every case ran once (no shrinking on success)");
+    assert!(
+        requests * 2 > total,
+        "most inputs must be requests: {requests} of {total}"
+    );
+    assert!(
+        mutated * 5 > total,
+        "enough inputs must be mutated: {mutated} of {total}"
+    );
+    assert!(
+        mutated_requests > 0 && mutated_requests < mutated,
+        "mutations must yield both requests and non-requests: {mutated_requests} of {mutated}"
+    );
+}
+
 proptest! {
     #[test]
     fn frame_round_trip(f in arb_frame()) {
@@ -503,15 +691,6 @@ proptest! {
         let wire = encode_request(&list);
         let expect: Vec<Bytes> = list.into_iter().map(Bytes::from).collect();
         prop_assert_eq!(decode_request(&wire), Ok(expect));
-    }
-
-    #[test]
-    fn a_request_is_a_frame_too(wire in resp_like_bytes()) {
-        let wire = Bytes::from(wire);
-        if let Ok(args) = decode_request(&wire) {
-            let expect = Frame::Array(args.into_iter().map(Frame::Bulk).collect());
-            prop_assert_eq!(decode(&wire), Ok(expect));
-        }
     }
 
     #[test]
@@ -538,14 +717,15 @@ proptest! {
         let cut = cut.index(wire.len() + 1);
         let truncated = wire.slice(..cut);
         if cut < wire.len() {
-            prop_assert!(decode_request(&truncated).is_err());
+            prop_assert_eq!(decode_request(&truncated), Err(DecodeError::Incomplete));
         }
         let _ = decode(&truncated);
         let mut extended = wire.to_vec();
         extended.extend_from_slice(&extra);
         let extended = Bytes::from(extended);
         if extra.is_empty() {
-            prop_assert!(decode_request(&extended).is_ok());
+            let expect: Vec<Bytes> = list.iter().map(|a| Bytes::copy_from_slice(a)).collect();
+            prop_assert_eq!(decode_request(&extended), Ok(expect));
         } else {
             prop_assert_eq!(decode_request(&extended), Err(DecodeError::TrailingBytes));
         }

@@ -949,29 +949,7 @@ async fn lock_expiry_handover(broker: Broker) {
     env.stop().await;
 }
 
-/// Runs each scenario against both brokers: `aio::mosquitto::<name>` and `aio::embedded::<name>`.
-macro_rules! both_brokers {
-    ($($name:ident),* $(,)?) => {
-        mod mosquitto {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(crate::support::Broker::Mosquitto).await
-                }
-            )*
-        }
-        mod embedded {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(crate::support::Broker::Embedded).await
-                }
-            )*
-        }
-    };
-}
-
-both_brokers!(
+crate::support::both_brokers!(
     crud_versions,
     set_conditions,
     fencing_tokens,

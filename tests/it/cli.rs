@@ -497,7 +497,7 @@ async fn exit_codes_scripts_can_rely_on() {
         assert!(ran.stderr.contains("127.0.0.1"), "{}", ran.stderr);
     }
     // A broker without the state store behind it: the request times out.
-    let broker = crate::support::Mosquitto::start();
+    let broker = crate::support::Mosquitto::start().await;
     let door = vec!["--mqtt-url".to_owned(), format!("mqtt://127.0.0.1:{}", broker.port)];
     let ran = run(&["get", "k", "--timeout", "300ms"], &door, None).await;
     assert_eq!(ran.code, 5, "{ran:?}");

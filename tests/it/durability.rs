@@ -3,8 +3,8 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
+use std::time::Duration;
 
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
@@ -14,7 +14,7 @@ use stategate::hlc::Hlc;
 use stategate::resp3::Frame;
 use tokio::sync::mpsc;
 
-use crate::support::{INVOKE, WAIT, free_port, now_ts, prop, uuid_like};
+use crate::support::{INVOKE, WAIT, now_ts, prop, uuid_like};
 
 /// Requests in flight during the crash test.
 const IN_FLIGHT: usize = 64;
@@ -23,9 +23,10 @@ const IN_FLIGHT: usize = 64;
 const KEYS_PER_SLOT: usize = 4;
 const VALUE_LEN: usize = 100;
 
-/// Only the MQTT door (on a free port): the other doors' fixed default ports would collide
-/// between tests. Durable storage with fsync always, whatever the environment says.
-const SERVICE_ENV: [(&str, &str); 6] = [
+/// Only the MQTT door, on a port the embedded broker picks (the service logs it): the other
+/// doors' fixed default ports would collide between tests. Durable storage with fsync always,
+/// whatever the environment says. No colours in the log, which the tests read.
+const SERVICE_ENV: [(&str, &str); 7] = [
     ("STATEGATE_HTTP_LISTEN", "off"),
     ("STATEGATE_GRPC_LISTEN", "off"),
     ("STATEGATE_STORAGE", "durable"),
@@ -33,76 +34,106 @@ const SERVICE_ENV: [(&str, &str); 6] = [
     // Small log segments: snapshots run all the time, so kills land in the middle of them too.
     ("STATEGATE_SEGMENT_BYTES", "65536"),
     ("RUST_LOG", "stategate=info"),
+    ("NO_COLOR", "1"),
 ];
 
-/// The service as a child process.
+/// The service's own word that it serves: logged once every door is ready.
+const SERVING: &str = "stategate is serving the state store over MQTT";
+/// Logged by the MQTT door once its request subscription is acknowledged.
+const SUBSCRIBED: &str = "mqtt: subscribed";
+/// ... or, with the embedded broker, its hooks serve requests (no subscription of its own).
+const IN_BROKER: &str = "serving the state store inside the embedded broker";
+
+/// The service as a child process. Dropping it kills it without waiting: call [`Service::kill`]
+/// before starting another on the same directory.
 struct Service {
-    child: Child,
+    child: tokio::process::Child,
 }
 
 impl Service {
-    /// Spawns the binary on `dir` and waits (bounded) until it answers a request.
+    /// Spawns the binary on `dir` and waits for its log line saying it serves (after the line
+    /// saying its MQTT subscription is acknowledged); that line names the port. The log (on
+    /// stdout) is copied to `<dir>.log` by a task until the process exits; stderr (fatal
+    /// errors) goes there directly.
     async fn start(dir: &Path) -> (Service, Pipe) {
-        for _attempt in 0..5 {
-            let port = free_port();
-            let log = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(dir.with_extension("log"))
-                .expect("service log");
-            let child = Command::new(env!("CARGO_BIN_EXE_stategate"))
-                .args(["--mqtt-listen", &format!("127.0.0.1:{port}")])
-                .arg("--data-dir")
-                .arg(dir)
-                .envs(SERVICE_ENV)
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .expect("spawn stategate");
-            let mut service = Service { child };
-            let deadline = Instant::now() + 3 * WAIT;
-            while Instant::now() < deadline {
-                if let Ok(Some(status)) = service.child.try_wait() {
-                    // Most likely the port was taken between free_port and bind: try another.
-                    eprintln!("stategate exited during startup: {status}");
-                    break;
-                }
-                if let Some(mut pipe) = Pipe::connect(port).await {
-                    // A request published before the service subscribed gets no answer: retry.
-                    for _ in 0..20 {
-                        if pipe
-                            .request(&[b"GET", b"__ready__"], Duration::from_millis(250))
-                            .await
-                            .is_some()
-                        {
-                            return (service, pipe);
-                        }
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            service.kill();
-        }
-        let log = std::fs::read_to_string(dir.with_extension("log")).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(10).collect();
-        panic!(
-            "stategate did not start on {}; its log ends with:\n{}",
-            dir.display(),
-            tail.join("\n")
-        );
+        let errors = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.with_extension("log"))
+            .expect("service log");
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_stategate"))
+            .args(["--mqtt-listen", "127.0.0.1:0"])
+            .arg("--data-dir")
+            .arg(dir)
+            .envs(SERVICE_ENV)
+            .stdout(Stdio::piped())
+            .stderr(errors)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn stategate");
+        let log = child.stdout.take().expect("stategate's stdout");
+        let (port_tx, port) = tokio::sync::oneshot::channel();
+        tokio::spawn(copy_log(log, dir.with_extension("log"), port_tx));
+        let port = match tokio::time::timeout(3 * WAIT, port).await {
+            Ok(Ok(Ok(port))) => port,
+            Ok(Ok(Err(line))) => panic!(
+                "stategate serves without its MQTT subscription: {line}\n{}",
+                log_tail(dir)
+            ),
+            Ok(Err(_)) => panic!("stategate exited during startup; its log ends with:\n{}", log_tail(dir)),
+            Err(_) => panic!("stategate did not start in time; its log ends with:\n{}", log_tail(dir)),
+        };
+        let pipe = Pipe::connect(port).await.expect("a connection to the service");
+        (Service { child }, pipe)
     }
 
-    /// SIGKILL: no shutdown code runs.
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    /// SIGKILL: no shutdown code runs. Returns once the process is gone.
+    async fn kill(&mut self) {
+        let _ = self.child.start_kill();
+        tokio::time::timeout(WAIT, self.child.wait())
+            .await
+            .expect("stategate exits after SIGKILL")
+            .expect("wait for stategate");
     }
 }
 
-impl Drop for Service {
-    fn drop(&mut self) {
-        self.kill();
+/// Appends the service's log lines to `path`; sends the port from the line saying it serves
+/// (`Err(line)` if that came before the MQTT subscription was acknowledged).
+async fn copy_log(
+    log: tokio::process::ChildStdout,
+    path: PathBuf,
+    port: tokio::sync::oneshot::Sender<Result<u16, String>>,
+) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let mut file = tokio::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .await
+        .expect("service log");
+    let mut lines = tokio::io::BufReader::new(log).lines();
+    let mut port = Some(port);
+    let mut subscribed = false;
+    while let Ok(Some(line)) = lines.next_line().await {
+        let _ = file.write_all(format!("{line}\n").as_bytes()).await;
+        subscribed |= line.contains(SUBSCRIBED) || line.contains(IN_BROKER);
+        if line.contains(SERVING)
+            && let Some(tx) = port.take()
+        {
+            let found = line
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("port=")?.parse().ok())
+                .ok_or_else(|| line.clone());
+            let _ = tx.send(if subscribed { found } else { Err(line.clone()) });
+        }
     }
+}
+
+fn log_tail(dir: &Path) -> String {
+    let log = std::fs::read_to_string(dir.with_extension("log")).unwrap_or_default();
+    let mut tail: Vec<&str> = log.lines().rev().take(10).collect();
+    tail.reverse();
+    tail.join("\n")
 }
 
 /// A raw MQTT5 client that keeps many requests in flight; nothing here panics on a dead peer.
@@ -378,7 +409,7 @@ async fn kill_9_loses_no_acknowledged_write() {
             _ = load(&mut pipe, &mut keys, &mut acks) => panic!("the load ended before the kill"),
             _ = tokio::time::sleep(kill_after) => {}
         }
-        service.kill();
+        service.kill().await;
         eprintln!("round {round}: killed after {kill_after:?} with {acks} SETs acknowledged");
         total += acks;
     }
@@ -407,7 +438,7 @@ async fn a_log_cut_anywhere_serves_a_prefix() {
                 .expect("SET");
             assert_eq!(a.frame, Frame::Simple("OK".into()));
         }
-        service.kill();
+        service.kill().await;
     }
     let log = std::fs::read_dir(&dir)
         .expect("data dir")
@@ -421,7 +452,7 @@ async fn a_log_cut_anywhere_serves_a_prefix() {
     let mut prefixes = Vec::new();
     for cut in cuts {
         std::fs::write(&log, &pristine[..cut]).expect("cut the log");
-        let (_service, mut pipe) = Service::start(&dir).await;
+        let (mut service, mut pipe) = Service::start(&dir).await;
         let mut present = Vec::new();
         for i in 0..N {
             let a = pipe.get(key(i).as_bytes()).await.expect("GET");
@@ -447,6 +478,8 @@ async fn a_log_cut_anywhere_serves_a_prefix() {
         let a = pipe.set(b"after-cut", b"1").await.expect("SET after the cut");
         assert_eq!(a.frame, Frame::Simple("OK".into()));
         prefixes.push((cut, m));
+        // Gone before the next start takes the directory.
+        service.kill().await;
     }
     eprintln!("cuts and the prefixes served: {prefixes:?}");
     drop(tmp);
@@ -462,7 +495,7 @@ async fn corruption_in_the_middle_is_a_startup_error() {
             let k = format!("c{i}");
             pipe.set(k.as_bytes(), &value(&k, 1)).await.expect("SET");
         }
-        service.kill();
+        service.kill().await;
     }
     let log = std::fs::read_dir(&dir)
         .expect("data dir")
@@ -473,32 +506,44 @@ async fn corruption_in_the_middle_is_a_startup_error() {
     let middle = data.len() / 2;
     data[middle] ^= 0xff;
     std::fs::write(&log, data).expect("write");
-    let errors = dir.with_extension("stderr");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_stategate"))
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_stategate"))
         .args(["--mqtt-listen", "127.0.0.1:0"])
         .arg("--data-dir")
         .arg(&dir)
         .envs(SERVICE_ENV)
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&errors).expect("stderr file"))
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
         .spawn()
         .expect("spawn stategate");
-    let deadline = Instant::now() + 3 * WAIT;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("stategate started on a corrupt log");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    let stderr = std::fs::read_to_string(&errors).expect("stderr");
+    // Its exit, awaited; a service that starts anyway is killed (on drop) when the wait ends.
+    let out = tokio::time::timeout(3 * WAIT, child.wait_with_output())
+        .await
+        .expect("stategate started on a corrupt log")
+        .expect("wait for stategate");
+    let (status, stderr) = (out.status, String::from_utf8_lossy(&out.stderr).into_owned());
     assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("storage is corrupt"), "{stderr}");
     assert!(
         stderr.contains(&*log.file_name().expect("name").to_string_lossy()),
         "{stderr}"
     );
+}
+
+/// A stopped service closes its store, so the same process can open the directory again (with
+/// the embedded broker too: rmqtt keeps its hooks after it stops, and they must not keep the
+/// engine alive).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_service_releases_its_data_dir() {
+    use stategate::storage::durable::{DurableBackend, DurableOptions};
+
+    use crate::support::{Broker, Storage, TestEnv};
+
+    for broker in [Broker::Mosquitto, Broker::Embedded] {
+        let env = TestEnv::start_on(broker, Storage::Durable, |_| {}).await;
+        let dir = env.stop_keeping_data().await.expect("a data dir");
+        if let Err(e) = DurableBackend::open(DurableOptions::new(dir.path())) {
+            panic!("{broker:?}: the stopped service still holds its store: {e}");
+        }
+    }
 }

@@ -11,23 +11,30 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::process::{Output, Stdio};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use stategate::grpc::pb::dapr::proto::common::v1 as common;
 use stategate::grpc::pb::dapr::proto::components::v1 as cpb;
 use stategate::grpc::pb::dapr::proto::runtime::v1 as rpb;
 use stategate::grpc::pb::statestore::v1 as npb;
 use stategate::hlc::Hlc;
+use tokio::process::Command;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetail, StatusExt};
 
-use crate::support::{Broker, RawClient, TestEnv, WAIT, now_ts, prop, unique_id};
+use crate::support::{Broker, RawClient, Storage, TestEnv, WAIT, now_ts, prop, unique_id};
 
 const STORE: &str = "statestore";
+
+// The native API (unary and Watch) and Dapr transactions over memory and durable storage.
+crate::support::both_storages!(
+    native_and_dapr_runtime_share_versions,
+    native_watch_events_and_client_drop,
+    dapr_transactions,
+);
 
 type Native = npb::state_store_client::StateStoreClient<Channel>;
 type Dapr = rpb::dapr_client::DaprClient<Channel>;
@@ -108,9 +115,8 @@ async fn native_get(c: &mut Native, key: &[u8]) -> npb::GetResponse {
         .into_inner()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn native_and_dapr_runtime_share_versions() {
-    let env = TestEnv::start(Broker::Embedded).await;
+async fn native_and_dapr_runtime_share_versions(storage: Storage) {
+    let env = TestEnv::start_on(Broker::Embedded, storage, |_| {}).await;
     let mut native = npb::state_store_client::StateStoreClient::connect(env.grpc())
         .await
         .unwrap();
@@ -525,10 +531,9 @@ async fn watch(c: &mut Native, keys: &[&[u8]], patterns: &[&str]) -> tonic::Stre
 
 /// Watch: set, delete and expiry events with the versions the writers were told, filtered by
 /// keys and patterns; a dropped stream leaves the service (and the connection) serving.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn native_watch_events_and_client_drop() {
+async fn native_watch_events_and_client_drop(storage: Storage) {
     use npb::watch_event::Kind;
-    let env = TestEnv::start(Broker::Embedded).await;
+    let env = TestEnv::start_on(Broker::Embedded, storage, |_| {}).await;
     let (mut c, _) = clients(&env).await;
 
     expect_status(
@@ -563,11 +568,13 @@ async fn native_watch_events_and_client_drop() {
     let s3 = native_set(
         &mut c,
         npb::SetRequest {
-            ttl_ms: 1,
+            ttl_ms: 60_000,
             ..set_req(b"p/ttl", b"brief")
         },
     )
     .await;
+    // The minute passes on the service's clock, at once.
+    env.advance(60_000);
 
     let e = next_event(&mut all).await;
     assert_event(&e, b"unwatched", Kind::Set, b"x");
@@ -584,7 +591,7 @@ async fn native_watch_events_and_client_drop() {
         let e = next_event(stream).await;
         assert_event(&e, b"p/ttl", Kind::Set, b"brief");
         assert_eq!(e.version, s3.version);
-        // The expiry sweeper removes the key within its 1 ms ttl; observers are told.
+        // The expiry driver removes the key once its deadline passed; watchers are told.
         let e = next_event(stream).await;
         assert_event(&e, b"p/ttl", Kind::Expire, b"");
         assert!(
@@ -1106,9 +1113,8 @@ async fn dapr_bulk_get_and_bulk_delete() {
 }
 
 /// ExecuteStateTransaction: in order, all or nothing, INTERNAL on any conflict.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dapr_transactions() {
-    let env = TestEnv::start_with(Broker::Embedded, |c| c.http.max_transaction_ops = 4).await;
+async fn dapr_transactions(storage: Storage) {
+    let env = TestEnv::start_on(Broker::Embedded, storage, |c| c.http.max_transaction_ops = 4).await;
     let (_, mut d) = clients(&env).await;
     save(&mut d, vec![item("t1", b"1"), item("t2", b"2")]).await;
     within(
@@ -2239,43 +2245,20 @@ async fn watch_sees_mqtt_http_and_dapr_writes() {
 // The official Python Dapr SDK as a peer
 // ---------------------------------------------------------------------------------------------
 
-/// Runs a command with a deadline, capturing its output. The poll interval only bounds how
-/// late a finished child is noticed; it synchronises nothing.
-fn run_bounded(cmd: &mut Command, limit: Duration, what: &str) -> Output {
-    let mut child = cmd
+/// Runs a command to its end, capturing its output, within `limit`: past it the child is killed
+/// (`kill_on_drop`) and the test fails. Awaits the child's exit; nothing blocks a worker.
+async fn run_bounded(cmd: &mut Command, limit: Duration, what: &str) -> Output {
+    let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .kill_on_drop(true)
         .spawn()
         .unwrap_or_else(|e| panic!("{what}: cannot start {cmd:?}: {e}"));
-    let mut out = child.stdout.take().expect("stdout");
-    let mut err = child.stderr.take().expect("stderr");
-    let out = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let err = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for child") {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what}: still running after {limit:?}, killed ({cmd:?})");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Output {
-        status,
-        stdout: out.join().unwrap_or_default(),
-        stderr: err.join().unwrap_or_default(),
+    match tokio::time::timeout(limit, child.wait_with_output()).await {
+        Ok(Ok(output)) => output,
+        Ok(Err(e)) => panic!("{what}: waiting for {cmd:?}: {e}"),
+        Err(_) => panic!("{what}: still running after {limit:?}, killed ({cmd:?})"),
     }
 }
 
@@ -2290,31 +2273,39 @@ fn describe(o: &Output) -> String {
 
 /// A virtualenv with the Dapr SDK (`dapr>=1.14`), created once under
 /// `$HOME/.cache/stategate-pyvenv` and reused while it imports `dapr.clients`. A lock file
-/// keeps concurrent test runs from building it twice.
-fn dapr_sdk_python() -> PathBuf {
+/// keeps concurrent test runs from building it twice (taken on a blocking thread).
+async fn dapr_sdk_python() -> PathBuf {
     let home = std::env::var_os("HOME").expect("HOME is set");
     let cache = Path::new(&home).join(".cache");
     std::fs::create_dir_all(&cache).expect("create ~/.cache");
     let venv = cache.join("stategate-pyvenv");
     let python = venv.join("bin").join("python");
-    let lock = std::fs::File::create(cache.join("stategate-pyvenv.lock")).expect("venv lock file");
-    lock.lock().expect("lock the venv");
-    let has_sdk = |python: &Path| {
+    let lock_path = cache.join("stategate-pyvenv.lock");
+    let lock = tokio::task::spawn_blocking(move || {
+        let lock = std::fs::File::create(lock_path).expect("venv lock file");
+        lock.lock().expect("lock the venv");
+        lock
+    })
+    .await
+    .expect("lock task");
+    async fn has_sdk(python: &Path) -> bool {
         python.exists()
             && run_bounded(
                 Command::new(python).args(["-c", "import dapr.clients"]),
                 Duration::from_secs(60),
                 "import dapr",
             )
+            .await
             .status
             .success()
-    };
-    if !has_sdk(&python) {
+    }
+    if !has_sdk(&python).await {
         let o = run_bounded(
             Command::new("python3").args(["-m", "venv", "--clear"]).arg(&venv),
             Duration::from_secs(120),
             "python3 -m venv",
-        );
+        )
+        .await;
         assert!(
             o.status.success(),
             "python3 -m venv {} failed: {}",
@@ -2335,7 +2326,8 @@ fn dapr_sdk_python() -> PathBuf {
                 .env("PIP_DEFAULT_TIMEOUT", "60"),
             Duration::from_secs(600),
             "pip install dapr",
-        );
+        )
+        .await;
         assert!(
             o.status.success(),
             "pip install \"dapr>=1.14\" into {} failed (is PyPI reachable?): {}",
@@ -2343,7 +2335,7 @@ fn dapr_sdk_python() -> PathBuf {
             describe(&o)
         );
         assert!(
-            has_sdk(&python),
+            has_sdk(&python).await,
             "the venv at {} still cannot import dapr.clients",
             venv.display()
         );
@@ -2357,26 +2349,23 @@ fn dapr_sdk_python() -> PathBuf {
 /// Rust SDK with the same version as the ETag the Python SDK saw.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_dapr_sdk_interop() {
-    let python = tokio::task::spawn_blocking(dapr_sdk_python).await.expect("venv");
+    let python = dapr_sdk_python().await;
     let env = TestEnv::start(Broker::Embedded).await;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/dapr_sdk_check.py");
     let grpc = env.grpc().trim_start_matches("http://").to_owned();
     let http = env.http();
-    let out = tokio::task::spawn_blocking(move || {
-        run_bounded(
-            Command::new(&python)
-                .arg(&script)
-                .arg(&grpc)
-                .arg(&http)
-                .env("PYTHONUNBUFFERED", "1")
-                .env("DAPR_HEALTH_TIMEOUT", "20")
-                .env_remove("DAPR_API_TOKEN"),
-            Duration::from_secs(60),
-            "dapr_sdk_check.py",
-        )
-    })
-    .await
-    .expect("script runner");
+    let out = run_bounded(
+        Command::new(&python)
+            .arg(&script)
+            .arg(&grpc)
+            .arg(&http)
+            .env("PYTHONUNBUFFERED", "1")
+            .env("DAPR_HEALTH_TIMEOUT", "20")
+            .env_remove("DAPR_API_TOKEN"),
+        Duration::from_secs(60),
+        "dapr_sdk_check.py",
+    )
+    .await;
     assert!(
         out.status.success(),
         "the Python Dapr SDK check failed: {}",

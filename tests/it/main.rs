@@ -1,5 +1,6 @@
 //! The one integration test binary: real brokers, real ports, real peer clients.
 
+mod access_rules;
 mod aio;
 mod cli;
 mod console;
@@ -11,7 +12,9 @@ mod http;
 mod http_fuzz;
 mod inbroker;
 mod mqtt;
+mod mqtt_auth;
 mod openapi;
 mod ops;
 mod redis;
+mod resources;
 mod support;

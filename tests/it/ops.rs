@@ -237,7 +237,7 @@ async fn grpc_health_until(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_follows_the_external_broker() {
-    let mosquitto = Mosquitto::start();
+    let mosquitto = Mosquitto::start().await;
     let port = mosquitto.port;
     let env = TestEnv::start_with(Broker::Embedded, move |c| {
         c.broker = BrokerChoice::External {

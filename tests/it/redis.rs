@@ -11,7 +11,7 @@ use serde_json::json;
 use stategate::config::Config;
 use stategate::storage::{StorageKind, Store};
 
-use crate::support::{Broker, RawClient, TestEnv, WAIT, free_port, now_ts, prop, unique_id};
+use crate::support::{Broker, RawClient, Storage, TestEnv, WAIT, free_port, now_ts, prop, unique_id};
 
 #[path = "../../src/storage/redis/server.rs"]
 mod server;
@@ -30,7 +30,7 @@ fn redis_storage(server: &TestServer) -> stategate::storage::StorageConfig {
 async fn replica(server: &TestServer, node: &str, max_keys: Option<u64>) -> TestEnv {
     let store = Store::open(&redis_storage(server)).await.expect("open redis storage");
     let node = node.to_owned();
-    TestEnv::start_on(Broker::Embedded, store, move |c| {
+    TestEnv::start_on(Broker::Embedded, Storage::Shared(store), move |c| {
         c.node_id = node.clone();
         c.http.app_id = node;
         c.limits.max_keys = max_keys;

@@ -1,17 +1,19 @@
 //! Shared test harness: a real Mosquitto per test on a free port, the service in process, and
 //! a raw MQTT5 client that sees every property byte for byte.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
+use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, Publish, PublishProperties, SubscribeReasonCode};
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use stategate::config::{BrokerChoice, Config};
 use stategate::storage::Store;
+use stategate::storage::durable::{DurableBackend, DurableOptions};
 use tokio::sync::mpsc;
 
 pub const INVOKE: &str = stategate::mqtt::INVOKE_TOPIC;
@@ -26,16 +28,20 @@ pub fn free_port() -> u16 {
         .expect("no free port")
 }
 
-/// A Mosquitto broker on a free loopback port, stopped on drop.
+/// A Mosquitto broker on a free loopback port, killed on drop.
 pub struct Mosquitto {
     pub port: u16,
-    child: Child,
+    _child: tokio::process::Child,
     _dir: tempfile::TempDir,
 }
 
 impl Mosquitto {
-    pub fn start() -> Mosquitto {
+    /// Starts Mosquitto and waits for its own word that it serves: the log line "mosquitto
+    /// version ... running", written once its listener is open. A task reads its log (stderr)
+    /// until it exits, so that Mosquitto never blocks on a full pipe.
+    pub async fn start() -> Mosquitto {
         let bin = which_mosquitto();
+        let mut failures = Vec::new();
         for _attempt in 0..5 {
             let port = free_port();
             let dir = tempfile::tempdir().expect("tempdir");
@@ -43,40 +49,48 @@ impl Mosquitto {
             std::fs::write(
                 &conf,
                 format!(
-                    "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nset_tcp_nodelay true\nmax_inflight_messages 0\nmax_queued_messages 100000\n"
+                    "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nset_tcp_nodelay true\nmax_inflight_messages 0\nmax_queued_messages 100000\nlog_dest stderr\n"
                 ),
             )
             .expect("write mosquitto.conf");
-            let mut child = Command::new(&bin)
+            let mut child = tokio::process::Command::new(&bin)
                 .arg("-c")
                 .arg(&conf)
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true)
                 .spawn()
                 .expect("spawn mosquitto");
-            // Readiness: the port accepts connections (bounded), or the process died (port taken).
-            let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-            let deadline = std::time::Instant::now() + WAIT;
-            while std::time::Instant::now() < deadline {
-                if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
-                    return Mosquitto { port, child, _dir: dir };
+            let stderr = child.stderr.take().expect("mosquitto's stderr");
+            let (ready_tx, ready) = tokio::sync::oneshot::channel::<()>();
+            let log = tokio::spawn(async move {
+                use tokio::io::AsyncBufReadExt;
+                let mut lines = tokio::io::BufReader::new(stderr).lines();
+                let mut ready_tx = Some(ready_tx);
+                let mut before_ready = Vec::new();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if ready_tx.is_some() && line.contains("mosquitto version") && line.ends_with(" running") {
+                        let _ = ready_tx.take().map(|tx| tx.send(()));
+                    } else if ready_tx.is_some() {
+                        before_ready.push(line);
+                    }
                 }
-                if let Ok(Some(_)) = child.try_wait() {
-                    break;
+                // Exited (or closed its log) before it was ready: most likely the port was taken.
+                before_ready
+            });
+            match tokio::time::timeout(WAIT, ready).await {
+                Ok(Ok(())) => {
+                    return Mosquitto {
+                        port,
+                        _child: child,
+                        _dir: dir,
+                    };
                 }
-                std::thread::sleep(Duration::from_millis(10));
+                Ok(Err(_)) => failures.push(log.await.unwrap_or_default().join("\n")),
+                Err(_) => panic!("mosquitto did not log that it runs within {WAIT:?}"),
             }
-            let _ = child.kill();
-            let _ = child.wait();
         }
-        panic!("mosquitto did not start");
-    }
-}
-
-impl Drop for Mosquitto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        panic!("mosquitto did not start; its logs:\n{}", failures.join("\n---\n"));
     }
 }
 
@@ -96,11 +110,40 @@ pub enum Broker {
     Embedded,
 }
 
+/// Which storage the service runs on.
+#[derive(Debug, Clone)]
+pub enum Storage {
+    Memory,
+    /// The durable backend (log and snapshots, `fsync` always) in a temporary directory that
+    /// lives as long as the [`TestEnv`].
+    Durable,
+    /// A store opened by the test (e.g. one Redis shared by two services, as replicas do).
+    Shared(Store),
+}
+
 /// A running service and the broker it uses.
 pub struct TestEnv {
     pub broker_port: u16,
     pub service: Option<stategate::Running>,
     _mosquitto: Option<Mosquitto>,
+    /// The durable store's directory; dropped after the service.
+    data: Option<tempfile::TempDir>,
+    /// The service's clock (and its durable store's): real time plus what the test added.
+    clock: Arc<ShiftedClock>,
+}
+
+/// Wall-clock time plus an offset the test moves forward: clients that stamp their requests
+/// with real time stay within the clock-skew window, and a TTL passes without waiting for it.
+#[derive(Debug, Default)]
+pub struct ShiftedClock {
+    offset_ms: std::sync::atomic::AtomicU64,
+}
+
+impl stategate::hlc::Clock for ShiftedClock {
+    fn now_ms(&self) -> u64 {
+        let real = stategate::hlc::Clock::now_ms(&stategate::hlc::SystemClock);
+        real + self.offset_ms.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 impl TestEnv {
@@ -110,19 +153,37 @@ impl TestEnv {
 
     /// Starts with a configuration tweak (limits, page sizes, ids).
     pub async fn start_with(broker: Broker, tweak: impl FnOnce(&mut Config)) -> TestEnv {
-        TestEnv::start_on(broker, Store::memory(), tweak).await
+        TestEnv::start_on(broker, Storage::Memory, tweak).await
     }
 
-    /// Starts on a given store (e.g. one shared with another service, as replicas do).
-    pub async fn start_on(broker: Broker, store: Store, tweak: impl FnOnce(&mut Config)) -> TestEnv {
-        let mut config = Config::default();
-        // The service runs on `Store::memory()`: say so, as the status route reports it.
-        config.storage.kind = stategate::storage::StorageKind::Memory;
-        config.http_listen = Some("127.0.0.1:0".parse().unwrap());
-        config.grpc_listen = Some("127.0.0.1:0".parse().unwrap());
+    /// Starts on the given storage, with a configuration tweak.
+    pub async fn start_on(broker: Broker, storage: Storage, tweak: impl FnOnce(&mut Config)) -> TestEnv {
+        let mut config = Config {
+            http_listen: Some("127.0.0.1:0".parse().unwrap()),
+            grpc_listen: Some("127.0.0.1:0".parse().unwrap()),
+            ..Config::default()
+        };
+        let clock = Arc::new(ShiftedClock::default());
+        // Say which storage runs, as the status route reports it.
+        let (store, data) = match storage {
+            Storage::Memory => {
+                config.storage.kind = stategate::storage::StorageKind::Memory;
+                (Store::memory(), None)
+            }
+            Storage::Durable => {
+                let dir = tempfile::tempdir().expect("tempdir");
+                let mut options = DurableOptions::new(dir.path());
+                options.clock = clock.clone();
+                let backend = DurableBackend::open(options).expect("durable storage opens");
+                config.storage.kind = stategate::storage::StorageKind::Durable;
+                config.storage.data_dir = dir.path().to_owned();
+                (Store::new(backend), Some(dir))
+            }
+            Storage::Shared(store) => (store, None),
+        };
         let mosquitto = match broker {
             Broker::Mosquitto => {
-                let m = Mosquitto::start();
+                let m = Mosquitto::start().await;
                 config.broker = BrokerChoice::External {
                     host: "127.0.0.1".into(),
                     port: m.port,
@@ -138,13 +199,24 @@ impl TestEnv {
             }
         };
         tweak(&mut config);
-        let running = stategate::start(config, store).await.expect("service starts");
+        let running = stategate::start_with_clock(config, store, clock.clone())
+            .await
+            .expect("service starts");
         let broker_port = running.mqtt_broker().1;
         TestEnv {
             broker_port,
             service: Some(running),
             _mosquitto: mosquitto,
+            data,
+            clock,
         }
+    }
+
+    /// Moves the service's clock forward (TTLs pass without waiting) and wakes its expiry
+    /// driver, so keys due by the new time are removed now.
+    pub fn advance(&self, ms: u64) {
+        self.clock.offset_ms.fetch_add(ms, std::sync::atomic::Ordering::SeqCst);
+        self.engine().wake_expiry();
     }
 
     /// Base URL of the HTTP door, e.g. `http://127.0.0.1:41234`.
@@ -171,26 +243,150 @@ impl TestEnv {
         self.service.as_ref().expect("running").engine()
     }
 
-    pub async fn stop(mut self) {
-        if let Some(s) = self.service.take() {
-            s.shutdown().await;
+    /// Stops the service. On durable storage, then recovers a copy of the directory and checks
+    /// that it holds exactly what the service served before stopping: what the doors wrote went
+    /// through the log. (A copy, so the directory itself is handed over untouched by the check.)
+    pub async fn stop(self) {
+        let _ = self.stop_keeping_data().await;
+    }
+
+    /// [`TestEnv::stop`], handing over the durable store's directory (`None` on memory).
+    pub async fn stop_keeping_data(mut self) -> Option<tempfile::TempDir> {
+        let Some(s) = self.service.take() else {
+            return self.data.take();
+        };
+        let served = match &self.data {
+            Some(_) => Some(live_records(s.engine()).await),
+            None => None,
+        };
+        s.shutdown().await;
+        if let (Some(dir), Some(served)) = (&self.data, served) {
+            let copy = tempfile::tempdir().expect("tempdir");
+            for entry in std::fs::read_dir(dir.path()).expect("read the data dir") {
+                let entry = entry.expect("a directory entry");
+                std::fs::copy(entry.path(), copy.path().join(entry.file_name())).expect("copy a data file");
+            }
+            let backend = DurableBackend::open(DurableOptions::new(copy.path())).expect("the copy recovers");
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as u64;
+            let reopened = Store::new(backend);
+            let all = reopened
+                .backend()
+                .scan(None, usize::MAX, 0, &|_| true)
+                .await
+                .expect("scan the reopened store");
+            for key in &all.keys {
+                let rec = reopened.backend().get(key).await.unwrap().expect("a scanned key");
+                match served.iter().find(|(k, _)| k == key) {
+                    Some((_, entry)) => {
+                        let got = (&rec.value, &rec.version, &rec.fencing, rec.expires_at_ms);
+                        let want = (&entry.value, &entry.version, &entry.fencing, entry.expires_at_ms);
+                        assert_eq!(got, want, "{key:?} after a reopen");
+                    }
+                    // Expired since (expired records are loaded; the engine hides them).
+                    None => assert!(rec.is_expired(now), "{key:?} was not served before stopping"),
+                }
+            }
+            let missing: Vec<_> = served.iter().filter(|(k, _)| !all.keys.contains(k)).collect();
+            assert!(missing.is_empty(), "lost by a reopen: {missing:?}");
+        }
+        self.data.take()
+    }
+}
+
+/// Every live key and its entry, as the engine serves them.
+async fn live_records(engine: &stategate::engine::Engine) -> Vec<(Bytes, stategate::engine::Entry)> {
+    let mut out = Vec::new();
+    let mut after: Option<Bytes> = None;
+    loop {
+        let page = engine
+            .keys_with_prefix(b"", after.as_deref(), 4096)
+            .await
+            .expect("list keys");
+        for key in page.keys {
+            if let Some(entry) = engine.read(&key).await.expect("read") {
+                out.push((key, entry));
+            }
+        }
+        match page.resume_after {
+            Some(k) => after = Some(k),
+            None => return out,
         }
     }
 }
+
+/// Runs each scenario `async fn name(broker: Broker)` against Mosquitto and against the
+/// embedded broker: `<module>::mosquitto::<name>` and `<module>::embedded::<name>`.
+macro_rules! both_brokers {
+    ($($name:ident),* $(,)?) => {
+        mod mosquitto {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(crate::support::Broker::Mosquitto).await
+                }
+            )*
+        }
+        mod embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(crate::support::Broker::Embedded).await
+                }
+            )*
+        }
+    };
+}
+pub(crate) use both_brokers;
+
+/// Runs each scenario `async fn name(storage: Storage)` on memory storage and on durable
+/// storage: `<module>::memory::<name>` and `<module>::durable::<name>`.
+macro_rules! both_storages {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(crate::support::Storage::Memory).await
+                }
+            )*
+        }
+        mod durable {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(crate::support::Storage::Durable).await
+                }
+            )*
+        }
+    };
+}
+pub(crate) use both_storages;
 
 /// A raw MQTT5 client: publishes requests with any properties and receives every PUBLISH.
 pub struct RawClient {
     pub client: AsyncClient,
     pub id: String,
     incoming: mpsc::UnboundedReceiver<Publish>,
-    subacks: mpsc::UnboundedReceiver<()>,
+    subacks: mpsc::UnboundedReceiver<Vec<SubscribeReasonCode>>,
+    pubacks: mpsc::UnboundedReceiver<PubAckReason>,
     subscribed: Vec<String>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl RawClient {
     pub async fn connect(port: u16, id: &str) -> RawClient {
+        RawClient::connect_as(port, id, None).await.expect("connected")
+    }
+
+    /// Connects with a username and password (or none); `Err` with the CONNACK's refusal.
+    pub async fn connect_as(port: u16, id: &str, credentials: Option<(&str, &str)>) -> Result<RawClient, String> {
         let mut o = MqttOptions::new(id, "127.0.0.1", port);
+        if let Some((user, password)) = credentials {
+            o.set_credentials(user, password);
+        }
         o.set_max_packet_size(Some(16 * 1024 * 1024));
         o.set_keep_alive(Duration::from_secs(30));
         let mut net = rumqttc::NetworkOptions::new();
@@ -199,6 +395,7 @@ impl RawClient {
         let (client, mut eventloop) = AsyncClient::new(o, 1024);
         let (tx, incoming) = mpsc::unbounded_channel();
         let (sub_tx, subacks) = mpsc::unbounded_channel();
+        let (puback_tx, pubacks) = mpsc::unbounded_channel();
         let (conn_tx, mut conn_rx) = mpsc::unbounded_channel();
         let task = tokio::spawn(async move {
             loop {
@@ -206,38 +403,62 @@ impl RawClient {
                     Ok(Event::Incoming(Packet::Publish(p))) => {
                         let _ = tx.send(p);
                     }
-                    Ok(Event::Incoming(Packet::SubAck(_))) => {
-                        let _ = sub_tx.send(());
+                    Ok(Event::Incoming(Packet::SubAck(a))) => {
+                        let _ = sub_tx.send(a.return_codes);
+                    }
+                    Ok(Event::Incoming(Packet::PubAck(a))) => {
+                        let _ = puback_tx.send(a.reason);
                     }
                     Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                        let _ = conn_tx.send(());
+                        let _ = conn_tx.send(Ok(()));
                     }
                     Ok(_) => {}
-                    Err(_) => return,
+                    Err(e) => {
+                        let _ = conn_tx.send(Err(e.to_string()));
+                        return;
+                    }
                 }
             }
         });
         tokio::time::timeout(WAIT, conn_rx.recv())
             .await
             .expect("connack in time")
-            .expect("connected");
-        RawClient {
+            .expect("connection attempt reported")?;
+        Ok(RawClient {
             client,
             id: id.to_owned(),
             incoming,
             subacks,
+            pubacks,
             subscribed: Vec::new(),
             task,
-        }
+        })
     }
 
     /// Subscribes and waits for the SUBACK.
     pub async fn subscribe(&mut self, topic: &str) {
+        let codes = self.try_subscribe(topic).await;
+        assert!(
+            codes.iter().all(|c| matches!(c, SubscribeReasonCode::Success(_))),
+            "subscription to {topic} refused: {codes:?}"
+        );
+    }
+
+    /// Subscribes and returns the SUBACK's reason codes.
+    pub async fn try_subscribe(&mut self, topic: &str) -> Vec<SubscribeReasonCode> {
         self.client.subscribe(topic, QoS::AtLeastOnce).await.expect("subscribe");
         tokio::time::timeout(WAIT, self.subacks.recv())
             .await
             .expect("suback in time")
-            .expect("suback");
+            .expect("suback")
+    }
+
+    /// The reason code of the next PUBACK this client receives.
+    pub async fn next_puback(&mut self) -> PubAckReason {
+        tokio::time::timeout(WAIT, self.pubacks.recv())
+            .await
+            .expect("a puback in time")
+            .expect("connection alive")
     }
 
     /// The response topic this client uses.
@@ -259,11 +480,6 @@ impl RawClient {
             .await
             .expect("a publish in time")
             .expect("connection alive")
-    }
-
-    /// The next PUBLISH, or `None` if nothing arrives within `d` (to assert absence only).
-    pub async fn next_within(&mut self, d: Duration) -> Option<Publish> {
-        tokio::time::timeout(d, self.incoming.recv()).await.ok().flatten()
     }
 
     /// Sends a request with standard properties (+ `extra` user properties) and returns the

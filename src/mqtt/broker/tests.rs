@@ -31,6 +31,7 @@ fn options() -> BrokerOptions {
         max_packet_bytes: 256 * 1024,
         receive_maximum: 100,
         default_message_expiry: None,
+        guard: None,
     }
 }
 

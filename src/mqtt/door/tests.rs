@@ -120,6 +120,7 @@ async fn keynotify_for_another_client_is_refused_when_the_publisher_is_known() {
     let real = Caller {
         client_id: Some("device-1".into()),
         session: Some(7),
+        username: None,
     };
     let forged = req(&[b"KEYNOTIFY", b"k"], "n-1", &[("__srcId", "device-2")]);
     let out = d.serve(&forged, &real).await.unwrap();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::*;
-use crate::engine::{Command, Engine, Limits, Reply, Set, SetCondition};
+use crate::engine::{Command, Engine, EngineError, Limits, Reply, Set, SetCondition};
 use crate::hlc::ManualClock;
 use crate::storage::Store;
 
@@ -123,12 +123,122 @@ async fn contract_batch_and_never_multi_thread() {
     }
 }
 
+/// Everything a store serves, as the contract observes it (the highest version aside: a reopen
+/// may raise it).
+#[derive(Debug, PartialEq)]
+struct Contents {
+    records: Vec<(Bytes, Record)>,
+    len: u64,
+    next_deadline: Option<u64>,
+}
+
+async fn contents(store: &Store) -> Contents {
+    let be = store.backend();
+    let page = be.scan(None, usize::MAX, 0, &|_| true).await.unwrap();
+    assert_eq!(page.resume_after, None);
+    let mut records = Vec::new();
+    for key in page.keys {
+        let r = get(store, &key).await.expect("a scanned key is there");
+        records.push((key, r));
+    }
+    Contents {
+        records,
+        len: be.len().await.unwrap(),
+        next_deadline: be.next_deadline().await.unwrap(),
+    }
+}
+
+/// After a clean close with compaction on: the one snapshot left is the newest one, `snap-N`
+/// with N >= 2 (every rotation starts segment N+1 and a snapshot of it; closing joins the
+/// snapshot in progress), and every segment before N and every older snapshot was removed, so
+/// only `log-N` remains. Returns N.
+fn assert_compacted(dir: &Path) -> u64 {
+    let seq = |p: &PathBuf| -> u64 {
+        let name = p.file_name().unwrap().to_str().unwrap();
+        name[name.find('-').unwrap() + 1..name.find('.').unwrap()]
+            .parse()
+            .unwrap()
+    };
+    let snaps: Vec<u64> = files(dir, "snap-").iter().map(seq).collect();
+    let logs: Vec<u64> = files(dir, "log-").iter().map(seq).collect();
+    assert_eq!(snaps.len(), 1, "exactly one snapshot is left: {snaps:?}");
+    let n = snaps[0];
+    assert!(n >= 2, "the log was rotated and a snapshot committed: snap-{n}");
+    assert_eq!(logs, vec![n], "the segments the snapshot replaces were removed");
+    let snap_len = std::fs::metadata(dir.join(snapshot_name(n))).unwrap().len();
+    assert!(
+        snap_len > format::HEADER_LEN as u64,
+        "the snapshot holds records: {snap_len} bytes"
+    );
+    n
+}
+
+/// The contract while the log is rotated and snapshotted after almost every write; then the
+/// store reopened from that snapshot serves exactly what it served before closing, keeps
+/// checking versions, and goes on compacting.
 #[tokio::test]
 async fn contract_with_constant_compaction() {
     let dir = tempfile::tempdir().unwrap();
     let mut o = options(dir.path());
     o.segment_bytes = 256;
-    crate::storage::tests::test_suite(Store::new(DurableBackend::open(o.clone()).unwrap())).await;
+
+    let store = Store::new(DurableBackend::open(o.clone()).unwrap());
+    crate::storage::tests::test_suite(store.clone()).await;
+    let before = contents(&store).await;
+    assert!(!before.records.is_empty(), "the suite leaves records behind");
+    let max_before = store.backend().max_version().await.unwrap().unwrap();
+    drop(store);
+    let first = assert_compacted(dir.path());
+
+    let store = Store::new(DurableBackend::open(o.clone()).unwrap());
+    assert_eq!(
+        contents(&store).await,
+        before,
+        "a reopen from the snapshot serves the same"
+    );
+    let max = store.backend().max_version().await.unwrap().unwrap();
+    assert!(max >= max_before, "{max} < {max_before}");
+    // Compare-and-set still checks the recovered versions.
+    for (key, r) in &before.records {
+        let insert = Swap {
+            key: key.clone(),
+            expected: None,
+            new: Some(rec(b"x", v(1, 0))),
+        };
+        assert_eq!(
+            store.backend().swap_many(&[insert], None).await.unwrap(),
+            SwapOutcome::Conflict
+        );
+        let delete = Swap {
+            key: key.clone(),
+            expected: Some(r.version.clone()),
+            new: None,
+        };
+        assert_eq!(
+            store.backend().swap_many(&[delete], None).await.unwrap(),
+            SwapOutcome::Done
+        );
+    }
+    // Every field, so that a snapshot that loses one is caught by the reopen below.
+    for i in 0..100u32 {
+        let r = Record {
+            value: b(format!("value {i}").as_bytes()),
+            version: v(10_000 + u64::from(i), 0),
+            fencing: (i % 3 == 0).then(|| v(7, i)),
+            expires_at_ms: (i % 5 == 0).then_some(20_000 + u64::from(i)),
+        };
+        put(&store, format!("after-{i}").as_bytes(), r).await;
+    }
+    let after = contents(&store).await;
+    assert_eq!(after.len, 100);
+    drop(store);
+    let second = assert_compacted(dir.path());
+    assert!(
+        second > first,
+        "compaction went on after the reopen: {first} then {second}"
+    );
+    let store = Store::new(DurableBackend::open(o).unwrap());
+    assert_eq!(contents(&store).await, after);
 }
 
 #[tokio::test]
@@ -531,13 +641,25 @@ fn decoding_never_panics_and_frames_check_out() {
     }
     // Every truncation and every single-byte change is refused, never a panic.
     for cut in 0..out.len() {
-        assert!(format::read_frame(&out[..cut]).is_err());
+        assert_eq!(
+            format::read_frame(&out[..cut]),
+            Err(format::FormatError::Incomplete),
+            "cut {cut}"
+        );
         let _ = dec.decode(&payload[..cut.min(payload.len())]);
     }
     for at in 0..out.len() {
         let mut bad = out.clone();
         bad[at] ^= 0x01;
-        assert!(format::read_frame(&bad).is_err(), "byte {at}");
+        // A changed length reads past the end or checks a shorter payload; any other byte
+        // changes the payload or its checksum.
+        let len = u32::from_le_bytes(bad[..4].try_into().unwrap()) as usize;
+        let expect = if at < 4 && len > bad.len() - 8 {
+            format::FormatError::Incomplete
+        } else {
+            format::FormatError::Checksum
+        };
+        assert_eq!(format::read_frame(&bad), Err(expect), "byte {at}");
         let mut p = payload.to_vec();
         if at < p.len() {
             p[at] ^= 0xff;
@@ -597,7 +719,8 @@ async fn engine_after_a_reopen() {
     let r = engine.execute(set("k", None)).await.unwrap();
     assert!(r.version.unwrap() > first, "the version moved forward");
     // The key count was restored ("gone" made it four): a fifth key does not fit.
-    assert!(engine.execute(set("fifth", None)).await.is_err());
+    let refused = engine.execute(set("fifth", None)).await;
+    assert!(matches!(refused, Err(EngineError::QuotaExceeded)), "{refused:?}");
     drop(engine);
 
     // Later, "short" has expired while the service was down: it is not served.

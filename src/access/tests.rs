@@ -1,0 +1,228 @@
+use std::path::Path;
+
+use super::*;
+
+fn rules(text: &str) -> RuleSet {
+    RuleSet::parse(Path::new("acl.toml"), text).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn client(id: &str) -> Principal {
+    Principal {
+        client_id: Some(id.into()),
+        ..Principal::default()
+    }
+}
+
+fn user(name: &str, id: &str) -> Principal {
+    Principal {
+        username: Some(name.into()),
+        client_id: Some(id.into()),
+        token: None,
+    }
+}
+
+fn token(name: &str) -> Principal {
+    Principal {
+        token: Some(name.into()),
+        ..Principal::default()
+    }
+}
+
+const RULES: &str = r#"
+[[rule]]
+client_ids = ["dev-*"]
+allow = ["read", "write"]
+keys = ["devices/{clientId}/*"]
+
+[[rule]]
+usernames = ["ops"]
+tokens = ["console"]
+allow = ["read", "observe"]
+keys = ["*"]
+
+[[rule]]
+anonymous = true
+allow = ["read"]
+keys = ["public/*"]
+"#;
+
+#[test]
+fn rule_matrix() {
+    let r = rules(RULES);
+    let may = |p: &Principal, op, key: &str| r.allowed(p).may(op, key.as_bytes());
+    let dev = client("dev-1");
+    assert!(may(&dev, Op::Read, "devices/dev-1/t"));
+    assert!(may(&dev, Op::Write, "devices/dev-1/t"));
+    assert!(!may(&dev, Op::Observe, "devices/dev-1/t"), "observe is not granted");
+    assert!(!may(&dev, Op::Write, "devices/dev-2/t"), "another client's keys");
+    assert!(
+        may(&dev, Op::Read, "public/x"),
+        "dev-1 has no username or token: anonymous"
+    );
+    let ops = user("ops", "laptop");
+    assert!(may(&ops, Op::Read, "devices/dev-2/t"));
+    assert!(may(&ops, Op::Observe, "anything"));
+    assert!(!may(&ops, Op::Write, "devices/dev-2/t"));
+    let console = token("console");
+    assert!(may(&console, Op::Read, "k"));
+    assert!(!may(&console, Op::Write, "k"));
+    let nobody = token("other");
+    assert!(!may(&nobody, Op::Read, "public/x"), "a token holder is not anonymous");
+    assert!(!may(&nobody, Op::Read, "k"));
+    assert!(may(&Principal::default(), Op::Read, "public/x"));
+    assert!(!may(&Principal::default(), Op::Write, "public/x"));
+}
+
+#[test]
+fn placeholders_are_literal() {
+    let r = rules(RULES);
+    // A client id with glob characters must not widen its rule.
+    let sneaky = client("dev-*");
+    assert!(!r.allowed(&sneaky).may(Op::Read, b"devices/dev-1/t"));
+    assert!(r.allowed(&sneaky).may(Op::Read, b"devices/dev-*/t"));
+    // A placeholder the principal lacks matches nothing.
+    let r = rules("[[rule]]\ntokens=[\"*\"]\nallow=[\"read\"]\nkeys=[\"u/{username}/*\", \"t/{token}\"]\n");
+    assert!(!r.allowed(&token("a")).may(Op::Read, b"u//x"));
+    assert!(r.allowed(&token("a")).may(Op::Read, b"t/a"));
+}
+
+#[test]
+fn no_rule_no_access() {
+    let r = rules("");
+    assert!(r.is_empty());
+    assert!(!r.allowed(&client("x")).may(Op::Read, b"k"));
+}
+
+#[test]
+fn bad_rules_name_the_line() {
+    let cases = [
+        (
+            "[[rule]]\nclient_ids=[\"a\"]\nallow=[\"fly\"]\nkeys=[\"*\"]\n",
+            1,
+            "unknown permission",
+        ),
+        ("\n\n[[rule]]\nallow=[\"read\"]\nkeys=[\"*\"]\n", 3, "applies to nobody"),
+        (
+            "[[rule]]\nanonymous=true\nallow=[\"read\"]\nkeys=[\"a/{user}\"]\n",
+            1,
+            "braces",
+        ),
+        (
+            "[[rule]]\nanonymous=true\nallow=[\"read\"]\nkeys=[\"[\"]\n",
+            1,
+            "key glob",
+        ),
+        (
+            "\n[[rule]]\nanonymous=true\nallow=[\"read\"]\nkeys=[\"*\"]\ncolour=1\n",
+            6,
+            "colour",
+        ),
+        ("[[rule]]\nanonymous = tru\n", 2, ""),
+        ("[[rule]]\nanonymous=true\nkeys=[\"*\"]\n", 1, "allow"),
+    ];
+    for (text, line, needle) in cases {
+        let e = RuleSet::parse(Path::new("/etc/acl.toml"), text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with(&format!("/etc/acl.toml:{line}: ")), "{text:?}: {e}");
+        assert!(e.contains(needle), "{text:?}: {e}");
+    }
+}
+
+#[test]
+fn tokens_file() {
+    let t = Tokens::parse(
+        Path::new("t"),
+        "# named tokens\nconsole: 0123456789abcdef0\n\nci:fedcba98765432100\n",
+    )
+    .unwrap();
+    assert_eq!(t.name_of("0123456789abcdef0"), Some("console"));
+    assert_eq!(t.name_of("fedcba98765432100"), Some("ci"));
+    assert_eq!(t.name_of("0123456789abcdef"), None);
+    let t = t.with_default(Some("s3cret"));
+    assert_eq!(t.name_of("s3cret"), Some(identity::DEFAULT_TOKEN_NAME));
+    for (text, line) in [
+        ("a:short", 1),
+        ("\nnocolon", 2),
+        ("a:0123456789abcdef0\na:0123456789abcdef1", 2),
+    ] {
+        let e = Tokens::parse(Path::new("t"), text).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("t:{line}: ")), "{e}");
+    }
+}
+
+#[test]
+fn tokens_compare_exactly() {
+    assert!(token_matches("s3cret", Some("s3cret")));
+    assert!(!token_matches("s3cret", Some("s3creT")));
+    assert!(!token_matches("s3cret", Some("s3cre")));
+    assert!(!token_matches("s3cret", Some("")));
+    assert!(!token_matches("s3cret", None));
+}
+
+#[test]
+fn password_round_trip() {
+    let line = identity::hash_entry("alice", b"pw one").unwrap();
+    assert!(line.starts_with("alice:$argon2id$"), "{line}");
+    let p = Passwords::parse(Path::new("pw"), &format!("# users\n{line}\n")).unwrap();
+    assert!(p.verify("alice", b"pw one"));
+    assert!(!p.verify("alice", b"pw two"));
+    assert!(!p.verify("bob", b"pw one"));
+    assert!(identity::hash_entry("a:b", b"x").is_err());
+    for (text, line) in [
+        ("alice", 1),
+        ("\nalice:plaintext", 2),
+        (&*format!("{line}\n{line}"), 2),
+        ("bob:$2b$12$abcdefghijklmnopqrstuuMPuEmq0C5d0W5BnL3.u3g3t2nR9qQ6.", 1),
+    ] {
+        let e = Passwords::parse(Path::new("pw"), text).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("pw:{line}: ")), "{e}");
+    }
+}
+
+#[test]
+fn sealed_positions_hide_keys() {
+    let access = Access::open();
+    let grant = access.grant(client("c"));
+    let filter = KeyFilter::new(|k: &[u8]| k.starts_with(b"mine/"));
+    let plain = grant.position_token(Some(&filter), b"mine/a").unwrap();
+    assert_eq!(plain, hex::encode_upper(b"mine/a"), "a readable key may be named");
+    let sealed = grant.position_token(Some(&filter), b"secret/key").unwrap();
+    assert!(!sealed.contains(&hex::encode_upper(b"secret")), "{sealed}");
+    assert_eq!(grant.open_position(sealed.as_bytes()).unwrap(), b"secret/key");
+    let mut forged = sealed.clone().into_bytes();
+    let last = forged.len() - 1;
+    forged[last] = if forged[last] == b'0' { b'1' } else { b'0' };
+    assert!(grant.open_position(&forged).is_none());
+    // Another process (another key) cannot open it either.
+    assert!(
+        Access::open()
+            .grant(client("c"))
+            .open_position(sealed.as_bytes())
+            .is_none()
+    );
+}
+
+#[test]
+fn limits_per_principal() {
+    let settings = AccessSettings {
+        limits: LimitSettings {
+            rate_per_sec: std::num::NonZeroU32::new(1),
+            burst: std::num::NonZeroU32::new(3),
+            max_streams: Some(1),
+        },
+        ..AccessSettings::default()
+    };
+    let access = Access::load(&settings, None).unwrap();
+    let (a, b) = (client("a"), client("b"));
+    for _ in 0..3 {
+        access.admit(&a).unwrap();
+    }
+    assert!(matches!(access.admit(&a), Err(EngineError::RateLimited)));
+    access.admit(&b).expect("another principal has its own bucket");
+    let slot = access.open_stream(&a).unwrap();
+    assert!(access.open_stream(&a).is_err());
+    access.open_stream(&b).unwrap();
+    drop(slot);
+    access.open_stream(&a).expect("a closed stream frees its slot");
+}

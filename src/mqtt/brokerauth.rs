@@ -1,0 +1,221 @@
+//! The embedded broker's authentication and topic ACLs (rmqtt hooks).
+//!
+//! - `ClientAuthenticate`: with a password file, a client needs a username and its password
+//!   (the listener refuses anonymous clients; rmqtt refuses MQTT5 enhanced auth). Nobody is
+//!   ever a superuser: superusers skip the ACL hooks, and in-broker serving is one of them.
+//! - Once access control is on (a password file or a rules file), topics the state store owns
+//!   are guarded: nobody subscribes to the invoke topic (requests are private to the service),
+//!   to another client's notification topics, or to another client's `clients/<id>/...`
+//!   namespace (where the Azure IoT Operations SDKs put their response topics); nobody
+//!   publishes on a notification topic (only the service does, from inside the broker).
+//!   Subscription filters arrive with any `$share/<group>/` already stripped.
+
+use async_trait::async_trait;
+use rmqtt::codec::v5::SubscribeAckReason;
+use rmqtt::hook::{Handler, HookResult, Parameter, ReturnType, Type};
+use rmqtt::types::{AuthResult, PublishAclResult, SubscribeAclResult};
+
+use super::request::notify_topic_client_level;
+use super::{INVOKE_TOPIC, NOTIFY_TOPIC_PREFIX};
+use crate::access::Access;
+
+/// What the broker's hooks enforce.
+#[derive(Debug, Clone)]
+pub struct BrokerGuard {
+    pub access: Access,
+    /// The service's client id: with `--mqtt-client-path` its own connection subscribes to the
+    /// invoke topic and publishes notifications (never together with a password file).
+    pub service_id: String,
+    pub client_path: bool,
+}
+
+impl BrokerGuard {
+    /// Whether topic ACLs apply (access control is configured).
+    fn topics_guarded(&self) -> bool {
+        self.access.mqtt_auth_required() || self.access.has_rules()
+    }
+
+    fn is_service(&self, client_id: &str) -> bool {
+        self.client_path && client_id == self.service_id
+    }
+
+    /// Registers the hooks on a broker about to listen.
+    pub(crate) async fn install(self, hooks: &dyn rmqtt::hook::Register) {
+        let guard = std::sync::Arc::new(self);
+        hooks
+            .add(Type::ClientAuthenticate, Box::new(Authenticate(guard.clone())))
+            .await;
+        hooks
+            .add(Type::ClientSubscribeCheckAcl, Box::new(SubscribeAcl(guard.clone())))
+            .await;
+        hooks
+            .add(Type::MessagePublishCheckAcl, Box::new(PublishAcl(guard)))
+            .await;
+    }
+}
+
+struct Authenticate(std::sync::Arc<BrokerGuard>);
+
+#[async_trait]
+impl Handler for Authenticate {
+    async fn hook(&self, param: &Parameter, acc: Option<HookResult>) -> ReturnType {
+        let Parameter::ClientAuthenticate(info) = param else {
+            return (true, acc);
+        };
+        if !self.0.access.mqtt_auth_required() {
+            return (true, acc);
+        }
+        let result = match (info.username(), info.password()) {
+            (Some(user), Some(password)) if self.0.access.verify_password(user, password).await => {
+                tracing::debug!(
+                    user = &**user,
+                    client_id = &*info.id().client_id,
+                    "mqtt client authenticated"
+                );
+                AuthResult::Allow(false, None)
+            }
+            (Some(user), _) => {
+                tracing::info!(user = &**user, remote = ?info.id().remote_addr, "mqtt: bad username or password");
+                AuthResult::BadUsernameOrPassword
+            }
+            (None, _) => AuthResult::NotAuthorized,
+        };
+        (false, Some(HookResult::AuthResult(result)))
+    }
+}
+
+/// One level of a set of topics a filter is tested against.
+enum Level<'a> {
+    Is(&'a str),
+    /// Any single level except these.
+    Not(&'a [&'a str]),
+    /// Any number of levels (also none).
+    Rest,
+}
+
+/// Whether MQTT filter `filter` could match a topic of the set `set` describes.
+fn could_match(filter: &str, set: &[Level]) -> bool {
+    fn go(f: &[&str], s: &[Level]) -> bool {
+        match (f.first(), s.first()) {
+            (Some(&"#"), _) => true,
+            (_, Some(Level::Rest)) => true,
+            (None, None) => true,
+            (None, Some(_)) | (Some(_), None) => false,
+            (Some(&"+"), Some(_)) => go(&f[1..], &s[1..]),
+            (Some(lit), Some(Level::Is(v))) => lit == v && go(&f[1..], &s[1..]),
+            (Some(lit), Some(Level::Not(no))) => !no.contains(lit) && go(&f[1..], &s[1..]),
+        }
+    }
+    let levels: Vec<&str> = filter.split('/').collect();
+    go(&levels, set)
+}
+
+/// Whether client `client_id` may subscribe to `filter`.
+pub fn may_subscribe(client_id: &str, filter: &str) -> bool {
+    let invoke: Vec<Level> = INVOKE_TOPIC.split('/').map(Level::Is).collect();
+    if could_match(filter, &invoke) {
+        return false;
+    }
+    let own_hex = notify_topic_client_level(client_id);
+    let own = [own_hex.as_str()];
+    let mut notify: Vec<Level> = NOTIFY_TOPIC_PREFIX.split('/').map(Level::Is).collect();
+    notify.extend([Level::Not(&own), Level::Rest]);
+    if could_match(filter, &notify) {
+        return false;
+    }
+    // `clients/<id>/...` belongs to client <id> (the notifications live under
+    // `clients/statestore/...`, checked above).
+    let mine = [client_id, "statestore"];
+    !could_match(filter, &[Level::Is("clients"), Level::Not(&mine), Level::Rest])
+}
+
+/// Whether a client may publish to `topic` (a topic, not a filter).
+pub fn may_publish(topic: &str) -> bool {
+    !(topic.starts_with(NOTIFY_TOPIC_PREFIX) && topic[NOTIFY_TOPIC_PREFIX.len()..].starts_with('/'))
+}
+
+struct SubscribeAcl(std::sync::Arc<BrokerGuard>);
+
+#[async_trait]
+impl Handler for SubscribeAcl {
+    async fn hook(&self, param: &Parameter, acc: Option<HookResult>) -> ReturnType {
+        let Parameter::ClientSubscribeCheckAcl(session, sub) = param else {
+            return (true, acc);
+        };
+        let client_id: &str = &session.id.client_id;
+        if !self.0.topics_guarded() || self.0.is_service(client_id) {
+            return (true, acc);
+        }
+        let filter: &str = &sub.topic_filter;
+        if may_subscribe(client_id, filter) {
+            return (true, acc);
+        }
+        tracing::info!(client_id, filter, "mqtt: subscription refused");
+        let refused = SubscribeAclResult::new_failure(SubscribeAckReason::NotAuthorized);
+        (false, Some(HookResult::SubscribeAclResult(refused)))
+    }
+}
+
+struct PublishAcl(std::sync::Arc<BrokerGuard>);
+
+#[async_trait]
+impl Handler for PublishAcl {
+    async fn hook(&self, param: &Parameter, acc: Option<HookResult>) -> ReturnType {
+        let Parameter::MessagePublishCheckAcl(session, publish) = param else {
+            return (true, acc);
+        };
+        let client_id: &str = &session.id.client_id;
+        if !self.0.topics_guarded() || self.0.is_service(client_id) || may_publish(&publish.topic) {
+            return (true, acc);
+        }
+        tracing::info!(client_id, topic = &*publish.topic, "mqtt: publish refused");
+        // PUBACK 0x87 Not authorized; the connection stays.
+        let refused = PublishAclResult::rejected(false, Some("not authorized".into()));
+        (false, Some(HookResult::PublishAclResult(refused)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const N: &str = NOTIFY_TOPIC_PREFIX;
+
+    #[test]
+    fn subscriptions() {
+        let me = "dev-1";
+        let mine = notify_topic_client_level(me);
+        let theirs = notify_topic_client_level("dev-2");
+        for ok in [
+            format!("{N}/{mine}/command/notify/+"),
+            format!("{N}/{mine}/#"),
+            format!("clients/{me}/services/#"),
+            "sensors/#".into(),
+            "statestore/v1/other".into(),
+        ] {
+            assert!(may_subscribe(me, &ok), "{ok}");
+        }
+        for refused in [
+            INVOKE_TOPIC.to_owned(),
+            "#".into(),
+            "statestore/#".into(),
+            "statestore/v1/+/command/invoke".into(),
+            "+/+/+/+/+".into(),
+            format!("{N}/{theirs}/command/notify/+"),
+            format!("{N}/+/command/notify/+"),
+            format!("{N}/#"),
+            "clients/#".into(),
+            "clients/dev-2/services/#".into(),
+            "clients/+/services/#".into(),
+        ] {
+            assert!(!may_subscribe(me, &refused), "{refused}");
+        }
+    }
+
+    #[test]
+    fn publishes() {
+        assert!(!may_publish(&format!("{N}/4142/command/notify/6B")));
+        assert!(may_publish(INVOKE_TOPIC));
+        assert!(may_publish("clients/dev-2/services/x/response"));
+    }
+}
