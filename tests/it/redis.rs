@@ -292,8 +292,8 @@ async fn the_binary_serves_from_redis_over_tls() {
         .args(["--mqtt-listen", "127.0.0.1:0"])
         .env("SSL_CERT_FILE", &ca)
         .env("RUST_LOG", "stategate=info")
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .expect("spawn stategate");
     let c = reqwest::Client::new();
