@@ -355,7 +355,18 @@ impl Grant {
 /// Runs one engine command for `grant`: refused with [`EngineError::NotAuthorized`] (nothing
 /// executed) when the rules do not allow it; SCAN shows only readable keys, and its
 /// continuation token never names a key the caller may not read.
-pub async fn execute(engine: &Engine, grant: &Grant, mut cmd: Command) -> Result<Response, EngineError> {
+pub async fn execute(engine: &Engine, grant: &Grant, cmd: Command) -> Result<Response, EngineError> {
+    execute_request(engine, grant, cmd, None).await
+}
+
+/// [`execute`] of a request a transport may deliver more than once (see
+/// [`crate::engine::RequestId`]).
+pub async fn execute_request(
+    engine: &Engine,
+    grant: &Grant,
+    mut cmd: Command,
+    request: Option<&crate::engine::RequestId>,
+) -> Result<Response, EngineError> {
     let mut scan_filter = None;
     match &mut cmd {
         Command::Get(c) => grant.check(Op::Read, &c.key)?,
@@ -376,7 +387,7 @@ pub async fn execute(engine: &Engine, grant: &Grant, mut cmd: Command) -> Result
             }
         }
     }
-    let mut resp = engine.execute(cmd).await?;
+    let mut resp = engine.execute_request(cmd, request).await?;
     if let (Some(filter), Reply::Keys { token: Some(t), .. }) = (&scan_filter, &mut resp.reply) {
         let key = hex::decode(&t[..]).map_err(|_| EngineError::Syntax)?;
         *t = Bytes::from(grant.position_token(Some(filter), &key)?);

@@ -186,6 +186,11 @@ pub struct ServeArgs {
     /// Seconds to wait at startup for Redis to answer before giving up (exit status 1).
     #[arg(long, env = "STATEGATE_REDIS_STARTUP_WAIT_SECS", default_value_t = 60)]
     pub redis_startup_wait_secs: u64,
+    /// About how many entries the change log shared by replicas on Redis keeps (Redis trims it
+    /// approximately). A replica cut off from Redis for longer than these entries take to be
+    /// written ends its watchers' streams with `overflow` instead of skipping changes.
+    #[arg(long, env = "STATEGATE_REDIS_CHANGE_LOG_LEN", default_value_t = 100_000)]
+    pub redis_change_log_len: u64,
     /// The durable store's directory (created if missing; one process at a time).
     #[arg(long, env = "STATEGATE_DATA_DIR", default_value = "./stategate-data")]
     pub data_dir: PathBuf,
@@ -200,9 +205,11 @@ pub struct ServeArgs {
     #[arg(long, env = "STATEGATE_SEGMENT_BYTES", default_value_t = 64 * 1024 * 1024, hide = true)]
     pub segment_bytes: u64,
     /// Seconds the broker keeps the service's MQTT session (and queues requests for it) while
-    /// it is disconnected; 0 = a clean session on every connect.
-    #[arg(long, env = "STATEGATE_MQTT_SESSION_EXPIRY_SECS", default_value_t = 3600)]
-    pub mqtt_session_expiry_secs: u64,
+    /// it is disconnected; 0 = a clean session on every connect. Default: 3600, or 0 with
+    /// --mqtt-share-group (a broker keeps routing a share of the group's requests to a member's
+    /// offline session, where they wait unanswered until it comes back).
+    #[arg(long, env = "STATEGATE_MQTT_SESSION_EXPIRY_SECS")]
+    pub mqtt_session_expiry_secs: Option<u64>,
     /// Most MQTT requests executing at once; past that a request is answered `__stat=503`.
     #[arg(long, env = "STATEGATE_MQTT_MAX_INFLIGHT", default_value_t = 8192)]
     pub mqtt_max_inflight: usize,
@@ -418,11 +425,17 @@ impl Config {
             Some(url) => parse_mqtt_url(url)?,
         };
         let external = matches!(broker, BrokerChoice::External { .. });
+        // A share-group member asks for a clean session by default: a broker keeps routing
+        // part of the group's requests to an offline member's persistent session (Mosquitto
+        // does), so while a replica is down a share of the requests would go unanswered.
+        let session_expiry_secs =
+            a.mqtt_session_expiry_secs
+                .unwrap_or(if a.mqtt_share_group.is_some() { 0 } else { 3600 });
         let mqtt = MqttSettings {
             client_id: a.mqtt_client_id,
             share_group: a.mqtt_share_group,
             max_packet_bytes: a.mqtt_max_packet_bytes,
-            session_expiry: Duration::from_secs(a.mqtt_session_expiry_secs),
+            session_expiry: Duration::from_secs(session_expiry_secs),
             door: DoorLimits {
                 max_inflight: a.mqtt_max_inflight.max(1),
                 max_inflight_bytes: a.mqtt_max_inflight_bytes.max(1),
@@ -507,6 +520,7 @@ impl Config {
                 timeout: Duration::from_millis(a.redis_timeout_ms.max(1)),
                 wait_replicas: a.redis_wait_replicas,
                 startup_wait: Duration::from_secs(a.redis_startup_wait_secs),
+                change_log_len: a.redis_change_log_len.max(1),
             },
         };
         let log_filter = OpsSettings::log_filter(a.log_level.as_deref(), std::env::var("RUST_LOG").ok().as_deref());

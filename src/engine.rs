@@ -13,13 +13,14 @@ use bytes::Bytes;
 use tokio::sync::{Mutex as AsyncMutex, MutexGuard, Notify};
 
 use crate::hlc::{Clock, Hlc, HlcClock};
-use crate::storage::{Record, Store, Swap, SwapOutcome};
+use crate::storage::{Record, RequestMark, Store, Swap, Write, Written};
 
 pub mod command;
 mod error;
 mod expiry;
 pub mod feed;
 pub mod notify;
+mod shared;
 pub mod watch;
 
 pub use command::{Command, Del, DelCondition, Get, KeyFilter, KeyNotify, Meta, Scan, Set, SetCondition, VDel};
@@ -50,6 +51,16 @@ pub enum Reply {
     Int(i64),
     /// SCAN page; `token` is set when more pages follow.
     Keys { keys: Vec<Bytes>, token: Option<Bytes> },
+}
+
+/// The id of a request that a transport may deliver more than once (an MQTT QoS 1
+/// redelivery, possibly to another replica): a write carrying it is executed at most once
+/// while its mark is kept, and a repeat gets the first outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestId {
+    pub id: Bytes,
+    /// How long the mark is kept.
+    pub ttl: std::time::Duration,
 }
 
 /// A reply plus the version that goes with it (`__ts`, ETag), if any.
@@ -145,6 +156,8 @@ struct Inner {
     deadline_added: Notify,
     /// Keys removed because their deadline passed (for metrics).
     expired: AtomicU64,
+    /// The change log shared with other replicas, when the storage has one.
+    shared: Option<shared::SharedLog>,
 }
 
 /// A handle that does not keep the engine alive (for callbacks that may outlive the service,
@@ -179,19 +192,32 @@ impl Engine {
             hlc.observe(&max);
         }
         let feed = Arc::new(Feed::new(limits.feed.clone()));
-        Ok(Engine(Arc::new(Inner {
+        let (shared, cursor, observers) = match store.backend().change_log() {
+            Some(log) => {
+                let (shared, cursor, observers) = shared::SharedLog::open(log).await?;
+                (Some(shared), Some(cursor), observers)
+            }
+            None => (None, None, Observers::default()),
+        };
+        let observed = observers.key_count();
+        let engine = Engine(Arc::new(Inner {
             store,
             hlc,
             limits,
             feed,
-            observers: Mutex::new(Observers::default()),
-            observed_keys: AtomicUsize::new(0),
+            observers: Mutex::new(observers),
+            observed_keys: AtomicUsize::new(observed),
             keynotify: OnceLock::new(),
             stripes: (0..STRIPES).map(|_| AsyncMutex::new(())).collect(),
             hasher: Default::default(),
             deadline_added: Notify::new(),
             expired: AtomicU64::new(0),
-        })))
+            shared,
+        }));
+        if let (Some(shared), Some(cursor)) = (engine.shared(), cursor) {
+            shared.follow(&engine, cursor);
+        }
+        Ok(engine)
     }
 
     pub fn limits(&self) -> &Limits {
@@ -249,8 +275,11 @@ impl Engine {
     /// Drops every KEYNOTIFY registration of a client (it disconnected). With `session`, only
     /// registrations made in that broker session (a late report of an old connection's end
     /// leaves a newer session's registrations alone).
-    pub fn drop_client(&self, client: &str, session: Option<u64>) -> usize {
-        self.with_observers(|o| o.drop_client(client, session))
+    pub async fn drop_client(&self, client: &str, session: Option<u64>) -> usize {
+        match self.shared() {
+            Some(shared) => self.drop_client_shared(shared, client, session).await,
+            None => self.with_observers(|o| o.drop_client(client, session)),
+        }
     }
 
     /// KEYNOTIFY registrations of all clients.
@@ -272,10 +301,11 @@ impl Engine {
     }
 
     /// Drops the registrations of clients idle past the configured limit.
-    pub fn sweep_idle_observers(&self) -> usize {
-        match self.0.limits.observers.idle {
-            Some(idle) => self.with_observers(|o| o.sweep_idle(idle)),
-            None => 0,
+    pub async fn sweep_idle_observers(&self) -> usize {
+        match (self.0.limits.observers.idle, self.shared()) {
+            (Some(idle), Some(shared)) => self.sweep_idle_shared(shared, idle).await,
+            (Some(idle), None) => self.with_observers(|o| o.sweep_idle(idle)),
+            (None, _) => 0,
         }
     }
 
@@ -290,14 +320,70 @@ impl Engine {
 
     /// Executes one command.
     pub async fn execute(&self, cmd: Command) -> Result<Response, EngineError> {
+        self.execute_request(cmd, None).await
+    }
+
+    /// Executes one command that `request` identifies: a write repeated with the same id (a
+    /// redelivery, to this replica or another on shared storage) is not executed again, and
+    /// gets the first outcome while the mark is kept.
+    pub async fn execute_request(&self, cmd: Command, request: Option<&RequestId>) -> Result<Response, EngineError> {
         match cmd {
-            Command::Set(c) => self.set(c).await,
+            Command::Set(c) => self.set(c, request).await,
             Command::Get(c) => self.get(c).await,
-            Command::Del(c) => self.del(c).await,
-            Command::VDel(c) => self.vdel(c).await,
-            Command::KeyNotify(c) => self.keynotify(c),
+            Command::Del(c) => self.delete(c.key, c.fencing, c.condition, None, request).await,
+            Command::VDel(c) => {
+                self.delete(c.key, c.fencing, DelCondition::Always, Some(c.value), request)
+                    .await
+            }
+            Command::KeyNotify(c) => self.keynotify(c).await,
             Command::Scan(c) => self.scan(c).await,
         }
+    }
+
+    /// Applies `swaps` with their `changes` (and the request's mark) in one storage write; once
+    /// applied, the changes are published: here, or through the shared log (and read back).
+    async fn commit(
+        &self,
+        swaps: &[Swap],
+        max_keys: Option<u64>,
+        changes: Vec<(Change, Option<u64>)>,
+        mark: Option<RequestMark>,
+    ) -> Result<Written, EngineError> {
+        let records: Vec<_> = match self.shared() {
+            Some(_) => changes.iter().map(|(c, d)| shared::record_of(c, *d)).collect(),
+            None => Vec::new(),
+        };
+        let write = Write {
+            swaps,
+            max_keys,
+            changes: &records,
+            request: mark.as_ref(),
+        };
+        let written = self.0.store.backend().write(&write).await?;
+        if let Written::Done { logged } = &written {
+            if changes.iter().any(|(_, deadline)| deadline.is_some()) {
+                self.0.deadline_added.notify_one();
+            }
+            match self.shared() {
+                Some(shared) => shared.wait_applied(*logged).await,
+                None => {
+                    for (change, _) in changes {
+                        self.publish(change);
+                    }
+                }
+            }
+        }
+        Ok(written)
+    }
+
+    /// The mark a write request leaves, with the outcome it will have if applied.
+    fn mark(&self, request: Option<&RequestId>, outcome: &Response) -> Option<RequestMark> {
+        let request = request.filter(|_| self.shared().is_some())?;
+        Some(RequestMark {
+            id: request.id.clone(),
+            outcome: shared::encode_outcome(outcome)?,
+            ttl_ms: request.ttl.as_millis().try_into().unwrap_or(u64::MAX),
+        })
     }
 
     fn stripe(&self, key: &[u8]) -> usize {
@@ -328,48 +414,74 @@ impl Engine {
     /// Reads a key under its stripe lock; an expired record is removed (observers are told) and
     /// reads as absent.
     async fn load_live(&self, key: &Bytes) -> Result<Option<Record>, EngineError> {
-        let rec = self.0.store.backend().get(key).await?;
-        match rec {
-            Some(r) if r.is_expired(self.0.hlc.wall_ms()) => {
-                self.remove(key, &r, ChangeKind::Expire).await?;
-                Ok(None)
-            }
-            other => Ok(other),
+        match self.load_live_marked(key, None).await? {
+            Loaded::Record(r) => Ok(r),
+            Loaded::Repeated(_) => Err(contended()),
         }
     }
 
+    /// [`Engine::load_live`] for a request that may be a repeat: its first outcome instead,
+    /// when it was applied before.
+    async fn load_live_marked(&self, key: &Bytes, request: Option<&RequestId>) -> Result<Loaded, EngineError> {
+        let request = request.filter(|_| self.shared().is_some()).map(|r| &r.id[..]);
+        let (rec, mark) = self.0.store.backend().get_marked(key, request).await?;
+        if let Some(outcome) = mark {
+            return Ok(Loaded::Repeated(shared::decode_outcome(&outcome)?));
+        }
+        Ok(Loaded::Record(match rec {
+            Some(r) if r.is_expired(self.0.hlc.wall_ms()) => {
+                self.remove(key, &r, ChangeKind::Expire, None).await?;
+                None
+            }
+            other => other,
+        }))
+    }
+
     /// Deletes `key` whose current record is `cur` and publishes the change. Caller holds the lock.
-    async fn remove(&self, key: &Bytes, cur: &Record, kind: ChangeKind) -> Result<Option<Hlc>, EngineError> {
+    /// `Err(response)`: the request was applied before, with that outcome.
+    async fn remove(
+        &self,
+        key: &Bytes,
+        cur: &Record,
+        kind: ChangeKind,
+        request: Option<&RequestId>,
+    ) -> Result<Removed, EngineError> {
         let version = self.0.hlc.next_after(&[&cur.version]);
         let swap = Swap {
             key: key.clone(),
             expected: Some(cur.version.clone()),
             new: None,
         };
+        let mark = self.mark(request, &Response::new(Reply::Int(1), Some(version.clone())));
+        let change = Change {
+            key: key.clone(),
+            version: version.clone(),
+            kind,
+        };
         match self
-            .0
-            .store
-            .backend()
-            .swap_many(std::slice::from_ref(&swap), None)
+            .commit(std::slice::from_ref(&swap), None, vec![(change, None)], mark)
             .await?
         {
-            SwapOutcome::Done => {
-                self.publish(key.clone(), version.clone(), kind);
-                Ok(Some(version))
-            }
+            Written::Done { .. } => Ok(Removed::Done(version)),
             // Someone else (another node) changed it first: their change stands.
-            SwapOutcome::Conflict | SwapOutcome::TooManyKeys => Ok(None),
+            Written::Conflict | Written::TooManyKeys => Ok(Removed::Lost),
+            Written::Repeated(outcome) => Ok(Removed::Repeated(shared::decode_outcome(&outcome)?)),
         }
     }
 
     /// Tells the watchers (broadcast feed) and the KEYNOTIFY observers of a change. Called under
     /// the key's stripe lock, so each key's changes go out in order. Costs nothing when nobody
     /// listens.
-    fn publish(&self, key: Bytes, version: Hlc, kind: ChangeKind) {
-        if matches!(kind, ChangeKind::Expire) {
+    fn publish(&self, change: Change) {
+        if matches!(change.kind, ChangeKind::Expire) {
             self.0.expired.fetch_add(1, Ordering::Relaxed);
         }
-        let change = Change { key, version, kind };
+        self.notify_observers(&change);
+        self.0.feed.push(change);
+    }
+
+    /// Queues the KEYNOTIFY notifications of a change, for the observers of its key.
+    fn notify_observers(&self, change: &Change) {
         if self.0.observed_keys.load(Ordering::Relaxed) > 0
             && let Some(tx) = self.0.keynotify.get()
         {
@@ -387,12 +499,11 @@ impl Engine {
                 tx.send(KeyNotification { change, observers });
             }
         }
-        self.0.feed.push(change);
     }
 
-    async fn set(&self, c: Set) -> Result<Response, EngineError> {
-        match self.set_once(&c).await {
-            Err(EngineError::QuotaExceeded) if self.make_room().await? => self.set_once(&c).await,
+    async fn set(&self, c: Set, request: Option<&RequestId>) -> Result<Response, EngineError> {
+        match self.set_once(&c, request).await {
+            Err(EngineError::QuotaExceeded) if self.make_room().await? => self.set_once(&c, request).await,
             other => other,
         }
     }
@@ -462,11 +573,14 @@ impl Engine {
         }
     }
 
-    async fn set_once(&self, c: &Set) -> Result<Response, EngineError> {
+    async fn set_once(&self, c: &Set, request: Option<&RequestId>) -> Result<Response, EngineError> {
         self.check_set(c)?;
         let _guard = self.lock(&c.key).await;
         for _ in 0..MAX_SWAP_ATTEMPTS {
-            let cur = self.load_live(&c.key).await?;
+            let cur = match self.load_live_marked(&c.key, request).await? {
+                Loaded::Record(r) => r,
+                Loaded::Repeated(first) => return Ok(first),
+            };
             let Some(new) = self.set_record(c, cur.as_ref())? else {
                 return Ok(Response::new(Reply::NotApplied, cur.map(|r| r.version)));
             };
@@ -476,22 +590,26 @@ impl Engine {
                 expected: cur.map(|r| r.version),
                 new: Some(new),
             };
+            let response = Response::new(Reply::Ok, Some(version.clone()));
+            let change = Change {
+                key: c.key.clone(),
+                version,
+                kind: ChangeKind::Set(c.value.clone()),
+            };
+            let mark = self.mark(request, &response);
             match self
-                .0
-                .store
-                .backend()
-                .swap_many(std::slice::from_ref(&swap), self.0.limits.max_keys)
+                .commit(
+                    std::slice::from_ref(&swap),
+                    self.0.limits.max_keys,
+                    vec![(change, expires_at_ms)],
+                    mark,
+                )
                 .await?
             {
-                SwapOutcome::Done => {
-                    if expires_at_ms.is_some() {
-                        self.0.deadline_added.notify_one();
-                    }
-                    self.publish(c.key.clone(), version.clone(), ChangeKind::Set(c.value.clone()));
-                    return Ok(Response::new(Reply::Ok, Some(version)));
-                }
-                SwapOutcome::TooManyKeys => return Err(EngineError::QuotaExceeded),
-                SwapOutcome::Conflict => continue,
+                Written::Done { .. } => return Ok(response),
+                Written::TooManyKeys => return Err(EngineError::QuotaExceeded),
+                Written::Conflict => continue,
+                Written::Repeated(first) => return shared::decode_outcome(&first),
             }
         }
         Err(contended())
@@ -589,7 +707,7 @@ impl Engine {
                     view.insert(op.key().clone(), (cur.as_ref().map(|r| r.version.clone()), cur));
                 }
             }
-            let mut changes = Vec::with_capacity(ops.len());
+            let mut changes: Vec<(Change, Option<u64>)> = Vec::with_capacity(ops.len());
             let mut responses = Vec::with_capacity(ops.len());
             for op in ops {
                 let Some((_, cur)) = view.get_mut(op.key()) else {
@@ -600,8 +718,14 @@ impl Engine {
                         // Inside a transaction an unmet NX/NEX fails everything, like an ETag.
                         let new = self.set_record(s, cur.as_ref())?.ok_or(EngineError::VersionMismatch)?;
                         let version = new.version.clone();
+                        let deadline = new.expires_at_ms;
                         *cur = Some(new);
-                        changes.push((s.key.clone(), version.clone(), ChangeKind::Set(s.value.clone())));
+                        let change = Change {
+                            key: s.key.clone(),
+                            version: version.clone(),
+                            kind: ChangeKind::Set(s.value.clone()),
+                        };
+                        changes.push((change, deadline));
                         responses.push(Response::new(Reply::Ok, Some(version)));
                     }
                     TxOp::Del(d) => {
@@ -613,7 +737,12 @@ impl Engine {
                             continue 'attempt;
                         };
                         let version = self.0.hlc.next_after(&[&r.version]);
-                        changes.push((d.key.clone(), version.clone(), ChangeKind::Delete));
+                        let change = Change {
+                            key: d.key.clone(),
+                            version: version.clone(),
+                            kind: ChangeKind::Delete,
+                        };
+                        changes.push((change, None));
                         responses.push(Response::new(Reply::Int(1), Some(version)));
                     }
                 }
@@ -624,36 +753,18 @@ impl Engine {
                 .map(|(key, (expected, new))| Swap { key, expected, new })
                 .collect();
             let outcome = if swaps.is_empty() {
-                SwapOutcome::Done
+                Written::Done { logged: None }
             } else {
-                self.0.store.backend().swap_many(&swaps, l.max_keys).await?
+                self.commit(&swaps, l.max_keys, changes, None).await?
             };
             match outcome {
-                SwapOutcome::Done => {
-                    if swaps
-                        .iter()
-                        .any(|s| s.new.as_ref().is_some_and(|r| r.expires_at_ms.is_some()))
-                    {
-                        self.0.deadline_added.notify_one();
-                    }
-                    for (key, version, kind) in changes {
-                        self.publish(key, version, kind);
-                    }
-                    return Ok(responses);
-                }
-                SwapOutcome::TooManyKeys => return Err(EngineError::QuotaExceeded),
-                SwapOutcome::Conflict => continue,
+                Written::Done { .. } => return Ok(responses),
+                Written::TooManyKeys => return Err(EngineError::QuotaExceeded),
+                Written::Conflict => continue,
+                Written::Repeated(_) => return Err(contended()),
             }
         }
         Err(contended())
-    }
-
-    async fn del(&self, c: Del) -> Result<Response, EngineError> {
-        self.delete(c.key, c.fencing, c.condition, None).await
-    }
-
-    async fn vdel(&self, c: VDel) -> Result<Response, EngineError> {
-        self.delete(c.key, c.fencing, DelCondition::Always, Some(c.value)).await
     }
 
     async fn delete(
@@ -662,6 +773,7 @@ impl Engine {
         fencing: Option<Hlc>,
         condition: DelCondition,
         if_value: Option<Bytes>,
+        request: Option<&RequestId>,
     ) -> Result<Response, EngineError> {
         if key.is_empty() {
             return Err(EngineError::EmptyKey);
@@ -669,7 +781,10 @@ impl Engine {
         self.check_skew(fencing.as_ref(), || EngineError::FencingTokenSkew)?;
         let _guard = self.lock(&key).await;
         for _ in 0..MAX_SWAP_ATTEMPTS {
-            let cur = self.load_live(&key).await?;
+            let cur = match self.load_live_marked(&key, request).await? {
+                Loaded::Record(r) => r,
+                Loaded::Repeated(first) => return Ok(first),
+            };
             if !Self::check_delete(cur.as_ref(), fencing.as_ref(), &condition)? {
                 return Ok(Response::new(Reply::Int(0), None));
             }
@@ -677,16 +792,24 @@ impl Engine {
             if if_value.as_ref().is_some_and(|v| *v != cur.value) {
                 return Ok(Response::new(Reply::NotApplied, Some(cur.version)));
             }
-            if let Some(version) = self.remove(&key, &cur, ChangeKind::Delete).await? {
-                return Ok(Response::new(Reply::Int(1), Some(version)));
+            match self.remove(&key, &cur, ChangeKind::Delete, request).await? {
+                Removed::Done(version) => return Ok(Response::new(Reply::Int(1), Some(version))),
+                Removed::Repeated(first) => return Ok(first),
+                Removed::Lost => {}
             }
         }
         Err(contended())
     }
 
-    fn keynotify(&self, c: KeyNotify) -> Result<Response, EngineError> {
+    async fn keynotify(&self, c: KeyNotify) -> Result<Response, EngineError> {
         if c.key.is_empty() {
             return Err(EngineError::EmptyKey);
+        }
+        if !c.stop && c.key.len() > self.0.limits.max_key_bytes {
+            return Err(EngineError::TooLarge);
+        }
+        if let Some(shared) = self.shared() {
+            return self.keynotify_shared(shared, c).await;
         }
         if c.stop {
             let reply = if self.with_observers(|o| o.unregister(&c.client, &c.key)) {
@@ -696,18 +819,19 @@ impl Engine {
             };
             return Ok(Response::new(reply, None));
         }
-        if c.key.len() > self.0.limits.max_key_bytes {
-            return Err(EngineError::TooLarge);
-        }
         let limits = &self.0.limits.observers;
         match self.with_observers(|o| o.register(&c.client, c.session, &c.key, limits)) {
             Ok(()) => Ok(Response::new(Reply::Ok, None)),
-            Err(RegisterError::ClientFull) => Err(EngineError::QuotaExceeded),
-            Err(RegisterError::RegistryFull) => {
-                tracing::warn!(limit = limits.total, "KEYNOTIFY registry full: registration refused");
-                Err(EngineError::QuotaExceeded)
-            }
+            Err(why) => Err(self.refused_registration(why)),
         }
+    }
+
+    fn refused_registration(&self, why: RegisterError) -> EngineError {
+        if why == RegisterError::RegistryFull {
+            let limit = self.0.limits.observers.total;
+            tracing::warn!(limit, "KEYNOTIFY registry full: registration refused");
+        }
+        EngineError::QuotaExceeded
     }
 
     async fn scan(&self, c: Scan) -> Result<Response, EngineError> {
@@ -734,6 +858,21 @@ impl Engine {
         let token = page.resume_after.map(|k| encode_token(&k));
         Ok(Response::new(Reply::Keys { keys: page.keys, token }, None))
     }
+}
+
+/// A key's live record, or the first outcome of a request applied before.
+enum Loaded {
+    Record(Option<Record>),
+    Repeated(Response),
+}
+
+/// What a conditional removal did.
+enum Removed {
+    Done(Hlc),
+    /// Another writer changed the key first.
+    Lost,
+    /// The request was applied before: its first outcome.
+    Repeated(Response),
 }
 
 fn contended() -> EngineError {

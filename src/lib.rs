@@ -156,14 +156,18 @@ pub async fn start_observed(
                     let Some(engine) = engine.upgrade() else {
                         return;
                     };
-                    let n = engine.drop_client(client, Some(session));
-                    if n > 0 {
-                        tracing::debug!(
-                            client,
-                            keys = n,
-                            "dropped KEYNOTIFY registrations of a disconnected client"
-                        );
-                    }
+                    // On shared storage the drop goes through the shared log: not here.
+                    let client = client.to_owned();
+                    tokio::spawn(async move {
+                        let n = engine.drop_client(&client, Some(session)).await;
+                        if n > 0 {
+                            tracing::debug!(
+                                client,
+                                keys = n,
+                                "dropped KEYNOTIFY registrations of a disconnected client"
+                            );
+                        }
+                    });
                 })
             };
             let b = mqtt::broker::EmbeddedBroker::start(

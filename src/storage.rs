@@ -14,6 +14,7 @@ use bytes::Bytes;
 use crate::hlc::Hlc;
 
 pub mod durable;
+pub mod log;
 pub mod memory;
 mod observed;
 #[cfg(feature = "redis")]
@@ -57,6 +58,65 @@ pub enum SwapOutcome {
     TooManyKeys,
 }
 
+/// What [`Backend::write`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Written {
+    /// Applied; `logged` is the shared change log's sequence number of the last change
+    /// appended, when the backend has a shared log ([`Backend::change_log`]).
+    Done { logged: Option<u64> },
+    /// A stored version differed from `expected`: nothing was written.
+    Conflict,
+    /// The swap would create keys beyond `max_keys`: nothing was written.
+    TooManyKeys,
+    /// The request was applied before (by this or another replica): nothing was written, and
+    /// this is the outcome stored with it then.
+    Repeated(Bytes),
+}
+
+/// A conditional swap with what travels with it in the same atomic step: the changes for the
+/// shared change log and the mark of the request it executes. A backend without a shared log
+/// applies the swaps only (its engine publishes changes itself, and one process needs no
+/// shared redelivery marks).
+#[derive(Debug, Clone, Copy)]
+pub struct Write<'a> {
+    pub swaps: &'a [Swap],
+    pub max_keys: Option<u64>,
+    /// Appended to the shared change log, in this order, if the swaps apply.
+    pub changes: &'a [ChangeRecord],
+    /// Stored if the swaps apply; when the request's mark exists already nothing is applied.
+    pub request: Option<&'a RequestMark>,
+}
+
+/// The mark a write request leaves so that a redelivery of it, to any replica, is not executed
+/// again: its id (unique per request, chosen by the door) and the engine's encoded outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestMark {
+    pub id: Bytes,
+    pub outcome: Bytes,
+    /// How long the mark is kept.
+    pub ttl_ms: u64,
+}
+
+/// One change as the shared change log carries it. A storage type: the engine converts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChangeRecord {
+    pub key: Bytes,
+    /// The key's new version; for a removal, the version issued for it.
+    pub version: Hlc,
+    pub kind: ChangeRecordKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChangeRecordKind {
+    /// A new value; its deadline, if any (so every replica's expiry driver learns of it).
+    Set {
+        value: Bytes,
+        expires_at_ms: Option<u64>,
+    },
+    Delete,
+    Expire,
+}
+
 /// A page of keys in key order.
 #[derive(Debug, Clone, Default)]
 pub struct KeyPage {
@@ -92,6 +152,33 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Applies every swap or none. `max_keys` bounds the number of keys after the swap.
     async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError>;
+
+    /// [`Backend::swap_many`] with the changes for the shared change log and the request's
+    /// mark, all in one atomic step. Without a shared log: the swaps only.
+    async fn write(&self, w: &Write<'_>) -> Result<Written, StorageError> {
+        Ok(match self.swap_many(w.swaps, w.max_keys).await? {
+            SwapOutcome::Done => Written::Done { logged: None },
+            SwapOutcome::Conflict => Written::Conflict,
+            SwapOutcome::TooManyKeys => Written::TooManyKeys,
+        })
+    }
+
+    /// The stored record, and the stored outcome of `request` if a request with that id was
+    /// applied before (in one round trip where the backend shares marks).
+    async fn get_marked(
+        &self,
+        key: &[u8],
+        request: Option<&[u8]>,
+    ) -> Result<(Option<Record>, Option<Bytes>), StorageError> {
+        let _ = request;
+        Ok((self.get(key).await?, None))
+    }
+
+    /// The change log shared by every replica on this storage, if it has one. Then every change
+    /// and every KEYNOTIFY registration goes through it, and each replica reads it back.
+    fn change_log(&self) -> Option<Arc<dyn log::ChangeLog>> {
+        None
+    }
 
     /// Examines up to `examine` keys strictly after `after`, in byte order, and returns those
     /// that are not expired at `now_ms` and satisfy `keep`.
@@ -220,6 +307,8 @@ pub struct RedisOptions {
     pub wait_replicas: u32,
     /// How long opening the store waits for Redis to answer before giving up.
     pub startup_wait: std::time::Duration,
+    /// About how many entries the shared change log keeps (Redis trims it approximately).
+    pub change_log_len: u64,
 }
 
 impl Default for RedisOptions {
@@ -229,6 +318,7 @@ impl Default for RedisOptions {
             timeout: std::time::Duration::from_millis(1000),
             wait_replicas: 0,
             startup_wait: std::time::Duration::from_secs(60),
+            change_log_len: 100_000,
         }
     }
 }

@@ -203,6 +203,7 @@ mod file_layering {
             "mqtt-auth-file" => "\"/etc/stategate/passwd\"",
             "acl-file" => "\"/etc/stategate/acl.toml\"",
             "api-token-file" => "\"/etc/stategate/tokens\"",
+            "mqtt-session-expiry-secs" => "3600",
             _ => return None,
         })
     }

@@ -5,9 +5,9 @@
 
 use bytes::Bytes;
 
-use super::{ChangeKind, Engine, EngineError};
+use super::{Change, ChangeKind, Engine, EngineError};
 use crate::hlc::Hlc;
-use crate::storage::{Swap, SwapOutcome};
+use crate::storage::{Swap, Written};
 
 /// Due keys removed per storage write (one log record, one fsync, one script call).
 const EXPIRY_BATCH: usize = 256;
@@ -45,7 +45,7 @@ impl Engine {
             guards.push(self.0.stripes[i].lock().await);
         }
         let mut swaps = Vec::with_capacity(due.len());
-        let mut changes = Vec::with_capacity(due.len());
+        let mut changes: Vec<(Change, Option<u64>)> = Vec::with_capacity(due.len());
         for (key, _) in due {
             let Some(r) = self.0.store.backend().get(&key).await? else {
                 continue;
@@ -53,7 +53,12 @@ impl Engine {
             if !r.is_expired(now) {
                 continue;
             }
-            changes.push((key.clone(), self.0.hlc.next_after(&[&r.version])));
+            let change = Change {
+                key: key.clone(),
+                version: self.0.hlc.next_after(&[&r.version]),
+                kind: ChangeKind::Expire,
+            };
+            changes.push((change, None));
             swaps.push(Swap {
                 key,
                 expected: Some(r.version),
@@ -63,21 +68,19 @@ impl Engine {
         if swaps.is_empty() {
             return Ok(0);
         }
-        match self.0.store.backend().swap_many(&swaps, None).await? {
-            SwapOutcome::Done => {
-                let n = changes.len();
-                for (key, version) in changes {
-                    self.publish(key, version, ChangeKind::Expire);
-                }
-                Ok(n)
-            }
+        let n = changes.len();
+        match self.commit(&swaps, None, changes, None).await? {
+            Written::Done { .. } => Ok(n),
             // Another node changed one of them first: remove the others one by one.
-            SwapOutcome::Conflict | SwapOutcome::TooManyKeys => {
+            Written::Conflict | Written::TooManyKeys | Written::Repeated(_) => {
                 let mut n = 0;
                 for swap in swaps {
                     if let Some(r) = self.0.store.backend().get(&swap.key).await?
                         && r.is_expired(now)
-                        && self.remove(&swap.key, &r, ChangeKind::Expire).await?.is_some()
+                        && matches!(
+                            self.remove(&swap.key, &r, ChangeKind::Expire, None).await?,
+                            super::Removed::Done(_)
+                        )
                     {
                         n += 1;
                     }

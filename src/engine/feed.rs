@@ -142,6 +142,20 @@ impl Feed {
         }
     }
 
+    /// Changes were missed (the shared change log lost entries this replica had not read):
+    /// the history is emptied and every reader learns it lagged, so no watcher's stream goes
+    /// on as if nothing was missed.
+    pub fn gap(&self) {
+        {
+            let mut ring = self.ring();
+            ring.events.clear();
+            ring.bytes = 0;
+            // One position nobody can read: every reader is now behind the oldest kept.
+            ring.next_seq += 1;
+        }
+        self.wake.notify_waiters();
+    }
+
     /// Drops what is over a limit, keeping the newest change. Without history (max_events 0)
     /// a change is kept only until the readers are woken, which is enough for live readers
     /// that keep up; one that does not is told it lagged.

@@ -228,6 +228,20 @@ impl Observers {
         stale.len()
     }
 
+    /// How many keys `client` observes.
+    pub(crate) fn keys_of(&self, client: &str) -> usize {
+        self.by_client.get(client).map_or(0, |c| c.keys.len())
+    }
+
+    /// Every client with registrations, and how long ago it was last seen here.
+    pub(crate) fn last_seen(&self) -> Vec<(Arc<str>, Duration)> {
+        let now = Instant::now();
+        self.by_client
+            .iter()
+            .map(|(id, c)| (id.clone(), now.duration_since(c.last_seen)))
+            .collect()
+    }
+
     pub(crate) fn client_count(&self) -> usize {
         self.by_client.len()
     }

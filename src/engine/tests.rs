@@ -1319,12 +1319,12 @@ async fn keynotify_drop_client() {
         f.run(&["KEYNOTIFY", k], client("c1")).await.unwrap();
     }
     f.run(&["KEYNOTIFY", "a"], client("c2")).await.unwrap();
-    assert_eq!(f.engine.drop_client("c1", None), 3);
+    assert_eq!(f.engine.drop_client("c1", None).await, 3);
     assert_eq!(sorted(f.engine.observers_of(b"a")), ["c2"]);
     assert!(f.engine.observers_of(b"b").is_empty());
     assert_eq!(f.engine.observing_clients(), 1);
-    assert_eq!(f.engine.drop_client("c1", None), 0);
-    assert_eq!(f.engine.drop_client("nobody", None), 0);
+    assert_eq!(f.engine.drop_client("c1", None).await, 0);
+    assert_eq!(f.engine.drop_client("nobody", None).await, 0);
     // A dropped client may register again; STOP after a drop answers `:0`.
     assert_eq!(
         f.run(&["KEYNOTIFY", "b", "STOP"], client("c1")).await.unwrap().reply,
@@ -1335,7 +1335,7 @@ async fn keynotify_drop_client() {
     // Touching and sweeping without an idle limit drops nobody.
     f.engine.touch_client("c1");
     f.engine.touch_client("nobody");
-    assert_eq!(f.engine.sweep_idle_observers(), 0);
+    assert_eq!(f.engine.sweep_idle_observers().await, 0);
     assert_eq!(f.engine.observing_clients(), 2);
 }
 
@@ -1799,9 +1799,13 @@ async fn keynotify_registrations_follow_the_broker_session() {
     f.run(&["KEYNOTIFY", "old"], session("c1", 1)).await.unwrap();
     f.run(&["KEYNOTIFY", "new"], session("c1", 2)).await.unwrap();
     assert!(f.engine.observers_of(b"old").is_empty());
-    assert_eq!(f.engine.drop_client("c1", Some(1)), 0, "a late disconnect of session 1");
+    assert_eq!(
+        f.engine.drop_client("c1", Some(1)).await,
+        0,
+        "a late disconnect of session 1"
+    );
     assert_eq!(sorted(f.engine.observers_of(b"new")), ["c1"]);
-    assert_eq!(f.engine.drop_client("c1", Some(2)), 1);
+    assert_eq!(f.engine.drop_client("c1", Some(2)).await, 1);
     assert_eq!(f.engine.registrations(), 0);
 }
 
@@ -1982,4 +1986,6 @@ on_every_backend!(
 );
 
 mod expiry;
+#[cfg(feature = "redis")]
+mod shared;
 mod transact;

@@ -18,7 +18,7 @@ use super::request::{
     self, Caller, Outgoing, PROP_PROTOCOL_VERSION, PROP_SOURCE_ID, PROP_TIMESTAMP, PROTOCOL_VERSION, Request,
 };
 use crate::access::Access;
-use crate::engine::{ChangeKind, Engine, KeyNotification, KeyNotifyReceiver};
+use crate::engine::{ChangeKind, Engine, KeyNotification, KeyNotifyReceiver, RequestId};
 
 /// Where a transport publishes answers and notifications.
 #[async_trait]
@@ -270,7 +270,13 @@ impl Door {
                 }
             }
         }
-        match request::handle_as(&self.engine, &self.access, &self.service_id, req, caller).await {
+        // The same id marks the write in shared storage, so that a redelivery to another
+        // replica (this one died after receiving it) is not executed again either.
+        let id = key.as_ref().map(|k| RequestId {
+            id: request::request_id(&k.0, &k.1),
+            ttl: self.limits.response_cache_ttl,
+        });
+        match request::handle_as(&self.engine, &self.access, &self.service_id, req, caller, id.as_ref()).await {
             Ok(out) => {
                 let out = Arc::new(out);
                 if let Some(k) = &key {

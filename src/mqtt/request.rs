@@ -8,7 +8,7 @@ use bytes::Bytes;
 use super::payload::{ErrorReply, error_reply, reply_frame};
 use super::{INVOKE_TOPIC, NOTIFY_TOPIC_PREFIX};
 use crate::access::{self, Access, Principal};
-use crate::engine::{Command, Engine, EngineError, Meta};
+use crate::engine::{Command, Engine, EngineError, Meta, RequestId};
 use crate::hlc::Hlc;
 use crate::resp3;
 
@@ -189,7 +189,7 @@ fn parse(req: &Request, caller: &Caller) -> Parsed {
 pub async fn handle(engine: &Engine, service_id: &str, req: &Request) -> Result<Outgoing, Dropped> {
     static OPEN: std::sync::OnceLock<Access> = std::sync::OnceLock::new();
     let access = OPEN.get_or_init(Access::open);
-    handle_as(engine, access, service_id, req, &Caller::default()).await
+    handle_as(engine, access, service_id, req, &Caller::default(), None).await
 }
 
 /// Who the rules see: the identity the broker vouches for; with an external broker nothing,
@@ -209,13 +209,14 @@ fn principal(access: &Access, req: &Request, caller: &Caller) -> Principal {
 }
 
 /// Handles one request from `caller`, as `access` allows: `Err` when it must go unanswered
-/// (and unexecuted).
+/// (and unexecuted). A write with `request` is executed at most once per id (redeliveries).
 pub async fn handle_as(
     engine: &Engine,
     access: &Access,
     service_id: &str,
     req: &Request,
     caller: &Caller,
+    request: Option<&RequestId>,
 ) -> Result<Outgoing, Dropped> {
     let to = reply_to(req)?;
     let principal = principal(access, req, caller);
@@ -239,7 +240,7 @@ pub async fn handle_as(
             }
             let name = cmd.name();
             let grant = access.grant(principal);
-            match access::execute(engine, &grant, cmd).await {
+            match access::execute_request(engine, &grant, cmd, request).await {
                 Ok(resp) => (reply_frame(resp.reply).encode(), 200, resp.version, vec![]),
                 Err(e) => match error_reply(&e) {
                     ErrorReply::Payload(f) => (f.encode(), 200, None, vec![]),
@@ -287,6 +288,17 @@ pub async fn handle_as(
         user_properties: props,
         message_expiry: to.message_expiry,
     })
+}
+
+/// The id of a request across redeliveries and replicas: its response topic and correlation
+/// data (what a client keeps for the request's lifetime), length-prefixed so that no two pairs
+/// give the same id.
+pub fn request_id(topic: &str, correlation: &[u8]) -> Bytes {
+    let mut id = Vec::with_capacity(4 + topic.len() + correlation.len());
+    id.extend_from_slice(&(topic.len() as u32).to_be_bytes());
+    id.extend_from_slice(topic.as_bytes());
+    id.extend_from_slice(correlation);
+    Bytes::from(id)
 }
 
 /// Whether a payload is a command that changes nothing (GET, SCAN), judged from its first

@@ -342,7 +342,7 @@ async fn janitor(engine: Engine, mut stop: watch::Receiver<bool>) {
             _ = stop.changed() => return,
             _ = tokio::time::sleep(period) => {}
         }
-        let n = engine.sweep_idle_observers();
+        let n = engine.sweep_idle_observers().await;
         if n > 0 {
             info!(clients = n, "mqtt: dropped the registrations of idle clients");
         }

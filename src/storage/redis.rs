@@ -53,10 +53,14 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::io::tcp::{TcpSettings, socket2};
 use redis::{Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisError, Script, ServerErrorKind, Value};
 
-use super::{Backend, KeyPage, Record, RedisOptions, RedisUrl, StorageError, Swap, SwapOutcome};
+use super::log::ChangeLog;
+use super::{
+    Backend, ChangeRecordKind, KeyPage, Record, RedisOptions, RedisUrl, StorageError, Swap, SwapOutcome, Write, Written,
+};
 use crate::hlc::Hlc;
 
 mod codec;
+mod log;
 
 use codec::{Names, RECORD_FIELDS, decode_record, decode_version, encode_deadline, encode_version, score_ms};
 
@@ -88,7 +92,17 @@ impl LuaScript {
 }
 
 /// The Redis/Valkey backend. Cheap to share: one multiplexed connection for all callers.
-pub struct RedisBackend {
+pub struct RedisBackend(Arc<Shared>);
+
+impl std::ops::Deref for RedisBackend {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// What the backend and its change log share: the connection, the names, the scripts.
+pub struct Shared {
     url: RedisUrl,
     client: redis::Client,
     manager_config: ConnectionManagerConfig,
@@ -100,6 +114,17 @@ pub struct RedisBackend {
     wait_replicas: u32,
     swap: LuaScript,
     scan: LuaScript,
+    observe: LuaScript,
+    start: LuaScript,
+    seen_script: LuaScript,
+    /// Approximate most entries the change log keeps (`--redis-change-log-len`).
+    log_len: u64,
+    /// This process's id in the change log.
+    origin: u64,
+    /// Numbers the calls that append to the log (their entries' unique tags).
+    calls: std::sync::atomic::AtomicU64,
+    /// The connection the change log is read on (blocking reads must not hold up the others).
+    reader: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
 }
 
 struct Connection {
@@ -139,7 +164,7 @@ impl RedisBackend {
             .set_number_of_retries(4);
         let manager = ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())
             .map_err(|e| StorageError::Backend(format!("{url}: {e}")))?;
-        let backend = RedisBackend {
+        let backend = Shared {
             url: url.clone(),
             client,
             manager_config,
@@ -149,9 +174,23 @@ impl RedisBackend {
             wait_replicas: options.wait_replicas,
             swap: LuaScript::new(include_str!("redis/swap.lua")),
             scan: LuaScript::new(include_str!("redis/scan.lua")),
+            observe: LuaScript::new(include_str!("redis/observe.lua")),
+            start: LuaScript::new(include_str!("redis/start.lua")),
+            seen_script: LuaScript::new(log::SEEN_SCRIPT),
+            log_len: options.change_log_len.max(1),
+            origin: log::random_origin(),
+            calls: Default::default(),
+            reader: Default::default(),
         };
         backend.wait_until_ready(options.startup_wait).await?;
-        for script in [&backend.swap, &backend.scan] {
+        backend.refuse_cluster().await?;
+        for script in [
+            &backend.swap,
+            &backend.scan,
+            &backend.observe,
+            &backend.start,
+            &backend.seen_script,
+        ] {
             backend.query::<String>(&script.load()).await.map_err(|e| match e {
                 StorageError::Backend(m) => StorageError::Backend(format!(
                     "loading a script into {url} failed (stategate needs Redis 7 or Valkey 7.2 or later): {m}"
@@ -159,9 +198,11 @@ impl RedisBackend {
                 other => other,
             })?;
         }
-        Ok(backend)
+        Ok(RedisBackend(Arc::new(backend)))
     }
+}
 
+impl Shared {
     /// PINGs until Redis answers: the doors open only once the storage works.
     async fn wait_until_ready(&self, patience: Duration) -> Result<(), StorageError> {
         let give_up = Instant::now() + patience;
@@ -262,16 +303,72 @@ impl Backend for RedisBackend {
         decode_record(self.query(&cmd).await?)
     }
 
+    async fn get_marked(
+        &self,
+        key: &[u8],
+        request: Option<&[u8]>,
+    ) -> Result<(Option<Record>, Option<Bytes>), StorageError> {
+        let Some(id) = request else {
+            return Ok((self.get(key).await?, None));
+        };
+        // One round trip: the record and the request's mark.
+        let mut pipe = redis::pipe();
+        pipe.cmd("HMGET").arg(self.names.record(key)).arg(&RECORD_FIELDS[..]);
+        pipe.cmd("GET").arg(self.names.mark(id));
+        let (fields, mark): (Vec<Option<Bytes>>, Option<Bytes>) = self
+            .bounded(|mut c| async move { pipe.query_async(&mut c).await.map_err(storage_error) })
+            .await?;
+        Ok((decode_record(fields)?, mark))
+    }
+
     async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError> {
-        if swaps.is_empty() {
-            return Ok(SwapOutcome::Done);
+        let w = Write {
+            swaps,
+            max_keys,
+            changes: &[],
+            request: None,
+        };
+        Ok(match self.write(&w).await? {
+            Written::Done { .. } => SwapOutcome::Done,
+            Written::Conflict => SwapOutcome::Conflict,
+            Written::TooManyKeys => SwapOutcome::TooManyKeys,
+            Written::Repeated(_) => {
+                return Err(StorageError::Backend(
+                    "a swap without a request was taken for a repeat".into(),
+                ));
+            }
+        })
+    }
+
+    async fn write(&self, w: &Write<'_>) -> Result<Written, StorageError> {
+        if w.swaps.is_empty() {
+            return Ok(Written::Done { logged: None });
         }
-        let records: Vec<Vec<u8>> = swaps.iter().map(|s| self.names.record(&s.key)).collect();
-        let mut keys: Vec<&[u8]> = vec![&self.names.index, &self.names.deadlines, &self.names.max_version];
+        let records: Vec<Vec<u8>> = w.swaps.iter().map(|s| self.names.record(&s.key)).collect();
+        let mark = self.names.mark(w.request.map_or(&b""[..], |r| &r.id[..]));
+        let mut keys: Vec<&[u8]> = vec![
+            &self.names.index,
+            &self.names.deadlines,
+            &self.names.max_version,
+            &self.names.log,
+            &self.names.log_seq,
+            &mark,
+        ];
         keys.extend(records.iter().map(Vec::as_slice));
         let mut eval = self.swap.evalsha(&keys);
-        eval.arg(max_keys.map(|m| m.to_string()).unwrap_or_default());
-        for s in swaps {
+        let logged = !w.changes.is_empty();
+        eval.arg(w.max_keys.map(|m| m.to_string()).unwrap_or_default())
+            .arg(if logged {
+                self.log_len.to_string()
+            } else {
+                String::new()
+            });
+        match w.request {
+            Some(r) => eval.arg(&r.outcome[..]).arg(r.ttl_ms.max(1)),
+            None => eval.arg("").arg(""),
+        };
+        eval.arg(self.origin).arg(self.call_tag()).arg(w.changes.len());
+        for s in w.swaps {
             let expected = s.expected.as_ref().map(encode_version).unwrap_or_default();
             eval.arg(&s.key[..]).arg(expected);
             match &s.new {
@@ -282,6 +379,18 @@ impl Backend for RedisBackend {
                     .arg(r.fencing.as_ref().map(encode_version).unwrap_or_default())
                     .arg(r.expires_at_ms.map(encode_deadline).unwrap_or_default()),
                 None => eval.arg("d").arg("").arg("").arg("").arg(""),
+            };
+        }
+        for c in w.changes {
+            eval.arg(&c.key[..]);
+            match &c.kind {
+                ChangeRecordKind::Set { value, expires_at_ms } => eval
+                    .arg("s")
+                    .arg(encode_version(&c.version))
+                    .arg(&value[..])
+                    .arg(expires_at_ms.map(encode_deadline).unwrap_or_default()),
+                ChangeRecordKind::Delete => eval.arg("d").arg(encode_version(&c.version)).arg("").arg(""),
+                ChangeRecordKind::Expire => eval.arg("e").arg(encode_version(&c.version)).arg("").arg(""),
             };
         }
         let mut pipe = redis::pipe();
@@ -298,13 +407,32 @@ impl Backend for RedisBackend {
             other => other,
         })?;
         let mut replies = replies.into_iter();
-        let outcome = match replies.next().map(i64::from_redis_value) {
-            Some(Ok(0)) => SwapOutcome::Done,
-            Some(Ok(1)) => return Ok(SwapOutcome::Conflict),
-            Some(Ok(2)) => return Ok(SwapOutcome::TooManyKeys),
-            other => {
-                return Err(StorageError::Backend(format!("the swap script answered {other:?}")));
+        let answer: Result<(i64, Option<Value>), _> = match replies.next().map(Vec::<Value>::from_redis_value) {
+            Some(Ok(v)) => {
+                let mut v = v.into_iter();
+                match v.next().map(i64::from_redis_value) {
+                    Some(Ok(code)) => Ok((code, v.next())),
+                    other => Err(format!("{other:?}")),
+                }
             }
+            other => Err(format!("{other:?}")),
+        };
+        let written = match answer {
+            Ok((0, seq)) => Written::Done {
+                logged: match seq.map(u64::from_redis_value) {
+                    Some(Ok(0)) | None => None,
+                    Some(Ok(n)) => Some(n),
+                    Some(Err(e)) => return Err(StorageError::Backend(format!("the swap script answered {e}"))),
+                },
+            },
+            Ok((1, _)) => return Ok(Written::Conflict),
+            Ok((2, _)) => return Ok(Written::TooManyKeys),
+            Ok((3, Some(outcome))) => {
+                return Bytes::from_redis_value(outcome)
+                    .map(Written::Repeated)
+                    .map_err(|e| StorageError::Backend(format!("the swap script answered {e}")));
+            }
+            other => return Err(StorageError::Backend(format!("the swap script answered {other:?}"))),
         };
         if self.wait_replicas > 0 {
             let acked = replies.next().map(i64::from_redis_value);
@@ -319,7 +447,11 @@ impl Backend for RedisBackend {
                 other => return Err(StorageError::Backend(format!("WAIT answered {other:?}"))),
             }
         }
-        Ok(outcome)
+        Ok(written)
+    }
+
+    fn change_log(&self) -> Option<Arc<dyn ChangeLog>> {
+        Some(Arc::new(log::RedisLog(self.0.clone())))
     }
 
     async fn scan(

@@ -17,4 +17,5 @@ mod openapi;
 mod ops;
 mod redis;
 mod resources;
+mod scaleout;
 mod support;

@@ -14,7 +14,7 @@ use stategate::storage::{StorageKind, Store};
 use crate::support::{Broker, RawClient, Storage, TestEnv, WAIT, free_port, now_ts, prop, unique_id};
 
 #[path = "../../src/storage/redis/server.rs"]
-mod server;
+pub(crate) mod server;
 
 use server::{Flavor, TestServer};
 

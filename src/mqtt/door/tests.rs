@@ -131,6 +131,6 @@ async fn keynotify_for_another_client_is_refused_when_the_publisher_is_known() {
     assert_eq!(&d.serve(&honest, &real).await.unwrap().payload[..], b"+OK\r\n");
     assert_eq!(d.engine().observers_of(b"k").len(), 1);
     // The registration belongs to the publisher's session.
-    assert_eq!(d.engine().drop_client("device-1", Some(8)), 0);
-    assert_eq!(d.engine().drop_client("device-1", Some(7)), 1);
+    assert_eq!(d.engine().drop_client("device-1", Some(8)).await, 0);
+    assert_eq!(d.engine().drop_client("device-1", Some(7)).await, 1);
 }

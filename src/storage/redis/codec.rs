@@ -20,6 +20,17 @@ pub struct Names {
     /// ZSET with one member, score 0: the highest version ever written (lex order of the
     /// encoding = HLC order, see [`encode_version`]).
     pub max_version: Vec<u8>,
+    /// STREAM: the shared change log; STRING: its last sequence number.
+    pub log: Vec<u8>,
+    pub log_seq: Vec<u8>,
+    /// HASH client -> broker session ('' = unknown): the clients with KEYNOTIFY registrations.
+    pub observers: Vec<u8>,
+    /// STRING: registrations of all clients.
+    pub observer_count: Vec<u8>,
+    /// HASH client -> ms since the epoch: when a replica last saw the client.
+    pub seen: Vec<u8>,
+    observer_prefix: Vec<u8>,
+    mark_prefix: Vec<u8>,
 }
 
 impl Names {
@@ -30,7 +41,29 @@ impl Names {
             index: with("keys"),
             deadlines: with("deadlines"),
             max_version: with("maxver"),
+            log: with("log"),
+            log_seq: with("logseq"),
+            observers: with("obs"),
+            observer_count: with("obscount"),
+            seen: with("seen"),
+            observer_prefix: with("o:"),
+            mark_prefix: with("q:"),
         }
+    }
+
+    /// SET: the keys `client` observes.
+    pub fn observed_by(&self, client: &str) -> Vec<u8> {
+        [&self.observer_prefix[..], client.as_bytes()].concat()
+    }
+
+    /// STRING with a TTL: the stored outcome of the request `id`.
+    pub fn mark(&self, id: &[u8]) -> Vec<u8> {
+        [&self.mark_prefix[..], id].concat()
+    }
+
+    /// The prefix of [`Names::observed_by`] (scripts that list every client build names).
+    pub fn observer_prefix(&self) -> &[u8] {
+        &self.observer_prefix
     }
 
     /// The hash holding `key`'s record. Record names start with `<prefix>r:`, which no other
@@ -181,9 +214,21 @@ mod tests {
     fn names_do_not_collide() {
         let n = Names::new("sg:");
         assert_eq!(n.record(b"keys"), b"sg:r:keys");
-        for other in [&n.index, &n.deadlines, &n.max_version] {
+        for other in [
+            &n.index,
+            &n.deadlines,
+            &n.max_version,
+            &n.log,
+            &n.log_seq,
+            &n.observers,
+            &n.observer_count,
+            &n.seen,
+            &n.observed_by("c"),
+            &n.mark(b"m"),
+        ] {
             assert!(!other.starts_with(b"sg:r:"));
         }
+        assert!(!n.mark(b"").starts_with(b"sg:o:") && !n.observed_by("").starts_with(b"sg:q:"));
     }
 
     #[test]

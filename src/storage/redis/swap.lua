@@ -1,7 +1,8 @@
 #!lua
 -- stategate's conditional swap (src/storage/redis.rs describes the layout): apply every
--- (key, expected version, new record or delete) or none. No state store rule lives here: the
--- engine decided every record; this only compares versions, counts keys and writes.
+-- (key, expected version, new record or delete) or none, append the changes to the shared
+-- change log, and leave the request's mark. No state store rule lives here: the engine decided
+-- every record; this only compares versions and request ids, counts keys and writes.
 --
 -- All or nothing: every check, and every call that could fail (a key of the wrong type, a
 -- number that does not parse), runs before the first write, so the script never stops
@@ -11,15 +12,34 @@
 -- KEYS[1] index (ZSET, score 0, member = key)
 -- KEYS[2] deadlines (ZSET, score = deadline ms, member = key)
 -- KEYS[3] highest version ever written (ZSET, one member, score 0)
--- KEYS[3 + i] the record hash of swap i
+-- KEYS[4] change log (STREAM), KEYS[5] its last sequence number (STRING)
+-- KEYS[6] the request's mark (STRING, with a TTL)
+-- KEYS[6 + i] the record hash of swap i
 -- ARGV[1] most keys after the swap ('' = no limit)
--- then 7 per swap i, from ARGV[2 + 7 * (i - 1)]: key, expected version ('' = must be absent),
+-- ARGV[2] approximate most log entries kept ('' = write no log)
+-- ARGV[3] the request's outcome to store ('' = no request), ARGV[4] how long to keep it, ms
+-- ARGV[5] origin (the writing replica), ARGV[6] a tag unique to this call
+-- ARGV[7] number of changes
+-- then 7 per swap i, from ARGV[8 + 7 * (i - 1)]: key, expected version ('' = must be absent),
 -- 'p' (put) or 'd' (delete), value, version, fencing token ('' = none), deadline ('' = none)
+-- then 5 per change: key, 's' (set) 'd' (delete) or 'e' (expire), version, value, deadline
 --
--- Returns 0 done, 1 conflict (a stored version differs), 2 too many keys.
+-- Returns {0, sequence number of the last change logged (0: none)}, {1} conflict (a stored
+-- version differs), {2} too many keys, {3, outcome} the request was applied before.
 
-local swaps = #KEYS - 3
+local swaps = #KEYS - 6
 local index, deadlines, highest = KEYS[1], KEYS[2], KEYS[3]
+local log, logseq, mark = KEYS[4], KEYS[5], KEYS[6]
+local S = 8
+
+-- A redelivered request: its first execution stands; apply nothing.
+if ARGV[3] ~= '' then
+  local stored = redis.call('GET', mark)
+  if stored then return {3, stored} end
+  if not tonumber(ARGV[4]) then
+    return redis.error_reply('ERR stategate swap: bad request ttl')
+  end
+end
 
 -- Check. These reads also fail now, not halfway through the writes, if a key has another type.
 local count = redis.call('ZCARD', index)
@@ -27,13 +47,13 @@ redis.call('ZCARD', deadlines)
 redis.call('ZCARD', highest)
 local added = 0
 for i = 1, swaps do
-  local a = 2 + 7 * (i - 1)
-  local stored = redis.call('HGET', KEYS[3 + i], 'ver')
+  local a = S + 7 * (i - 1)
+  local stored = redis.call('HGET', KEYS[6 + i], 'ver')
   local expected = ARGV[a + 1]
   if expected == '' then
-    if stored then return 1 end
+    if stored then return {1} end
   elseif stored ~= expected then
-    return 1
+    return {1}
   end
   if ARGV[a + 2] == 'p' then
     if ARGV[a + 6] ~= '' and not tonumber(ARGV[a + 6]) then
@@ -45,13 +65,24 @@ for i = 1, swaps do
   end
 end
 if ARGV[1] ~= '' and added > 0 and count + added > tonumber(ARGV[1]) then
-  return 2
+  return {2}
+end
+local changes = tonumber(ARGV[7])
+if ARGV[2] ~= '' then
+  redis.call('XLEN', log)
+  if not tonumber(ARGV[2]) or not changes then
+    return redis.error_reply('ERR stategate swap: bad log arguments')
+  end
+  local seq = redis.call('GET', logseq)
+  if seq and not tonumber(seq) then
+    return redis.error_reply('ERR stategate swap: bad log sequence')
+  end
 end
 
 -- Write.
 for i = 1, swaps do
-  local a = 2 + 7 * (i - 1)
-  local record, key = KEYS[3 + i], ARGV[a]
+  local a = S + 7 * (i - 1)
+  local record, key = KEYS[6 + i], ARGV[a]
   redis.call('DEL', record)
   redis.call('ZREM', deadlines, key)
   if ARGV[a + 2] == 'p' then
@@ -78,6 +109,28 @@ for i = 1, swaps do
 end
 redis.call('ZREMRANGEBYRANK', highest, 0, -2)
 
--- Seam for the shared change feed: a change record appended here (XADD) is written in this
--- same atomic call, so no replica can see the swap without its change or the other way round.
-return 0
+-- The changes, in the same atomic call: no replica sees the swap without its changes or the
+-- other way round, and the log's order is the order of the swaps.
+local last = 0
+if ARGV[2] ~= '' then
+  local c = S + 7 * swaps
+  for j = 1, changes do
+    local b = c + 5 * (j - 1)
+    last = redis.call('INCR', logseq)
+    local entry = {'n', last, 'u', ARGV[6] .. '.' .. j, 'o', ARGV[5], 't', ARGV[b + 1], 'k', ARGV[b],
+      'v', ARGV[b + 2]}
+    if ARGV[b + 1] == 's' then
+      entry[#entry + 1] = 'x'
+      entry[#entry + 1] = ARGV[b + 3]
+      if ARGV[b + 4] ~= '' then
+        entry[#entry + 1] = 'e'
+        entry[#entry + 1] = ARGV[b + 4]
+      end
+    end
+    redis.call('XADD', log, 'MAXLEN', '~', ARGV[2], '*', unpack(entry))
+  end
+end
+if ARGV[3] ~= '' then
+  redis.call('SET', mark, ARGV[3], 'PX', ARGV[4])
+end
+return {0, last}

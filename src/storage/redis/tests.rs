@@ -20,6 +20,7 @@ fn options(prefix: &str) -> RedisOptions {
         prefix: prefix.into(),
         timeout: Duration::from_millis(500),
         wait_replicas: 0,
+        change_log_len: 1000,
         startup_wait: Duration::from_secs(10),
     }
 }
