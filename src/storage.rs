@@ -143,7 +143,8 @@ pub enum StorageError {
     Full(String),
 }
 
-/// The contract every backend implements. All methods are atomic per call.
+/// The contract every backend implements. All methods are atomic per call. A method added
+/// here, with a default or not, must be forwarded by `observed.rs` (the metrics wrapper).
 #[async_trait]
 #[allow(clippy::len_without_is_empty)] // `len` is the key count for quotas, not a collection API
 pub trait Backend: Send + Sync + 'static {

@@ -83,8 +83,17 @@ async fn render(obs: Observe) -> Response {
 fn route_cmd(method: &Method, route: &str) -> Option<Cmd> {
     Some(match route {
         "/v1.0/state/{store}" if method == Method::POST => Cmd::Set,
-        "/v1.0/state/{store}/{key}" if method == Method::GET => Cmd::Get,
-        "/v1.0/state/{store}/{key}" if method == Method::DELETE => Cmd::Del,
+        // `bulk` and `transaction` are keys too when read or deleted.
+        "/v1.0/state/{store}/{key}" | "/v1.0/state/{store}/bulk" | "/v1.0/state/{store}/transaction"
+            if method == Method::GET =>
+        {
+            Cmd::Get
+        }
+        "/v1.0/state/{store}/{key}" | "/v1.0/state/{store}/bulk" | "/v1.0/state/{store}/transaction"
+            if method == Method::DELETE =>
+        {
+            Cmd::Del
+        }
         "/v1.0/state/{store}/bulk" => Cmd::BulkGet,
         "/v1.0/state/{store}/transaction" => Cmd::Transaction,
         "/v1.0-alpha1/state/{store}/query" => Cmd::Query,
