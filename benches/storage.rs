@@ -191,8 +191,19 @@ async fn mqtt_load(store: Store, in_flight: usize, secs: u64) -> Run {
 }
 
 fn durable(dir: &std::path::Path, fsync: FsyncMode) -> Store {
+    durable_sealed(dir, fsync, false)
+}
+
+/// With `encrypted`, under a fixed key (`--encryption-key-file`).
+fn durable_sealed(dir: &std::path::Path, fsync: FsyncMode, encrypted: bool) -> Store {
     let mut o = DurableOptions::new(dir);
     o.fsync = fsync;
+    if encrypted {
+        o.encryption = Some(stategate::storage::durable::EncryptionKey::from_bytes(
+            [7; 32],
+            "bench.key",
+        ));
+    }
     Store::new(DurableBackend::open(o).expect("open durable store"))
 }
 
@@ -270,11 +281,13 @@ fn main() {
         println!();
         println!("| storage | writers in flight | SET/s | vs memory | p50 | p99 |");
         println!("|---|---:|---:|---:|---:|---:|");
-        let rows: [(&str, Option<FsyncMode>, u64); 5] = [
+        let rows: [(&str, Option<FsyncMode>, u64); 7] = [
             ("memory", None, 64),
             ("durable, fsync always", Some(FsyncMode::Always), 64),
+            ("durable, fsync always, encrypted", Some(FsyncMode::Always), 64),
             ("durable, fsync batch", Some(FsyncMode::Batch), 64),
             ("durable, fsync never", Some(FsyncMode::Never), 64),
+            ("durable, fsync never, encrypted", Some(FsyncMode::Never), 64),
             ("durable, fsync always", Some(FsyncMode::Always), 1024),
         ];
         // STATEGATE_BENCH_ONLY=never (say) runs the rows whose name contains it (for profiling).
@@ -287,7 +300,7 @@ fn main() {
             let dir = tempfile::tempdir_in(&base).expect("tempdir");
             let store = match mode {
                 None => Store::memory(),
-                Some(m) => durable(dir.path(), m),
+                Some(m) => durable_sealed(dir.path(), m, name.contains("encrypted")),
             };
             let run = set_load(store, writers, secs).await;
             let base_rate = *memory.get_or_insert(run.ops_per_sec);

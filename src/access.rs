@@ -306,6 +306,12 @@ impl Grant {
         self.allowed().is_none_or(|a| a.may(op, key))
     }
 
+    /// Whether `op` is allowed on every key, present and future (no rules, or a `*` rule): an
+    /// online backup copies the whole store.
+    pub fn may_every_key(&self, op: Op) -> bool {
+        self.allowed().is_none_or(|a| a.may_every_key(op))
+    }
+
     /// [`Grant::may`] as the error every door maps (MQTT 403, HTTP 403, gRPC PERMISSION_DENIED).
     pub fn check(&self, op: Op, key: &[u8]) -> Result<(), EngineError> {
         if self.may(op, key) {

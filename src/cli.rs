@@ -4,6 +4,8 @@
 //!
 //! - `args.rs`: the command line; `output.rs`: what is printed (people, `--json`, `--raw`);
 //! - `mqtt.rs`, `http.rs`, `grpc.rs`: one [`Door`] each; `lock.rs`: leases over any door.
+//! - `transfer.rs`: `export`, `import`, `backup` (the HTTP door's admin routes, or a stopped
+//!   store / Redis used directly) and `rekey` (a stopped store).
 //!
 //! The client reaches the service only through its doors; nothing below the doors (engine,
 //! storage) knows this module. The same command prints the same thing whichever door it used;
@@ -21,6 +23,7 @@ mod http;
 mod lock;
 mod mqtt;
 mod output;
+mod transfer;
 
 use args::{ClientCommand, ConnectArgs, OutputArgs, ValueSource, arg_bytes};
 use output::{Format, Output};
@@ -276,6 +279,12 @@ async fn execute(cmd: ClientCommand) -> i32 {
         ClientCommand::Watch(a) => output_of(&a.output),
         ClientCommand::Lock(a) => output_of(&a.output),
         ClientCommand::Unlock(a) => output_of(&a.output),
+        ClientCommand::Export(_) | ClientCommand::Import(_) | ClientCommand::Backup(_) | ClientCommand::Rekey(_) => {
+            Output {
+                format: Format::Human,
+                verbose: false,
+            }
+        }
     };
     match dispatch(cmd, out).await {
         Ok(code) => code,
@@ -392,6 +401,10 @@ async fn dispatch(cmd: ClientCommand, out: Output) -> Result<i32, CliError> {
             out.print(output::unlocked(out.format, &name, outcome))?;
             Ok(status(outcome == DelOutcome::Deleted))
         }
+        ClientCommand::Export(a) => transfer::export(a).await,
+        ClientCommand::Import(a) => transfer::import(a).await,
+        ClientCommand::Backup(a) => transfer::backup(a).await,
+        ClientCommand::Rekey(a) => transfer::rekey(a),
     }
 }
 

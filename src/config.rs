@@ -200,6 +200,12 @@ pub struct ServeArgs {
     /// not written back). A process crash loses nothing acknowledged in any mode.
     #[arg(long, env = "STATEGATE_FSYNC", default_value = "always")]
     pub fsync: FsyncMode,
+    /// A file of exactly 32 random bytes (`head -c 32 /dev/urandom > FILE; chmod 600 FILE`):
+    /// the durable store seals every log record and snapshot chunk with it (XChaCha20-Poly1305),
+    /// so the data directory shows no key or value. The file must not be accessible to other
+    /// users. Changing keys: `stategate rekey` on the stopped store.
+    #[arg(long, env = "STATEGATE_ENCRYPTION_KEY_FILE")]
+    pub encryption_key_file: Option<PathBuf>,
     /// Log bytes after which the durable store starts a new segment and writes a snapshot (or
     /// half the last snapshot, if more). For tests: small values make compaction constant.
     #[arg(long, env = "STATEGATE_SEGMENT_BYTES", default_value_t = 64 * 1024 * 1024, hide = true)]
@@ -319,6 +325,10 @@ pub enum ConfigError {
     BadStateStore(String),
     #[error("--log-level {0:?} is not a level or a filter: {1}")]
     BadLogFilter(String, String),
+    #[error(
+        "--encryption-key-file applies to --storage durable only (Redis keeps its own data: use its TLS and disk encryption)"
+    )]
+    EncryptionNeedsDurable,
     #[error("{0}")]
     Access(#[from] crate::access::FileError),
     #[error("--mqtt-auth-file needs the embedded broker (an external broker authenticates its own clients)")]
@@ -345,6 +355,7 @@ impl ConfigError {
             ConfigError::Access(_) => return None,
             ConfigError::AuthNeedsEmbeddedBroker | ConfigError::AuthWithClientPath => "mqtt-auth-file",
             ConfigError::TrustNeedsExternalBroker => "mqtt-trust-src-id",
+            ConfigError::EncryptionNeedsDurable => "encryption-key-file",
         })
     }
 }
@@ -486,6 +497,9 @@ impl Config {
             ui: !a.no_ui,
             ..HttpSettings::default()
         };
+        if a.encryption_key_file.is_some() && a.storage != StorageKind::Durable {
+            return Err(ConfigError::EncryptionNeedsDurable);
+        }
         let access = AccessSettings {
             mqtt_auth_file: a.mqtt_auth_file,
             acl_file: a.acl_file,
@@ -513,6 +527,7 @@ impl Config {
             kind: a.storage,
             data_dir: a.data_dir,
             fsync: a.fsync,
+            encryption_key_file: a.encryption_key_file,
             segment_bytes: a.segment_bytes.max(4096),
             redis: RedisOptions {
                 prefix: a.redis_prefix,

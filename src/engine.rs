@@ -21,12 +21,14 @@ mod expiry;
 pub mod feed;
 pub mod notify;
 mod shared;
+mod transfer;
 pub mod watch;
 
 pub use command::{Command, Del, DelCondition, Get, KeyFilter, KeyNotify, Meta, Scan, Set, SetCondition, VDel};
 pub use error::EngineError;
 pub use feed::{FeedEvent, FeedLimits, FeedReader, Lagged};
 pub use notify::{Change, ChangeKind, KeyNotification, KeyNotifyReceiver, ObserverLimits};
+pub use transfer::ImportReport;
 
 use feed::Feed;
 use notify::{KeyNotifySender, Observers, RegisterError};
@@ -631,8 +633,12 @@ impl Engine {
             None => Ok(None),
             Some(r) if r.is_expired(self.0.hlc.wall_ms()) => {
                 let _guard = self.lock(key).await;
-                self.load_live(key).await?;
-                Ok(None)
+                match self.load_live(key).await {
+                    // The key is absent either way; a full disk only delays its removal (the
+                    // expiry driver retries), and reads go on while writes are refused.
+                    Ok(_) | Err(EngineError::StorageFull) => Ok(None),
+                    Err(e) => Err(e),
+                }
             }
             Some(r) => Ok(Some(Entry {
                 value: r.value,
@@ -651,6 +657,32 @@ impl Engine {
     /// Bytes of the stored values, where the storage keeps count.
     pub async fn value_bytes(&self) -> Result<Option<u64>, EngineError> {
         Ok(self.0.store.backend().value_bytes().await?)
+    }
+
+    /// Whether the storage takes writes right now (readiness, metrics).
+    pub fn storage_health(&self) -> crate::storage::StorageHealth {
+        self.0.store.backend().health()
+    }
+
+    /// The storage's health as it changes (`None`: it never does).
+    pub fn storage_health_changes(&self) -> Option<tokio::sync::watch::Receiver<crate::storage::StorageHealth>> {
+        self.0.store.backend().health_changes()
+    }
+
+    /// Whether the storage can take an online backup ([`Engine::backup`]).
+    pub fn can_backup(&self) -> bool {
+        self.0.store.backend().online_backup().is_some()
+    }
+
+    /// An online backup of the storage (blocks the thread; run it on a blocking one). Fails
+    /// with a storage error when the backend has none ([`Engine::can_backup`]).
+    pub fn backup(&self, sink: &mut dyn crate::storage::BackupSink) -> Result<crate::storage::BackupInfo, EngineError> {
+        match self.0.store.backend().online_backup() {
+            Some(b) => Ok(b.backup(sink)?),
+            None => Err(EngineError::Storage(crate::storage::StorageError::Backend(
+                "this storage has no online backup (durable only; use export)".into(),
+            ))),
+        }
     }
 
     /// Number of keys stored, across every store (keys expired but not yet swept included).

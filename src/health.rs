@@ -70,10 +70,15 @@ impl Observe {
                 stopping,
             };
         };
-        let storage = match tokio::time::timeout(PROBE_TIMEOUT, engine.key_count()).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("no answer within {PROBE_TIMEOUT:?}")),
+        // A full disk (writes refused) or a failed log is not ready, though reads still work.
+        let storage = match engine.storage_health() {
+            crate::storage::StorageHealth::Full { cause } => Err(format!("full: {cause}")),
+            crate::storage::StorageHealth::Failed { cause } => Err(format!("failed: {cause}")),
+            crate::storage::StorageHealth::Ok => match tokio::time::timeout(PROBE_TIMEOUT, engine.key_count()).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("no answer within {PROBE_TIMEOUT:?}")),
+            },
         };
         let mqtt = match self.metrics.mqtt_subscribed() {
             true => Ok(()),

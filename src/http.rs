@@ -30,6 +30,7 @@ pub mod observe;
 mod sse;
 mod state;
 pub mod status;
+pub mod transfer;
 pub mod ui;
 
 use error::{ApiError, Op};
@@ -166,6 +167,9 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(state::healthz_outbound))
         .routes(routes!(state::metadata))
         .routes(routes!(status::status))
+        .routes(routes!(transfer::export))
+        .routes(routes!(transfer::import))
+        .routes(routes!(transfer::backup))
 }
 
 /// The OpenAPI document of the HTTP door.

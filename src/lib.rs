@@ -8,6 +8,7 @@
 //! - [`resp3`]: the sans-I/O payload codec the MQTT door speaks.
 //! - [`engine`]: commands, rules, versions, fencing, expiry, change feed.
 //! - [`storage`]: records behind a conditional-swap interface.
+//! - [`dump`]: the export format (JSON lines) shared by the HTTP door and the client.
 //! - [`hlc`]: hybrid logical clocks.
 
 use std::net::SocketAddr;
@@ -20,6 +21,7 @@ pub mod access;
 pub mod cli;
 pub mod config;
 pub mod dapr;
+pub mod dump;
 pub mod engine;
 pub mod grpc;
 pub mod health;

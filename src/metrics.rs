@@ -196,6 +196,7 @@ struct Handles {
     observing_clients: IntGauge,
     keys: IntGauge,
     value_bytes: IntGauge,
+    storage_writable: IntGauge,
     expired: IntCounter,
     mqtt_connected: IntGauge,
     mqtt_subscribed: IntGauge,
@@ -381,6 +382,8 @@ impl Metrics {
             if let Ok(Some(b)) = engine.value_bytes().await {
                 h.value_bytes.set(b as i64);
             }
+            h.storage_writable
+                .set(i64::from(engine.storage_health() == crate::storage::StorageHealth::Ok));
             h.registrations.set(engine.registrations() as i64);
             h.observing_clients.set(engine.observing_clients() as i64);
             h.feed_held.set(engine.feed_held().1 as i64);
@@ -510,6 +513,10 @@ impl Handles {
             observing_clients: gauge("keynotify_clients", "Clients with at least one KEYNOTIFY registration."),
             keys: gauge("keys", "Keys stored (expired keys not yet removed included)."),
             value_bytes: gauge("value_bytes", "Bytes of stored values (memory and durable storage)."),
+            storage_writable: gauge(
+                "storage_writable",
+                "1 while the storage takes writes; 0 while its disk is full or its log failed.",
+            ),
             expired: counter("expired_keys_total", "Keys removed because their time to live ended."),
             mqtt_connected: gauge("mqtt_connected", "1 while the service's MQTT connection is up."),
             mqtt_subscribed: gauge(

@@ -141,6 +141,60 @@ pub enum StorageError {
     /// No space left for a write; the write changed nothing and reads still work.
     #[error("storage full: {0}")]
     Full(String),
+    /// Encryption at rest: a key file that cannot be used, a store written in the other mode
+    /// (encrypted, opened without a key, or the reverse) or under another key.
+    #[error("{0}")]
+    Encryption(String),
+}
+
+/// Whether a backend takes writes right now ([`Backend::health`]). Readiness probes and metrics
+/// report it; the doors learn of it from the errors of the calls themselves.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum StorageHealth {
+    /// Reads and writes work.
+    #[default]
+    Ok,
+    /// The disk is full (or over quota): reads work, writes are refused with
+    /// [`StorageError::Full`]. The backend retries by itself and returns to `Ok` once a write
+    /// fits again.
+    Full { cause: String },
+    /// A fault the backend cannot recover from (an I/O error while logging): every call fails
+    /// until a restart recovers from disk.
+    Failed { cause: String },
+}
+
+/// Which file of an online backup some bytes belong to (see [`OnlineBackup`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackupFile {
+    /// `snap-<seq>.snap`: sent first, whole.
+    Snapshot { seq: u64 },
+    /// `log-<seq>.log`: sent after the snapshot.
+    Log { seq: u64 },
+}
+
+/// Where an online backup goes, in order: every byte of the snapshot, then of the log.
+pub trait BackupSink {
+    fn write(&mut self, file: BackupFile, bytes: &[u8]) -> std::io::Result<()>;
+}
+
+/// What an online backup holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackupInfo {
+    pub seq: u64,
+    /// Keys in the snapshot.
+    pub keys: u64,
+    /// Log records replayed over the snapshot at restore.
+    pub log_records: u64,
+    pub snapshot_bytes: u64,
+    pub log_bytes: u64,
+}
+
+/// A consistent copy of a store as of one moment, taken while it serves (durable backend:
+/// `durable/backup.rs`). Blocks the calling thread while it copies.
+pub trait OnlineBackup {
+    /// Sends the copy to `sink`: a data directory of one snapshot and one log segment that
+    /// recovery turns into the store's state at one point of its log.
+    fn backup(&self, sink: &mut dyn BackupSink) -> Result<BackupInfo, StorageError>;
 }
 
 /// The contract every backend implements. All methods are atomic per call. A method added
@@ -206,6 +260,23 @@ pub trait Backend: Send + Sync + 'static {
     /// Bytes of the stored values, where the backend keeps count (for metrics).
     async fn value_bytes(&self) -> Result<Option<u64>, StorageError> {
         Ok(None)
+    }
+
+    /// Whether writes work right now; cheap (no I/O). Backends that cannot tell say `Ok`.
+    fn health(&self) -> StorageHealth {
+        StorageHealth::Ok
+    }
+
+    /// Changes of [`Backend::health`] as they happen, for those who wait for one (`None`: the
+    /// backend's health never changes).
+    fn health_changes(&self) -> Option<tokio::sync::watch::Receiver<StorageHealth>> {
+        None
+    }
+
+    /// The backend's online backup, if it has one (durable only: Redis has its own, and memory
+    /// has nothing to keep; `stategate export` works with every backend).
+    fn online_backup(&self) -> Option<&dyn OnlineBackup> {
+        None
     }
 }
 
@@ -330,6 +401,8 @@ pub struct StorageConfig {
     pub kind: StorageKind,
     pub data_dir: std::path::PathBuf,
     pub fsync: durable::FsyncMode,
+    /// The durable store's encryption key file (`--encryption-key-file`), read at open.
+    pub encryption_key_file: Option<std::path::PathBuf>,
     /// See [`durable::DurableOptions::segment_bytes`].
     pub segment_bytes: u64,
     pub redis: RedisOptions,
@@ -395,6 +468,10 @@ impl Store {
                 options.fsync = config.fsync;
                 options.segment_bytes = config.segment_bytes;
                 options.clock = clock;
+                options.encryption = match &config.encryption_key_file {
+                    Some(path) => Some(durable::EncryptionKey::from_file(path)?),
+                    None => None,
+                };
                 options.metrics = metrics.clone();
                 let backend = tokio::task::spawn_blocking(move || durable::DurableBackend::open(options))
                     .await

@@ -128,6 +128,11 @@ pub struct Allowed {
 }
 
 impl Allowed {
+    /// Whether `op` is allowed on every key (a `*` glob): what a whole-store copy needs.
+    pub fn may_every_key(&self, op: Op) -> bool {
+        self.globs[op.index()].iter().any(|g| g.as_str() == "*")
+    }
+
     /// Whether `op` on `key` is allowed.
     pub fn may(&self, op: Op, key: &[u8]) -> bool {
         let globs = &self.globs[op.index()];

@@ -46,6 +46,120 @@ pub enum ClientCommand {
     /// Release a lease taken by `lock` (only if HOLDER holds it).
     #[command(after_help = EXIT_CODES)]
     Unlock(UnlockArgs),
+    /// Write every live record (key, value, version, fencing token, deadline) as JSON lines,
+    /// from a running service (--http), a stopped data directory (--data-dir) or Redis (--redis).
+    #[command(after_help = TRANSFER_EXIT_CODES)]
+    Export(ExportArgs),
+    /// Load records written by `export` into a running service (--http), a stopped data
+    /// directory (--data-dir) or Redis (--redis), keeping their versions and deadlines.
+    #[command(after_help = TRANSFER_EXIT_CODES)]
+    Import(ImportArgs),
+    /// Copy a running durable store, consistent at one point of its log, into a new directory
+    /// (a data directory: start a service on it to restore).
+    #[command(after_help = TRANSFER_EXIT_CODES)]
+    Backup(BackupArgs),
+    /// Rewrite a stopped durable store under another encryption key (or none).
+    #[command(after_help = TRANSFER_EXIT_CODES)]
+    Rekey(RekeyArgs),
+}
+
+/// Exit codes of export, import, backup and rekey.
+pub const TRANSFER_EXIT_CODES: &str = "\
+Exit codes:
+  0  done
+  2  usage error (bad arguments, a line that is not a record, a record the store refuses)
+  3  import: some records were not imported, the store holds newer versions (see --overwrite)
+  4  not authorized
+  5  service or storage unreachable, failing, or the copy was cut short";
+
+/// Where `export` and `import` find the records: exactly one of --http, --data-dir, --redis.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Store")]
+pub struct StoreArgs {
+    /// A running service's HTTP door, e.g. http://127.0.0.1:3500.
+    #[arg(long, env = "STATEGATE_HTTP", value_name = "URL", conflicts_with_all = ["data_dir", "redis"])]
+    pub http: Option<String>,
+    /// Sent as `dapr-api-token` with --http.
+    #[arg(long, env = "STATEGATE_API_TOKEN", hide_env_values = true)]
+    pub api_token: Option<String>,
+    /// With --http: bound on connecting and on each wait for data, e.g. 500ms, 10s.
+    #[arg(long, env = "STATEGATE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// A durable store's directory, used directly (not while a service has it open).
+    #[arg(long, env = "STATEGATE_DATA_DIR", conflicts_with = "redis")]
+    pub data_dir: Option<PathBuf>,
+    /// With --data-dir: the store's encryption key file.
+    #[arg(long, env = "STATEGATE_ENCRYPTION_KEY_FILE")]
+    pub encryption_key_file: Option<PathBuf>,
+    /// A Redis or Valkey server, used directly: redis://[user:password@]host:port[/db].
+    #[arg(long, env = "STATEGATE_REDIS_URL", hide_env_values = true)]
+    pub redis: Option<String>,
+    /// With --redis: the prefix of the store's Redis keys.
+    #[arg(long, env = "STATEGATE_REDIS_PREFIX", default_value = "stategate:")]
+    pub redis_prefix: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ExportArgs {
+    /// Where to write the lines (`-`: stdout). An existing file is not overwritten.
+    #[arg(long, short = 'o', env = "STATEGATE_OUTPUT", default_value = "-")]
+    pub output: PathBuf,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ImportArgs {
+    /// The file `export` wrote (`-`: stdin).
+    pub file: PathBuf,
+    /// Also replace keys that hold a newer version than the record's (the key's version goes
+    /// back to the imported one).
+    #[arg(long, env = "STATEGATE_OVERWRITE", value_parser = BoolishValueParser::new())]
+    pub overwrite: bool,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct BackupArgs {
+    /// The directory to create (or an empty one) for the copy.
+    #[arg(long, env = "STATEGATE_BACKUP_TO")]
+    pub to: PathBuf,
+    /// The running service's HTTP door, e.g. http://127.0.0.1:3500.
+    #[arg(
+        long,
+        env = "STATEGATE_HTTP",
+        value_name = "URL",
+        default_value = "http://127.0.0.1:3500"
+    )]
+    pub http: String,
+    /// Sent as `dapr-api-token`.
+    #[arg(long, env = "STATEGATE_API_TOKEN", hide_env_values = true)]
+    pub api_token: Option<String>,
+    /// Bound on connecting and on each wait for data, e.g. 500ms, 10s.
+    #[arg(long, env = "STATEGATE_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RekeyArgs {
+    /// The stopped store's directory.
+    #[arg(long, env = "STATEGATE_DATA_DIR")]
+    pub data_dir: PathBuf,
+    /// The key the store is encrypted with now (absent: it is not encrypted).
+    #[arg(long, env = "STATEGATE_ENCRYPTION_KEY_FILE")]
+    pub encryption_key_file: Option<PathBuf>,
+    /// The key to encrypt it with from now on.
+    #[arg(
+        long,
+        env = "STATEGATE_NEW_ENCRYPTION_KEY_FILE",
+        required_unless_present = "decrypt",
+        conflicts_with = "decrypt"
+    )]
+    pub new_encryption_key_file: Option<PathBuf>,
+    /// Store it unencrypted from now on.
+    #[arg(long, env = "STATEGATE_DECRYPT", value_parser = BoolishValueParser::new())]
+    pub decrypt: bool,
 }
 
 const LOCK_HELP: &str = "\

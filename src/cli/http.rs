@@ -70,7 +70,7 @@ fn text_key(key: &[u8]) -> Result<&str, CliError> {
     })
 }
 
-fn transport(e: reqwest::Error, base: &str, timeout: Duration) -> CliError {
+pub(super) fn transport(e: reqwest::Error, base: &str, timeout: Duration) -> CliError {
     if e.is_timeout() {
         CliError::unavailable(format!(
             "timed out after {} waiting for {base}",
@@ -116,7 +116,7 @@ async fn error_body(mut resp: Response) -> Vec<u8> {
 }
 
 /// Status and message of an error answer (Dapr's `{"errorCode","message"}`, or plain text).
-async fn error_of(resp: Response) -> (StatusCode, String) {
+pub(super) async fn error_of(resp: Response) -> (StatusCode, String) {
     let status = resp.status();
     let raw = error_body(resp).await;
     let message = match serde_json::from_slice::<Value>(&raw) {
@@ -129,7 +129,7 @@ async fn error_of(resp: Response) -> (StatusCode, String) {
     (status, message)
 }
 
-fn status_error(status: StatusCode, message: &str) -> CliError {
+pub(super) fn status_error(status: StatusCode, message: &str) -> CliError {
     let exit = match status.as_u16() {
         400 | 404 | 405 | 413 | 414 | 431 => Exit::Usage,
         401 | 403 => Exit::NotAuthorized,

@@ -204,6 +204,7 @@ mod file_layering {
             "acl-file" => "\"/etc/stategate/acl.toml\"",
             "api-token-file" => "\"/etc/stategate/tokens\"",
             "mqtt-session-expiry-secs" => "3600",
+            "encryption-key-file" => "\"/etc/stategate/key\"",
             _ => return None,
         })
     }

@@ -13,6 +13,8 @@ use crate::storage::{Swap, Written};
 const EXPIRY_BATCH: usize = 256;
 /// Most due keys a write refused at `max_keys` removes itself before giving up.
 const INLINE_EXPIRY: usize = 64;
+/// After a sweep that failed, the driver tries again this much later.
+const SWEEP_RETRY_MS: u64 = 1_000;
 
 impl Engine {
     /// Removes up to `limit` keys whose deadline has passed, telling observers. Returns how many.
@@ -109,14 +111,21 @@ impl Engine {
     pub async fn run_expiry(&self, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         loop {
-            if let Err(e) = self.expire_due(usize::MAX).await {
-                tracing::error!(cause = %e, source = ?std::error::Error::source(&e), "expiry sweep failed");
-            }
-            let wait = match self.0.store.backend().next_deadline().await {
-                Ok(Some(d)) => d.saturating_sub(self.0.hlc.wall_ms()).max(1),
-                Ok(None) => 60_000,
-                Err(_) => 1_000,
+            let swept = self.expire_due(usize::MAX).await;
+            let wait = match (&swept, self.0.store.backend().next_deadline().await) {
+                // Due keys that could not be removed (the disk is full, the storage is away)
+                // stay due: try again in a while, not at once.
+                (Err(_), _) | (Ok(_), Err(_)) => SWEEP_RETRY_MS,
+                (Ok(_), Ok(Some(d))) => d.saturating_sub(self.0.hlc.wall_ms()).max(1),
+                (Ok(_), Ok(None)) => 60_000,
             };
+            match swept {
+                Err(EngineError::StorageFull) => {
+                    tracing::debug!("expiry sweep deferred: the storage is full")
+                }
+                Err(e) => tracing::error!(cause = %e, source = ?std::error::Error::source(&e), "expiry sweep failed"),
+                Ok(_) => {}
+            }
             tokio::select! {
                 _ = &mut shutdown => return,
                 _ = tokio::time::sleep(std::time::Duration::from_millis(wait)) => {}

@@ -213,3 +213,17 @@ pub struct HistoryStatus {
     pub changes: u64,
     pub bytes: u64,
 }
+
+/// `POST /v1.0-alpha1/stategate/import` answer: what happened to the records sent.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ImportReport {
+    /// Stored (new keys, or replacing an older version; with `overwrite`, a newer one too).
+    pub imported: u64,
+    /// Already stored with exactly the same version: left alone.
+    pub unchanged: u64,
+    /// Not stored: the store holds a newer version (send `overwrite=true` to replace it).
+    #[serde(rename = "keptNewer")]
+    pub kept_newer: u64,
+    /// Not stored: expired already.
+    pub expired: u64,
+}

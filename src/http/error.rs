@@ -28,6 +28,7 @@ pub enum Op {
     Query,
     Subscribe,
     List,
+    Import,
 }
 
 impl Op {
@@ -39,6 +40,7 @@ impl Op {
             Op::Delete => "ERR_STATE_DELETE",
             Op::Transaction => "ERR_STATE_TRANSACTION",
             Op::Query => "ERR_STATE_QUERY",
+            Op::Import => "ERR_STATE_IMPORT",
         }
     }
 }

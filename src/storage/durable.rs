@@ -19,28 +19,36 @@
 //!   loads the newest snapshot and replays segments `seq..` on top of it.
 //! - `LOCK`: held (advisory lock) while a process has the directory open.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::oneshot;
 
 use super::memory::MemoryBackend;
-use super::{Backend, KeyPage, Record, StorageError, Swap, SwapOutcome};
+use super::{Backend, KeyPage, Record, StorageError, StorageHealth, Swap, SwapOutcome};
 use crate::hlc::{Clock, Hlc, SystemClock};
 
+mod backup;
+mod crypt;
 mod format;
+mod offline;
 mod recovery;
+mod shared;
 mod snapshot;
 mod writer;
+
+pub use crypt::EncryptionKey;
+use format::Codec;
+pub use offline::{RekeyReport, load_read_only, rekey};
+use shared::{Refused, Shared, lock};
 
 /// When a write is acknowledged, and what a crash can take back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -106,6 +114,10 @@ pub struct DurableOptions {
     pub clock: Arc<dyn Clock>,
     /// Group commits, fsyncs and snapshots are counted here.
     pub metrics: crate::metrics::Metrics,
+    /// While the disk is full: how often the commit thread checks whether a write fits again.
+    pub full_retry: Duration,
+    /// Seal every record and snapshot chunk under this key (`--encryption-key-file`).
+    pub encryption: Option<EncryptionKey>,
 }
 
 impl fmt::Debug for DurableOptions {
@@ -115,6 +127,8 @@ impl fmt::Debug for DurableOptions {
             .field("fsync", &self.fsync)
             .field("segment_bytes", &self.segment_bytes)
             .field("batch_interval", &self.batch_interval)
+            .field("full_retry", &self.full_retry)
+            .field("encryption", &self.encryption)
             .finish_non_exhaustive()
     }
 }
@@ -128,6 +142,8 @@ impl DurableOptions {
             batch_interval: Duration::from_millis(50),
             clock: Arc::new(SystemClock),
             metrics: crate::metrics::Metrics::disabled(),
+            full_retry: Duration::from_secs(1),
+            encryption: None,
         }
     }
 }
@@ -135,147 +151,14 @@ impl DurableOptions {
 /// Log sequence numbers: the n-th frame queued since open has lsn n (starting at 1).
 type Lsn = u64;
 
-/// What the commit thread has done, as seen by writers and readers.
-#[derive(Debug, Clone, Default)]
-struct Progress {
-    /// Every frame up to this one has been handed to the OS (`write`).
-    written: Lsn,
-    /// Every frame up to this one is acknowledged (per the fsync mode).
-    acked: Lsn,
-    /// The log failed: nothing is acknowledged any more.
-    failed: Option<Arc<str>>,
-}
-
-/// A writer's wait for its frame's acknowledgement (or the log's failure).
-type Ack = oneshot::Sender<Result<(), Arc<str>>>;
-
-/// Frames waiting for the commit thread.
-#[derive(Debug, Default)]
-struct Queue {
-    buf: Vec<u8>,
-    /// One per frame in `buf`: woken exactly when that frame's group is acknowledged (no
-    /// thundering herd of every writer on every group).
-    acks: Vec<Ack>,
-    /// The lsn of the last frame queued.
-    last: Lsn,
-    /// The log failed: nothing more is queued.
-    failed: Option<Arc<str>>,
-    /// The commit thread waits for work: the next frame queued must wake it (only that one:
-    /// a busy commit thread finds the frame when it comes back for more).
-    idle: bool,
-    shutdown: bool,
-}
-
-/// State shared by callers, the commit thread and the snapshot thread.
-#[derive(Debug, Default)]
-struct Shared {
-    queue: Mutex<Queue>,
-    /// Wakes the commit thread.
-    work: Condvar,
-    progress: Mutex<Progress>,
-    /// Wakes threads waiting for progress (the snapshot thread).
-    progressed: Condvar,
-    /// Wakes tasks waiting for progress.
-    progressed_async: Notify,
-    /// Keys with a write in flight, and the lsn of their latest write.
-    in_flight: Mutex<HashMap<Bytes, Lsn>>,
-    /// A snapshot thread is running.
-    snapshotting: AtomicBool,
-    /// Bytes of the last snapshot written or loaded: the size of the live data.
-    live_bytes: AtomicU64,
-    /// Tests: the commit thread panics at its next group.
-    #[cfg(test)]
-    panic_next: AtomicBool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Shared {
-    fn publish(&self, written: Lsn, acked: Lsn) {
-        {
-            let mut p = lock(&self.progress);
-            p.written = written;
-            p.acked = acked;
-        }
-        lock(&self.in_flight).retain(|_, lsn| *lsn > acked);
-        self.progressed.notify_all();
-        self.progressed_async.notify_waiters();
-    }
-
-    /// Fails the writers of `group` and of everything queued, and every later call.
-    fn fail(&self, cause: &std::io::Error, group: Vec<Ack>) {
-        let cause: Arc<str> = cause.to_string().into();
-        lock(&self.progress).failed = Some(cause.clone());
-        let queued = {
-            let mut q = lock(&self.queue);
-            q.failed = Some(cause.clone());
-            std::mem::take(&mut q.acks)
-        };
-        for ack in group.into_iter().chain(queued) {
-            let _ = ack.send(Err(cause.clone()));
-        }
-        self.progressed.notify_all();
-        self.progressed_async.notify_waiters();
-    }
-
-    fn last_queued(&self) -> Lsn {
-        lock(&self.queue).last
-    }
-
-    /// Waits (blocking the thread) until `lsn` has been written.
-    fn wait_written(&self, lsn: Lsn) -> Result<(), StorageError> {
-        let mut p = lock(&self.progress);
-        loop {
-            if let Some(f) = &p.failed {
-                return Err(failed(f));
-            }
-            if p.written >= lsn {
-                return Ok(());
-            }
-            p = self.progressed.wait(p).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
-    /// Waits until `lsn` is acknowledged (readers; writers have their own [`Ack`]).
-    async fn wait_acked(&self, lsn: Lsn) -> Result<(), StorageError> {
-        loop {
-            let notified = self.progressed_async.notified();
-            tokio::pin!(notified);
-            // Registered before the check, so a publish between the check and the await wakes us.
-            notified.as_mut().enable();
-            {
-                let p = lock(&self.progress);
-                if let Some(f) = &p.failed {
-                    return Err(failed(f));
-                }
-                if p.acked >= lsn {
-                    return Ok(());
-                }
-            }
-            notified.await;
-        }
-    }
-
-    fn check(&self) -> Result<(), StorageError> {
-        match &lock(&self.progress).failed {
-            Some(f) => Err(failed(f)),
-            None => Ok(()),
-        }
-    }
-}
-
-fn failed(cause: &str) -> StorageError {
-    StorageError::Io(std::io::Error::other(format!(
-        "the log failed earlier ({cause}); restart to recover from disk"
-    )))
-}
+/// Reads retried because the writes they saw were taken back (disk full) before giving up.
+const READ_ATTEMPTS: usize = 16;
 
 /// The durable backend. Opening it recovers the directory; dropping it flushes, syncs and
 /// releases the directory.
 pub struct DurableBackend {
     index: Arc<MemoryBackend>,
+    codec: Arc<Codec>,
     shared: Arc<Shared>,
     writer: Option<JoinHandle<()>>,
     snapshot: Arc<Mutex<Option<JoinHandle<()>>>>,
@@ -298,27 +181,15 @@ impl DurableBackend {
     pub fn open(options: DurableOptions) -> Result<DurableBackend, StorageError> {
         let dir = options.dir.clone();
         std::fs::create_dir_all(&dir).map_err(|e| with_path(e, &dir))?;
-        let lock_path = dir.join("LOCK");
-        let lock_file = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| with_path(e, &lock_path))?;
-        match lock_file.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(StorageError::Backend(format!(
-                    "{} is in use by another process",
-                    dir.display()
-                )));
-            }
-            Err(std::fs::TryLockError::Error(e)) => return Err(with_path(e, &lock_path)),
-        }
+        let lock_file = lock_dir(&dir)?;
 
+        let codec = Arc::new(codec_for(options.encryption.as_ref())?);
         let index = Arc::new(MemoryBackend::default());
         let started = std::time::Instant::now();
-        let recovered = recovery::recover(&dir, &index)?;
+        let recovered = recovery::recover(&dir, &index, &codec, recovery::Mode::ReadWrite)?;
+        let Some(file) = recovered.file else {
+            return Err(StorageError::Backend("recovery left no segment to append to".into()));
+        };
         if let Some(floor) = clock_floor(index.max_version_now(), recovered.wall_ms) {
             index.observe_version(&floor);
         }
@@ -330,11 +201,13 @@ impl DurableBackend {
             segments = recovered.segments_replayed,
             elapsed_ms = started.elapsed().as_millis() as u64,
             fsync = %options.fsync,
+            encrypted = options.encryption.is_some(),
             "durable storage recovered"
         );
 
         let shared = Arc::new(Shared::default());
         shared.live_bytes.store(recovered.snapshot_bytes, Ordering::Relaxed);
+        shared.at_segment(recovered.seq, recovered.seg_bytes);
         let snapshot = Arc::new(Mutex::new(None));
         let clock = options.clock.clone();
         let writer = writer::Writer {
@@ -343,12 +216,18 @@ impl DurableBackend {
             snapshot: snapshot.clone(),
             dir: dir.clone(),
             options,
-            file: recovered.file,
+            codec: codec.clone(),
+            file,
             seq: recovered.seq,
             seg_bytes: recovered.seg_bytes,
             written: 0,
             synced: 0,
+            synced_len: recovered.seg_bytes,
             last_sync: std::time::Instant::now(),
+            full: false,
+            next_probe: std::time::Instant::now(),
+            refused_bytes: 0,
+            next_rotation: std::time::Instant::now(),
         };
         let on_panic = shared.clone();
         let writer = std::thread::Builder::new()
@@ -364,6 +243,7 @@ impl DurableBackend {
             .map_err(StorageError::Io)?;
         Ok(DurableBackend {
             index,
+            codec,
             shared,
             writer: Some(writer),
             snapshot,
@@ -389,6 +269,19 @@ impl DurableBackend {
             None => Ok(()),
         }
     }
+
+    /// After a read of the index: waits until what it read is acknowledged (`key`, or every
+    /// write in flight), and says whether the read stands. It does not if writes were taken
+    /// back since the count `rollbacks` was read (the disk was full): what it read may have
+    /// been one of them, and the caller reads again.
+    async fn settled(&self, key: Option<&[u8]>, rollbacks: u64) -> Result<bool, StorageError> {
+        self.settle(key).await?;
+        Ok(self.shared.rollbacks.load(Ordering::SeqCst) == rollbacks)
+    }
+}
+
+fn retries_exhausted() -> StorageError {
+    shared::full("writes kept being taken back during a read")
 }
 
 #[cfg(test)]
@@ -414,6 +307,32 @@ impl Drop for DurableBackend {
     }
 }
 
+/// Takes the directory's advisory lock (held while the file stays open): one process at a time.
+fn lock_dir(dir: &Path) -> Result<File, StorageError> {
+    let lock_path = dir.join("LOCK");
+    let lock_file = match File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+    {
+        Ok(f) => f,
+        // A read-only directory (a mounted backup, say): an existing lock file still locks.
+        Err(e) if e.kind() == std::io::ErrorKind::ReadOnlyFilesystem => {
+            File::open(&lock_path).map_err(|e| with_path(e, &lock_path))?
+        }
+        Err(e) => return Err(with_path(e, &lock_path)),
+    };
+    match lock_file.try_lock() {
+        Ok(()) => Ok(lock_file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StorageError::Backend(format!(
+            "{} is in use by another process",
+            dir.display()
+        ))),
+        Err(std::fs::TryLockError::Error(e)) => Err(with_path(e, &lock_path)),
+    }
+}
+
 fn with_path(e: std::io::Error, path: &Path) -> StorageError {
     StorageError::Io(std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
 }
@@ -422,31 +341,41 @@ fn with_path(e: std::io::Error, path: &Path) -> StorageError {
 impl Backend for DurableBackend {
     async fn get(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {
         self.shared.check()?;
-        let rec = self.index.get(key).await?;
-        self.settle(Some(key)).await?;
-        Ok(rec)
+        for _ in 0..READ_ATTEMPTS {
+            let rollbacks = self.shared.rollbacks.load(Ordering::SeqCst);
+            let rec = self.index.get(key).await?;
+            if self.settled(Some(key), rollbacks).await? {
+                return Ok(rec);
+            }
+        }
+        Err(retries_exhausted())
     }
 
     async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError> {
         if swaps.is_empty() {
             return Ok(SwapOutcome::Done);
         }
-        self.shared.check()?;
+        // Refused up front while the disk is full; a write that races with the disk filling up
+        // is queued, and taken back by the commit thread if it does not fit.
+        self.shared.check_writable()?;
         let mut frame = Vec::new();
-        format::encode_batch(&mut frame, swaps, self.clock.now_ms());
+        format::encode_batch(&self.codec, &mut frame, swaps, self.clock.now_ms());
         if frame.len() > format::MAX_PAYLOAD {
             return Err(StorageError::Backend("a write of more than 1 GiB".into()));
         }
-        let (outcome, queued) = self.index.swap_then(swaps, max_keys, || {
+        let (outcome, queued) = self.index.swap_then(swaps, max_keys, |undo| {
             let (tx, rx) = oneshot::channel();
             let lsn = {
                 let mut q = lock(&self.shared.queue);
                 if let Some(f) = &q.failed {
-                    return Err(f.clone());
+                    // Dropping `undo` leaves the index changed, which does not matter: the
+                    // log has failed, every call fails from now on.
+                    return Err(Refused::Failed(f.clone()));
                 }
                 q.last += 1;
                 q.buf.extend_from_slice(&frame);
                 q.acks.push(tx);
+                q.undos.push(undo);
                 if std::mem::take(&mut q.idle) {
                     self.shared.work.notify_one();
                 }
@@ -460,11 +389,11 @@ impl Backend for DurableBackend {
         });
         match queued {
             None => Ok(outcome),
-            Some(Err(cause)) => Err(failed(&cause)),
+            Some(Err(refused)) => Err(refused.into()),
             Some(Ok(ack)) => match ack.await {
                 Ok(Ok(())) => Ok(outcome),
-                Ok(Err(cause)) => Err(failed(&cause)),
-                Err(_) => Err(failed("the log thread stopped")),
+                Ok(Err(refused)) => Err(refused.into()),
+                Err(_) => Err(shared::failed("the log thread stopped")),
             },
         }
     }
@@ -477,9 +406,14 @@ impl Backend for DurableBackend {
         keep: &(dyn for<'k> Fn(&'k [u8]) -> bool + Sync),
     ) -> Result<KeyPage, StorageError> {
         self.shared.check()?;
-        let page = self.index.scan(after, examine, now_ms, keep).await?;
-        self.settle(None).await?;
-        Ok(page)
+        for _ in 0..READ_ATTEMPTS {
+            let rollbacks = self.shared.rollbacks.load(Ordering::SeqCst);
+            let page = self.index.scan(after, examine, now_ms, keep).await?;
+            if self.settled(None, rollbacks).await? {
+                return Ok(page);
+            }
+        }
+        Err(retries_exhausted())
     }
 
     async fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<(Bytes, Hlc)>, StorageError> {
@@ -505,6 +439,18 @@ impl Backend for DurableBackend {
     async fn value_bytes(&self) -> Result<Option<u64>, StorageError> {
         self.index.value_bytes().await
     }
+
+    fn health(&self) -> StorageHealth {
+        self.shared.health.borrow().clone()
+    }
+
+    fn health_changes(&self) -> Option<tokio::sync::watch::Receiver<StorageHealth>> {
+        Some(self.shared.health.subscribe())
+    }
+
+    fn online_backup(&self) -> Option<&dyn super::OnlineBackup> {
+        Some(self)
+    }
 }
 
 /// What `max_version` reports after recovery: past every version this store ever issued.
@@ -526,11 +472,21 @@ fn clock_floor(max_version: Option<Hlc>, wall_ms: u64) -> Option<Hlc> {
     Some(Hlc::new(ms.saturating_add(1), 0, node))
 }
 
-fn segment_name(seq: u64) -> String {
+/// Plain, or sealed under `key`.
+fn codec_for(key: Option<&EncryptionKey>) -> Result<Codec, StorageError> {
+    Ok(match key {
+        Some(k) => Codec::sealed(crypt::Cipher::new(k)?),
+        None => Codec::plain(),
+    })
+}
+
+/// The file name of log segment `seq`.
+pub fn segment_name(seq: u64) -> String {
     format!("log-{seq:020}.log")
 }
 
-fn snapshot_name(seq: u64) -> String {
+/// The file name of snapshot `seq`.
+pub fn snapshot_name(seq: u64) -> String {
     format!("snap-{seq:020}.snap")
 }
 

@@ -96,6 +96,11 @@ impl Ord for Entry {
     }
 }
 
+/// What one swap displaced, key by key in swap order: enough to take the swap back. Holds the
+/// old entries themselves (no copy); dropping it frees them.
+#[derive(Debug)]
+pub(crate) struct Undo(Vec<(Bytes, Option<Entry>)>);
+
 #[derive(Debug, Default)]
 struct Inner {
     set: BTreeSet<Entry>,
@@ -167,13 +172,22 @@ impl Inner {
         }
     }
 
-    fn put(&mut self, key: Bytes, new: Option<Record>) {
-        let old = match new {
-            Some(rec) => {
-                if self.max_version.as_ref().is_none_or(|m| rec.version > *m) {
-                    self.max_version = Some(rec.version.clone());
-                }
-                let entry = self.entry(&key, rec);
+    /// Stores `new` (or deletes the key); returns the entry it displaced.
+    fn put(&mut self, key: Bytes, new: Option<Record>) -> Option<Entry> {
+        let entry = new.map(|rec| {
+            if self.max_version.as_ref().is_none_or(|m| rec.version > *m) {
+                self.max_version = Some(rec.version.clone());
+            }
+            self.entry(&key, rec)
+        });
+        self.replace(key, entry)
+    }
+
+    /// Puts `entry` in the key's place (or removes the key), keeping the deadline index right;
+    /// returns the entry it displaced.
+    fn replace(&mut self, key: Bytes, entry: Option<Entry>) -> Option<Entry> {
+        let old = match entry {
+            Some(entry) => {
                 self.value_bytes += entry.value().len() as u64;
                 if let Some(d) = entry.deadline() {
                     // A compact copy: the caller's key may be a slice of a network buffer.
@@ -186,13 +200,14 @@ impl Inner {
         if let Some(o) = &old {
             self.value_bytes -= o.value().len() as u64;
         }
-        if let Some(d) = old.and_then(|o| o.deadline()) {
+        if let Some(d) = old.as_ref().and_then(Entry::deadline) {
             // The same (deadline, key) may have just been inserted again for the new record.
             let still = self.set.get(&key[..]).and_then(Entry::deadline) == Some(d);
             if !still {
                 self.deadlines.remove(&(d, key));
             }
         }
+        old
     }
 
     fn range_after<'a>(&'a self, after: Option<&'a [u8]>) -> impl Iterator<Item = &'a Entry> + 'a {
@@ -217,6 +232,21 @@ impl MemoryBackend {
         self.write().put(key, rec);
     }
 
+    /// Takes back swaps that were applied but could not be made durable (the disk was full):
+    /// `collect` runs under the index's write lock (so no swap is applied meanwhile) and returns
+    /// the [`Undo`]s of every swap to take back, oldest first, plus what the caller needs; they
+    /// are undone newest first, which leaves each key as it was before the oldest of them.
+    pub(crate) fn rollback<R>(&self, collect: impl FnOnce() -> (Vec<Undo>, R)) -> R {
+        let mut inner = self.write();
+        let (undos, out) = collect();
+        for undo in undos.into_iter().rev() {
+            for (key, old) in undo.0.into_iter().rev() {
+                inner.replace(key, old);
+            }
+        }
+        out
+    }
+
     /// Raises the highest version ever stored (a durable backend restores it from a snapshot:
     /// the key that held it may have been deleted since).
     pub(crate) fn observe_version(&self, v: &Hlc) {
@@ -227,22 +257,25 @@ impl MemoryBackend {
     }
 
     /// [`Backend::swap_many`], running `then` under the same lock once the swaps are applied, so
-    /// that what `then` records (a log append) comes in the order the swaps were applied.
+    /// that what `then` records (a log append) comes in the order the swaps were applied. `then`
+    /// gets what the swaps displaced, to take them back with [`MemoryBackend::rollback`].
     pub(crate) fn swap_then<R>(
         &self,
         swaps: &[Swap],
         max_keys: Option<u64>,
-        then: impl FnOnce() -> R,
+        then: impl FnOnce(Undo) -> R,
     ) -> (SwapOutcome, Option<R>) {
         let mut inner = self.write();
         let outcome = check_swaps(&inner, swaps, max_keys);
         if outcome != SwapOutcome::Done {
             return (outcome, None);
         }
+        let mut displaced = Vec::with_capacity(swaps.len());
         for s in swaps {
-            inner.put(s.key.clone(), s.new.clone());
+            let old = inner.put(s.key.clone(), s.new.clone());
+            displaced.push((s.key.clone(), old));
         }
-        (outcome, Some(then()))
+        (outcome, Some(then(Undo(displaced))))
     }
 
     /// Up to `n` records strictly after `after`, in key order (for snapshots, a chunk at a time).
@@ -296,7 +329,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError> {
-        Ok(self.swap_then(swaps, max_keys, || ()).0)
+        Ok(self.swap_then(swaps, max_keys, drop).0)
     }
 
     async fn scan(

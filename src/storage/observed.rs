@@ -84,4 +84,16 @@ impl Backend for Observed {
     async fn value_bytes(&self) -> Result<Option<u64>, StorageError> {
         self.inner.backend().value_bytes().await
     }
+
+    fn health(&self) -> super::StorageHealth {
+        self.inner.backend().health()
+    }
+
+    fn health_changes(&self) -> Option<tokio::sync::watch::Receiver<super::StorageHealth>> {
+        self.inner.backend().health_changes()
+    }
+
+    fn online_backup(&self) -> Option<&dyn super::OnlineBackup> {
+        self.inner.backend().online_backup()
+    }
 }

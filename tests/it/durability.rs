@@ -56,6 +56,11 @@ impl Service {
     /// stderr, with fatal errors) is copied to `<dir>.log` by a task until the process exits;
     /// stdout (nothing is expected there) goes there directly.
     async fn start(dir: &Path) -> (Service, Pipe) {
+        Service::start_with(dir, &[]).await
+    }
+
+    /// [`Service::start`] with more environment variables.
+    async fn start_with(dir: &Path, env: &[(&str, &std::ffi::OsStr)]) -> (Service, Pipe) {
         let errors = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -66,6 +71,7 @@ impl Service {
             .arg("--data-dir")
             .arg(dir)
             .envs(SERVICE_ENV)
+            .envs(env.iter().copied())
             .stdout(errors)
             .stderr(Stdio::piped())
             .kill_on_drop(true)
@@ -385,11 +391,50 @@ fn data_dir() -> (tempfile::TempDir, PathBuf) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_loses_no_acknowledged_write() {
     let (_tmp, dir) = data_dir();
+    kill_9_rounds(&dir, &[]).await;
+}
+
+/// The same with encryption at rest: sealed records torn by the kill are cut like plain ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_loses_no_acknowledged_write_when_encrypted() {
+    let (tmp, dir) = data_dir();
+    let key = key_file(tmp.path());
+    kill_9_rounds(&dir, &[("STATEGATE_ENCRYPTION_KEY_FILE", key.as_os_str())]).await;
+    assert_no_plaintext(&dir, b"crash-");
+}
+
+/// A key file of 32 random bytes, readable by its owner only.
+pub fn key_file(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("store.key");
+    let mut key = [0u8; 32];
+    getrandom::fill(&mut key).expect("random key");
+    std::fs::write(&path, key).expect("write the key file");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod 600");
+    path
+}
+
+/// No file of the data directory holds `needle`.
+pub fn assert_no_plaintext(dir: &Path, needle: &[u8]) {
+    for entry in std::fs::read_dir(dir).expect("data dir") {
+        let path = entry.expect("entry").path();
+        let data = std::fs::read(&path).expect("read a data file");
+        assert!(
+            !data.windows(needle.len()).any(|w| w == needle),
+            "{} holds {:?} in the clear",
+            path.display(),
+            String::from_utf8_lossy(needle)
+        );
+    }
+}
+
+async fn kill_9_rounds(dir: &Path, env: &[(&str, &std::ffi::OsStr)]) {
+    let dir = dir.to_path_buf();
     let mut rng = Rng::from_time();
     let mut keys: HashMap<String, KeyState> = HashMap::new();
     let mut total = 0;
     for round in 0..8 {
-        let (mut service, mut pipe) = Service::start(&dir).await;
+        let (mut service, mut pipe) = Service::start_with(&dir, env).await;
         verify(&mut pipe, &keys).await;
         // One write first, so that every round has an acknowledged write to check.
         let k = format!("round-{round}");
@@ -413,7 +458,7 @@ async fn kill_9_loses_no_acknowledged_write() {
         eprintln!("round {round}: killed after {kill_after:?} with {acks} SETs acknowledged");
         total += acks;
     }
-    let (_service, mut pipe) = Service::start(&dir).await;
+    let (_service, mut pipe) = Service::start_with(&dir, env).await;
     verify(&mut pipe, &keys).await;
     let files: Vec<String> = std::fs::read_dir(&dir)
         .expect("data dir")

@@ -1,11 +1,19 @@
 //! On-disk formats of the durable backend: file headers, CRC-checked frames, and the records
-//! inside them. Pure: bytes in, bytes out, no I/O. Decoding never panics on any input.
+//! inside them, sealed when the store is encrypted. Pure: bytes in, bytes out, no I/O. Decoding
+//! never panics on any input.
 //!
 //! ```text
 //! file    = header frame*
-//! header  = magic[8] seq:u64          (16 bytes; seq is the number in the file name)
+//! header  = magic[8] seq:u64                          plain (16 bytes)
+//!         | magic[8] seq:u64 nonce[24] tag[16]        encrypted (56 bytes): the tag seals nothing
+//!                                                     with magic+seq as associated data, so it
+//!                                                     proves the key before any record is read
+//! magic   = "SGLOG01\n" | "SGSNP01\n"                 plain log / snapshot
+//!         | "SGLOG01E" | "SGSNP01E"                   encrypted
 //! frame   = len:u32 crc:u32 payload   (crc32 of payload; len = payload length)
-//! payload = kind:u8 ...
+//! payload = record                                    plain
+//!         | nonce[24] seal(record) tag[16]            encrypted (XChaCha20-Poly1305, crypt.rs)
+//! record  = kind:u8 ...
 //!   kind 1 (log: one swap_many call)    wall_ms:u64 count:u32 entry{count}
 //!   kind 2 (snapshot: a chunk of keys)  count:u32 entry{count}    (puts only)
 //!   kind 3 (snapshot: the end)          keys:u64 has_max:u8 [hlc] wall_ms:u64
@@ -14,19 +22,26 @@
 //!           value_len:u32 value hlc(version) has_fencing:u8 [hlc] has_expiry:u8 [deadline_ms:u64]
 //! hlc     = ms:u64 counter:u32 node_len:u32 node(utf-8)
 //! ```
-//! Integers are little-endian.
+//! Integers are little-endian. The CRC stays outside the seal: a torn write is found by its
+//! length and CRC as in a plain log, before any decryption, so it is cut as a torn tail; a
+//! frame whose CRC holds but whose seal does not open was tampered with (or the key is wrong).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::crypt::{Cipher, NONCE_LEN, TAG_LEN};
 use crate::hlc::Hlc;
 use crate::storage::{Record, Swap};
 
-pub const LOG_MAGIC: &[u8; 8] = b"SGLOG01\n";
-pub const SNAP_MAGIC: &[u8; 8] = b"SGSNP01\n";
-pub const HEADER_LEN: usize = 16;
+const LOG_MAGIC: &[u8; 8] = b"SGLOG01\n";
+const SNAP_MAGIC: &[u8; 8] = b"SGSNP01\n";
+const LOG_MAGIC_SEALED: &[u8; 8] = b"SGLOG01E";
+const SNAP_MAGIC_SEALED: &[u8; 8] = b"SGSNP01E";
+pub const PLAIN_HEADER_LEN: usize = 16;
+pub const SEALED_HEADER_LEN: usize = PLAIN_HEADER_LEN + NONCE_LEN + TAG_LEN;
 pub const FRAME_HEADER_LEN: usize = 8;
 /// Largest payload accepted (a guard against a corrupt length; values are at most a few MiB).
 pub const MAX_PAYLOAD: usize = 1 << 30;
@@ -49,33 +64,161 @@ pub enum FormatError {
     Checksum,
     #[error("malformed payload: {0}")]
     Malformed(&'static str),
+    #[error("the record does not authenticate under the key (tampered with, or sealed with another key)")]
+    Unauthentic,
 }
 
-pub fn header(magic: &[u8; 8], seq: u64) -> [u8; HEADER_LEN] {
-    let mut h = [0u8; HEADER_LEN];
-    h[..8].copy_from_slice(magic);
-    h[8..].copy_from_slice(&seq.to_le_bytes());
-    h
+/// Which kind of file a header starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileType {
+    Log,
+    Snapshot,
 }
 
-/// The sequence number in a header, if the header has this magic.
-pub fn parse_header(magic: &[u8; 8], bytes: &[u8]) -> Option<u64> {
-    let h = bytes.get(..HEADER_LEN)?;
-    if &h[..8] != magic {
-        return None;
+/// Why a header is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderError {
+    /// Shorter than a header.
+    Incomplete,
+    /// Not a header of this file type (or not ours at all).
+    NotOurs,
+    /// An encrypted file, and no key was given.
+    Encrypted,
+    /// A plain file, and a key was given.
+    NotEncrypted,
+    /// Encrypted under another key.
+    WrongKey,
+}
+
+/// How records are framed: plain, or sealed under a key.
+#[derive(Debug)]
+pub struct Codec {
+    cipher: Option<Cipher>,
+}
+
+impl Codec {
+    pub fn plain() -> Codec {
+        Codec { cipher: None }
     }
-    Some(u64::from_le_bytes(h[8..16].try_into().ok()?))
-}
 
-/// Appends one frame around the payload that `fill` writes.
-pub fn frame(out: &mut Vec<u8>, fill: impl FnOnce(&mut Vec<u8>)) {
-    let start = out.len();
-    out.extend_from_slice(&[0u8; FRAME_HEADER_LEN]);
-    fill(out);
-    let payload_len = (out.len() - start - FRAME_HEADER_LEN) as u32;
-    let crc = crc32fast::hash(&out[start + FRAME_HEADER_LEN..]);
-    out[start..start + 4].copy_from_slice(&payload_len.to_le_bytes());
-    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    pub fn sealed(cipher: Cipher) -> Codec {
+        Codec { cipher: Some(cipher) }
+    }
+
+    pub fn cipher(&self) -> Option<&Cipher> {
+        self.cipher.as_ref()
+    }
+
+    pub fn header_len(&self) -> usize {
+        match self.cipher {
+            Some(_) => SEALED_HEADER_LEN,
+            None => PLAIN_HEADER_LEN,
+        }
+    }
+
+    fn magic(&self, file: FileType) -> &'static [u8; 8] {
+        match (file, self.cipher.is_some()) {
+            (FileType::Log, false) => LOG_MAGIC,
+            (FileType::Snapshot, false) => SNAP_MAGIC,
+            (FileType::Log, true) => LOG_MAGIC_SEALED,
+            (FileType::Snapshot, true) => SNAP_MAGIC_SEALED,
+        }
+    }
+
+    pub fn header(&self, file: FileType, seq: u64) -> Vec<u8> {
+        let mut h = Vec::with_capacity(self.header_len());
+        h.extend_from_slice(self.magic(file));
+        h.extend_from_slice(&seq.to_le_bytes());
+        if let Some(c) = &self.cipher {
+            let aad = h.clone();
+            c.seal_tail(&mut h, PLAIN_HEADER_LEN, &aad);
+        }
+        h
+    }
+
+    /// The sequence number in a header of this file type, once the header proves it was
+    /// written in this codec's mode (and, sealed, under this key).
+    pub fn check_header(&self, file: FileType, bytes: &[u8]) -> Result<u64, HeaderError> {
+        let magic = bytes.get(..8).ok_or(HeaderError::Incomplete)?;
+        let plain = match file {
+            FileType::Log => LOG_MAGIC,
+            FileType::Snapshot => SNAP_MAGIC,
+        };
+        let sealed = match magic[7] {
+            b'\n' => false,
+            b'E' => true,
+            _ => return Err(HeaderError::NotOurs),
+        };
+        if magic[..7] != plain[..7] {
+            return Err(HeaderError::NotOurs);
+        }
+        let seq_bytes: [u8; 8] = bytes
+            .get(8..PLAIN_HEADER_LEN)
+            .and_then(|b| b.try_into().ok())
+            .ok_or(HeaderError::Incomplete)?;
+        let seq = u64::from_le_bytes(seq_bytes);
+        match (&self.cipher, sealed) {
+            (None, false) => Ok(seq),
+            (None, true) => Err(HeaderError::Encrypted),
+            (Some(_), false) => Err(HeaderError::NotEncrypted),
+            (Some(c), true) => {
+                let seal = bytes
+                    .get(PLAIN_HEADER_LEN..SEALED_HEADER_LEN)
+                    .ok_or(HeaderError::Incomplete)?;
+                c.open(seal, &bytes[..PLAIN_HEADER_LEN])
+                    .map_err(|_| HeaderError::WrongKey)?;
+                Ok(seq)
+            }
+        }
+    }
+
+    /// Appends one frame around the record that `fill` writes (sealed, when encrypted).
+    pub fn frame(&self, out: &mut Vec<u8>, fill: impl FnOnce(&mut Vec<u8>)) {
+        let start = out.len();
+        out.extend_from_slice(&[0u8; FRAME_HEADER_LEN]);
+        fill(out);
+        if let Some(c) = &self.cipher {
+            c.seal_tail(out, start + FRAME_HEADER_LEN, b"");
+        }
+        let payload_len = (out.len() - start - FRAME_HEADER_LEN) as u32;
+        let crc = crc32fast::hash(&out[start + FRAME_HEADER_LEN..]);
+        out[start..start + 4].copy_from_slice(&payload_len.to_le_bytes());
+        out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// The record inside a frame's payload (opened, when encrypted).
+    pub fn open<'a>(&self, payload: &'a [u8]) -> Result<Cow<'a, [u8]>, FormatError> {
+        match &self.cipher {
+            None => Ok(Cow::Borrowed(payload)),
+            Some(c) => c
+                .open(payload, b"")
+                .map(Cow::Owned)
+                .map_err(|_| FormatError::Unauthentic),
+        }
+    }
+
+    /// Whether a frame that checks out starts at `buf[0]`, judged cheaply first (used only to
+    /// tell a torn tail from damage in the middle of a log).
+    pub fn looks_like_frame(&self, buf: &[u8]) -> bool {
+        let Some(head) = buf.get(..FRAME_HEADER_LEN + 1) else {
+            return false;
+        };
+        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        let min = match self.cipher {
+            Some(_) => NONCE_LEN + TAG_LEN + 5,
+            None => 5,
+        };
+        if len < min || len > buf.len() - FRAME_HEADER_LEN {
+            return false;
+        }
+        if self.cipher.is_none() && !(KIND_BATCH..=KIND_SNAP_END).contains(&head[FRAME_HEADER_LEN]) {
+            return false;
+        }
+        match read_frame(buf) {
+            Ok((payload, _)) => self.open(payload).is_ok(),
+            Err(_) => false,
+        }
+    }
 }
 
 /// The frame at the start of `buf`: its payload and its whole length.
@@ -95,23 +238,9 @@ pub fn read_frame(buf: &[u8]) -> Result<(&[u8], usize), FormatError> {
     Ok((payload, FRAME_HEADER_LEN + len))
 }
 
-/// Whether a frame that checks out starts at `buf[0]`, judged cheaply first (used only to tell
-/// a torn tail from corruption in the middle of a log).
-pub fn looks_like_frame(buf: &[u8]) -> bool {
-    let Some(head) = buf.get(..FRAME_HEADER_LEN + 1) else {
-        return false;
-    };
-    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
-    let kind = head[FRAME_HEADER_LEN];
-    if len < 5 || len > buf.len() - FRAME_HEADER_LEN || !(KIND_BATCH..=KIND_SNAP_END).contains(&kind) {
-        return false;
-    }
-    read_frame(buf).is_ok()
-}
-
 /// One swap_many call as a log frame: every key's outcome, all or nothing.
-pub fn encode_batch(out: &mut Vec<u8>, swaps: &[Swap], wall_ms: u64) {
-    frame(out, |p| {
+pub fn encode_batch(codec: &Codec, out: &mut Vec<u8>, swaps: &[Swap], wall_ms: u64) {
+    codec.frame(out, |p| {
         p.push(KIND_BATCH);
         p.extend_from_slice(&wall_ms.to_le_bytes());
         p.extend_from_slice(&(swaps.len() as u32).to_le_bytes());
@@ -122,8 +251,8 @@ pub fn encode_batch(out: &mut Vec<u8>, swaps: &[Swap], wall_ms: u64) {
 }
 
 /// A snapshot chunk of live records.
-pub fn encode_chunk(out: &mut Vec<u8>, records: &[(Bytes, Record)]) {
-    frame(out, |p| {
+pub fn encode_chunk(codec: &Codec, out: &mut Vec<u8>, records: &[(Bytes, Record)]) {
+    codec.frame(out, |p| {
         p.push(KIND_SNAP_CHUNK);
         p.extend_from_slice(&(records.len() as u32).to_le_bytes());
         for (k, r) in records {
@@ -134,8 +263,8 @@ pub fn encode_chunk(out: &mut Vec<u8>, records: &[(Bytes, Record)]) {
 
 /// The last frame of a snapshot: how many keys it holds, the highest version ever stored, and
 /// the wall clock when it was written.
-pub fn encode_end(out: &mut Vec<u8>, keys: u64, max_version: Option<&Hlc>, wall_ms: u64) {
-    frame(out, |p| {
+pub fn encode_end(codec: &Codec, out: &mut Vec<u8>, keys: u64, max_version: Option<&Hlc>, wall_ms: u64) {
+    codec.frame(out, |p| {
         p.push(KIND_SNAP_END);
         p.extend_from_slice(&keys.to_le_bytes());
         put_opt_hlc(p, max_version);

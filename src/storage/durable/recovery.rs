@@ -10,14 +10,28 @@
 //!   valid one after it, a bad frame in an older segment (segments are synced before the next
 //!   one starts), any damage to a snapshot (snapshots are synced before being renamed into
 //!   place), a missing segment, or a header that is not ours.
+//! - A file written in the other mode (encrypted, opened without a key, or the reverse) or
+//!   under another key is [`StorageError::Encryption`], naming the file and the key file, before
+//!   any record is read: a wrong key never loads garbage.
+//!
+//! A read-only recovery ([`Mode::ReadOnly`]: `stategate export` of a stopped directory) applies
+//! the same rules but changes nothing on disk: a torn tail is skipped, not cut.
 
 use std::fs::File;
 use std::path::Path;
 
-use super::format::{self, Decoder, Payload};
+use super::format::{self, Codec, Decoder, FileType, HeaderError, Payload};
 use super::{segment_name, snapshot_name, sync_dir, writer};
 use crate::storage::StorageError;
 use crate::storage::memory::MemoryBackend;
+
+/// Whether recovery may repair the directory (cut a torn tail, remove what a snapshot
+/// replaced) and leave the newest segment open for appending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    ReadWrite,
+    ReadOnly,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum FileKind {
@@ -44,8 +58,8 @@ pub(super) fn parse_name(name: &str) -> Option<FileKind> {
 /// What recovery leaves for the commit thread.
 #[derive(Debug)]
 pub(super) struct Recovered {
-    /// The newest segment, open for appending.
-    pub file: File,
+    /// The newest segment, open for appending (`None` in a read-only recovery).
+    pub file: Option<File>,
     pub seq: u64,
     pub seg_bytes: u64,
     pub snapshot_bytes: u64,
@@ -63,7 +77,48 @@ fn io_at(path: &Path) -> impl Fn(std::io::Error) -> StorageError + '_ {
     move |e| StorageError::Io(std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
 }
 
-pub(super) fn recover(dir: &Path, index: &MemoryBackend) -> Result<Recovered, StorageError> {
+/// A header refused: a clear error naming the file (and the key file, when one is involved).
+fn header_error(path: &Path, codec: &Codec, e: HeaderError, what: &str) -> StorageError {
+    let key = codec
+        .cipher()
+        .map(|c| c.key_path().display().to_string())
+        .unwrap_or_default();
+    match e {
+        HeaderError::Incomplete | HeaderError::NotOurs => corrupt(path, 0, format!("not a {what} header")),
+        HeaderError::Encrypted => StorageError::Encryption(format!(
+            "{} is encrypted: give its key with --encryption-key-file",
+            path.display()
+        )),
+        HeaderError::NotEncrypted => StorageError::Encryption(format!(
+            "{} is not encrypted, but --encryption-key-file {key} was given: to encrypt an existing \
+             store, stop the service and run `stategate rekey --new-encryption-key-file {key}`",
+            path.display()
+        )),
+        HeaderError::WrongKey => StorageError::Encryption(format!(
+            "the key in {key} does not open {}: wrong key (nothing was read)",
+            path.display()
+        )),
+    }
+}
+
+fn check_header(path: &Path, codec: &Codec, file: FileType, data: &[u8], seq: u64) -> Result<(), StorageError> {
+    let what = match file {
+        FileType::Log => "log segment",
+        FileType::Snapshot => "snapshot",
+    };
+    match codec.check_header(file, data) {
+        Ok(s) if s == seq => Ok(()),
+        Ok(s) => Err(corrupt(
+            path,
+            0,
+            format!("the {what} header says {s}, not the number in its name"),
+        )),
+        Err(e) => Err(header_error(path, codec, e, what)),
+    }
+}
+
+pub(super) fn recover(dir: &Path, index: &MemoryBackend, codec: &Codec, mode: Mode) -> Result<Recovered, StorageError> {
+    let writable = mode == Mode::ReadWrite;
     let mut segments = Vec::new();
     let mut snapshots = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io_at(dir))? {
@@ -73,12 +128,12 @@ pub(super) fn recover(dir: &Path, index: &MemoryBackend) -> Result<Recovered, St
         match parse_name(name) {
             Some(FileKind::Segment(s)) => segments.push(s),
             Some(FileKind::Snapshot(s)) => snapshots.push(s),
-            Some(FileKind::Temp) => {
+            Some(FileKind::Temp) if writable => {
                 let path = dir.join(name);
                 std::fs::remove_file(&path).map_err(io_at(&path))?;
                 tracing::info!(file = %path.display(), "removed an unfinished snapshot");
             }
-            None => {}
+            Some(FileKind::Temp) | None => {}
         }
     }
     segments.sort_unstable();
@@ -88,19 +143,26 @@ pub(super) fn recover(dir: &Path, index: &MemoryBackend) -> Result<Recovered, St
     let base = snapshots.last().copied();
     let mut wall_ms = 0;
     let snapshot_bytes = match base {
-        Some(seq) => load_snapshot(&dir.join(snapshot_name(seq)), seq, index, &mut decoder, &mut wall_ms)?,
+        Some(seq) => load_snapshot(
+            &dir.join(snapshot_name(seq)),
+            seq,
+            index,
+            codec,
+            &mut decoder,
+            &mut wall_ms,
+        )?,
         None => 0,
     };
 
     // Left over by a crash between committing a snapshot and removing what it replaces.
     let mut removed = false;
-    for &s in snapshots.iter().filter(|&&s| Some(s) != base) {
+    for &s in snapshots.iter().filter(|&&s| writable && Some(s) != base) {
         let path = dir.join(snapshot_name(s));
         std::fs::remove_file(&path).map_err(io_at(&path))?;
         removed = true;
     }
     let first = base.unwrap_or(1);
-    for &s in segments.iter().filter(|&&s| s < first) {
+    for &s in segments.iter().filter(|&&s| writable && s < first) {
         let path = dir.join(segment_name(s));
         std::fs::remove_file(&path).map_err(io_at(&path))?;
         removed = true;
@@ -127,21 +189,33 @@ pub(super) fn recover(dir: &Path, index: &MemoryBackend) -> Result<Recovered, St
     for (i, &s) in segments.iter().enumerate() {
         let last = i + 1 == segments.len();
         let path = dir.join(segment_name(s));
-        replay_segment(&path, s, last, index, &mut decoder, &mut log_records, &mut wall_ms)?;
+        let segment = Segment {
+            path: &path,
+            seq: s,
+            last,
+            codec,
+            mode,
+        };
+        replay_segment(&segment, index, &mut decoder, &mut log_records, &mut wall_ms)?;
     }
 
-    let (file, seq) = match segments.last() {
-        Some(&s) => {
+    let (file, seq) = match (segments.last(), mode) {
+        (Some(&s), Mode::ReadOnly) => (None, s),
+        (None, Mode::ReadOnly) => (None, first),
+        (Some(&s), Mode::ReadWrite) => {
             let path = dir.join(segment_name(s));
             let file = File::options().append(true).open(&path).map_err(io_at(&path))?;
-            (file, s)
+            (Some(file), s)
         }
-        None => {
-            let file = writer::create_segment(dir, first).map_err(io_at(&dir.join(segment_name(first))))?;
-            (file, first)
+        (None, Mode::ReadWrite) => {
+            let file = writer::create_segment(dir, first, codec).map_err(io_at(&dir.join(segment_name(first))))?;
+            (Some(file), first)
         }
     };
-    let seg_bytes = file.metadata().map_err(io_at(dir))?.len();
+    let seg_bytes = match &file {
+        Some(f) => f.metadata().map_err(io_at(dir))?.len(),
+        None => 0,
+    };
     Ok(Recovered {
         file,
         seq,
@@ -157,18 +231,18 @@ fn load_snapshot(
     path: &Path,
     seq: u64,
     index: &MemoryBackend,
+    codec: &Codec,
     decoder: &mut Decoder,
     wall_ms: &mut u64,
 ) -> Result<u64, StorageError> {
     let data = std::fs::read(path).map_err(io_at(path))?;
-    if format::parse_header(format::SNAP_MAGIC, &data) != Some(seq) {
-        return Err(corrupt(path, 0, "not a snapshot header for this file name"));
-    }
-    let mut pos = format::HEADER_LEN;
+    check_header(path, codec, FileType::Snapshot, &data, seq)?;
+    let mut pos = codec.header_len();
     let mut keys = 0u64;
     while pos < data.len() {
         let (payload, n) = format::read_frame(&data[pos..]).map_err(|e| corrupt(path, pos, e))?;
-        match decoder.decode(payload).map_err(|e| corrupt(path, pos, e))? {
+        let record = codec.open(payload).map_err(|e| corrupt(path, pos, e))?;
+        match decoder.decode(&record).map_err(|e| corrupt(path, pos, e))? {
             Payload::Entries {
                 kind: format::KIND_SNAP_CHUNK,
                 entries,
@@ -207,34 +281,54 @@ fn load_snapshot(
     Err(corrupt(path, pos, "the snapshot has no end record"))
 }
 
-fn replay_segment(
-    path: &Path,
+/// A segment to replay, and how.
+struct Segment<'a> {
+    path: &'a Path,
     seq: u64,
+    /// The newest segment: the only one that may end in a torn tail.
     last: bool,
+    codec: &'a Codec,
+    mode: Mode,
+}
+
+fn replay_segment(
+    seg: &Segment<'_>,
     index: &MemoryBackend,
     decoder: &mut Decoder,
     records: &mut u64,
     wall_ms: &mut u64,
 ) -> Result<(), StorageError> {
+    let (path, codec) = (seg.path, seg.codec);
     let data = std::fs::read(path).map_err(io_at(path))?;
-    if data.len() < format::HEADER_LEN {
-        if !last {
+    if data.len() < codec.header_len() {
+        if !seg.last {
             return Err(corrupt(path, 0, "incomplete header in a segment that is not the last"));
+        }
+        // A header cut short can still show that the file was written in the other mode.
+        match codec.check_header(FileType::Log, &data) {
+            Err(e @ (HeaderError::Encrypted | HeaderError::NotEncrypted | HeaderError::NotOurs)) => {
+                return Err(header_error(path, codec, e, "log segment"));
+            }
+            Ok(_) | Err(HeaderError::Incomplete | HeaderError::WrongKey) => {}
+        }
+        if seg.mode == Mode::ReadOnly {
+            return Ok(());
         }
         cut_torn_tail(path, 0, data.len(), "incomplete header")?;
         let mut f = File::options().write(true).open(path).map_err(io_at(path))?;
-        std::io::Write::write_all(&mut f, &format::header(format::LOG_MAGIC, seq)).map_err(io_at(path))?;
+        std::io::Write::write_all(&mut f, &codec.header(FileType::Log, seg.seq)).map_err(io_at(path))?;
         f.sync_all().map_err(io_at(path))?;
         return Ok(());
     }
-    if format::parse_header(format::LOG_MAGIC, &data) != Some(seq) {
-        return Err(corrupt(path, 0, "not a log segment header for this file name"));
-    }
-    let mut pos = format::HEADER_LEN;
+    check_header(path, codec, FileType::Log, &data, seg.seq)?;
+    let mut pos = codec.header_len();
     while pos < data.len() {
         match format::read_frame(&data[pos..]) {
             Ok((payload, n)) => {
-                match decoder.decode(payload) {
+                // The CRC holds, so the bytes are as written: a seal that does not open is
+                // tampering, not a torn write.
+                let record = codec.open(payload).map_err(|e| corrupt(path, pos, e))?;
+                match decoder.decode(&record) {
                     Ok(Payload::Entries {
                         kind: format::KIND_BATCH,
                         wall_ms: written_at,
@@ -252,16 +346,20 @@ fn replay_segment(
                 pos += n;
             }
             Err(e) => {
-                if !last {
+                if !seg.last {
                     return Err(corrupt(path, pos, format!("{e} in a segment that is not the last")));
                 }
                 // A torn tail has no valid frame after the damage; corruption does.
-                if let Some(at) = (pos + 1..data.len()).find(|&o| format::looks_like_frame(&data[o..])) {
+                if let Some(at) = (pos + 1..data.len()).find(|&o| codec.looks_like_frame(&data[o..])) {
                     return Err(corrupt(
                         path,
                         pos,
                         format!("{e}, followed by a valid record at offset {at}"),
                     ));
+                }
+                if seg.mode == Mode::ReadOnly {
+                    tracing::warn!(file = %path.display(), offset = pos, reason = %e, "skipping a torn tail of the log (read-only)");
+                    return Ok(());
                 }
                 return cut_torn_tail(path, pos, data.len(), &e.to_string());
             }

@@ -17,7 +17,8 @@ use bytes::Bytes;
 
 use crate::hlc::Clock;
 
-use super::{Shared, format, segment_name, snapshot_name, sync_dir};
+use super::format::{self, Codec, FileType};
+use super::{Shared, segment_name, snapshot_name, sync_dir};
 use crate::storage::StorageError;
 use crate::storage::memory::MemoryBackend;
 
@@ -30,9 +31,10 @@ pub(super) fn write(
     index: &MemoryBackend,
     shared: &Shared,
     clock: &dyn Clock,
+    codec: &Codec,
 ) -> Result<u64, StorageError> {
     let tmp = dir.join(format!("snap-{seq:020}.tmp"));
-    let result = write_tmp(&tmp, seq, index, shared, clock);
+    let result = write_tmp(&tmp, seq, index, shared, clock, codec);
     let bytes = match result {
         Ok(b) => b,
         Err(e) => {
@@ -52,37 +54,57 @@ fn write_tmp(
     index: &MemoryBackend,
     shared: &Shared,
     clock: &dyn Clock,
+    codec: &Codec,
 ) -> Result<u64, StorageError> {
+    // Writes taken back (disk full) after this may be in the chunks: then the snapshot is
+    // given up (`wait_written` fails).
+    let rollbacks = shared.rollbacks.load(std::sync::atomic::Ordering::SeqCst);
     let mut out = BufWriter::with_capacity(1 << 20, File::create(tmp)?);
-    out.write_all(&format::header(format::SNAP_MAGIC, seq))?;
+    out.write_all(&codec.header(FileType::Snapshot, seq))?;
+    let keys = write_chunks(&mut out, index, codec)?;
+    // Every write the chunks above reflect was queued before this point.
+    let reflected = shared.last_queued();
+    write_end(&mut out, index, codec, keys, clock.now_ms())?;
+    let file = out.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    let bytes = file.metadata()?.len();
+
+    shared.wait_written(reflected, rollbacks)?;
+    // Any handle syncs the file; the commit thread may be appending to it meanwhile.
+    File::open(tmp.with_file_name(segment_name(seq)))?.sync_data()?;
+    Ok(bytes)
+}
+
+/// Writes every record of the index as snapshot chunks, a chunk of keys at a time (writers
+/// wait for one chunk at most). Returns how many keys it wrote.
+pub(super) fn write_chunks(out: &mut impl Write, index: &MemoryBackend, codec: &Codec) -> std::io::Result<u64> {
     let mut after: Option<Bytes> = None;
     let mut keys = 0u64;
     let mut buf = Vec::new();
     loop {
         let chunk = index.records_after(after.as_deref(), CHUNK_KEYS);
         let Some((last, _)) = chunk.last() else {
-            break;
+            return Ok(keys);
         };
         after = Some(last.clone());
         keys += chunk.len() as u64;
         buf.clear();
-        format::encode_chunk(&mut buf, &chunk);
+        format::encode_chunk(codec, &mut buf, &chunk);
         out.write_all(&buf)?;
     }
-    // Every write the chunks above reflect was queued before this point.
-    let reflected = shared.last_queued();
-    buf.clear();
-    let wall_ms = clock.now_ms();
-    format::encode_end(&mut buf, keys, index.max_version_now().as_ref(), wall_ms);
-    out.write_all(&buf)?;
-    let file = out.into_inner().map_err(|e| e.into_error())?;
-    file.sync_all()?;
-    let bytes = file.metadata()?.len();
+}
 
-    shared.wait_written(reflected)?;
-    // Any handle syncs the file; the commit thread may be appending to it meanwhile.
-    File::open(tmp.with_file_name(segment_name(seq)))?.sync_data()?;
-    Ok(bytes)
+/// The end record: the key count, the highest version ever stored, the wall clock.
+pub(super) fn write_end(
+    out: &mut impl Write,
+    index: &MemoryBackend,
+    codec: &Codec,
+    keys: u64,
+    wall_ms: u64,
+) -> std::io::Result<()> {
+    let mut buf = Vec::new();
+    format::encode_end(codec, &mut buf, keys, index.max_version_now().as_ref(), wall_ms);
+    out.write_all(&buf)
 }
 
 /// Removes the segments before `seq` and the snapshots before this one.

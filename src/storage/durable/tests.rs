@@ -91,7 +91,7 @@ fn last_segment(dir: &Path) -> PathBuf {
 /// The end offset of every frame in a log segment.
 fn frame_ends(path: &Path) -> Vec<usize> {
     let data = std::fs::read(path).unwrap();
-    let mut pos = format::HEADER_LEN;
+    let mut pos = format::PLAIN_HEADER_LEN;
     let mut ends = Vec::new();
     while pos < data.len() {
         let (_, n) = format::read_frame(&data[pos..]).unwrap();
@@ -167,7 +167,7 @@ fn assert_compacted(dir: &Path) -> u64 {
     assert_eq!(logs, vec![n], "the segments the snapshot replaces were removed");
     let snap_len = std::fs::metadata(dir.join(snapshot_name(n))).unwrap().len();
     assert!(
-        snap_len > format::HEADER_LEN as u64,
+        snap_len > format::PLAIN_HEADER_LEN as u64,
         "the snapshot holds records: {snap_len} bytes"
     );
     n
@@ -508,7 +508,7 @@ async fn damage_to_a_snapshot_or_an_older_segment_is_corruption() {
     };
 
     // A flipped byte in the snapshot.
-    flip_byte(&snaps[0], format::HEADER_LEN + 20);
+    flip_byte(&snaps[0], format::PLAIN_HEADER_LEN + 20);
     assert!(matches!(open_err(dir.path()), StorageError::Corrupt(m) if m.contains("snap-")));
     restore();
     // A truncated snapshot.
@@ -541,7 +541,7 @@ async fn damage_to_a_snapshot_or_an_older_segment_is_corruption() {
     // A second segment, as if a rotation happened (its snapshot never committed).
     let seg1 = last_segment(dir2.path());
     let seg2 = dir2.path().join(segment_name(2));
-    std::fs::write(&seg2, format::header(format::LOG_MAGIC, 2)).unwrap();
+    std::fs::write(&seg2, format::Codec::plain().header(format::FileType::Log, 2)).unwrap();
     {
         let store = Store::new(DurableBackend::open(o2.clone()).unwrap());
         assert!(get(&store, b"a").await.is_some(), "replays both segments");
@@ -566,7 +566,11 @@ async fn a_missing_segment_is_corruption() {
         let store = open(dir.path());
         put(&store, b"a", rec(b"1", v(1, 0))).await;
     }
-    std::fs::write(dir.path().join(segment_name(3)), format::header(format::LOG_MAGIC, 3)).unwrap();
+    std::fs::write(
+        dir.path().join(segment_name(3)),
+        format::Codec::plain().header(format::FileType::Log, 3),
+    )
+    .unwrap();
     let msg = open_err(dir.path()).to_string();
     assert!(msg.contains(&segment_name(2)) && msg.contains("missing"), "{msg}");
 }
@@ -625,7 +629,7 @@ fn decoding_never_panics_and_frames_check_out() {
             new: None,
         },
     ];
-    format::encode_batch(&mut out, &swaps, 42);
+    format::encode_batch(&format::Codec::plain(), &mut out, &swaps, 42);
     let (payload, n) = format::read_frame(&out).unwrap();
     assert_eq!(n, out.len());
     let mut dec = format::Decoder::default();
@@ -787,3 +791,7 @@ async fn records_are_stamped_with_the_injected_clock() {
     let floor = store.backend().max_version().await.unwrap().unwrap();
     assert!(floor.ms > future, "{floor:?}");
 }
+
+mod backup;
+mod crypt;
+mod full;

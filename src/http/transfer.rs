@@ -1,0 +1,278 @@
+//! Moving data in and out of a running service (stategate extensions, protected by the api
+//! token like every data route): `GET .../export` streams every live record as JSON lines
+//! (`dump.rs`), `POST .../import` stores such lines with their own versions, `GET .../backup`
+//! streams an online backup of the durable store.
+//!
+//! Memory stays bounded: the export holds one page of records at a time, the backup a few
+//! chunks (the producer waits while the client reads).
+//!
+//! Access rules (`--acl-file`) apply: the export holds only the keys the caller may read, an
+//! import needs write access to every key it holds, and a backup (the whole store, keys to come
+//! included) needs read access to every key (a `*` read rule).
+
+use axum::body::Body as RawBody;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::{BufMut, Bytes, BytesMut};
+use futures_util::stream;
+
+use super::error::{ApiError, ErrorBody, Op};
+use super::{AppState, Caller, DaprQuery, dto};
+use crate::access::Op as Access;
+use crate::dump;
+use crate::storage::{BackupFile, BackupSink};
+
+/// Chunks of the backup stream the producer may run ahead of the client.
+const BACKUP_CHUNKS_AHEAD: usize = 4;
+/// Bytes gathered into one chunk of the backup stream.
+const BACKUP_CHUNK_BYTES: usize = 256 * 1024;
+
+/// Export every live record (stategate extension).
+#[utoipa::path(
+    get,
+    path = "/v1.0-alpha1/stategate/export",
+    tag = "stategate",
+    responses(
+        (status = 200, content_type = "application/x-ndjson",
+         description = "every live record, one JSON object per line: `key` (text, or base64 with \
+                        `key_base64: true`), `value` (base64), `version`, and when set \
+                        `fencing_token` and `expires_at_ms` (the absolute deadline). Each record \
+                        as it was when read; for a copy of one moment use the backup. A body cut \
+                        short (no final newline, or the connection reset) means the export failed."),
+    )
+)]
+pub async fn export(State(st): State<AppState>, Caller(grant): Caller) -> Response {
+    let engine = st.engine.clone();
+    let page = engine.limits().scan_page.max(1);
+    // (key to continue after, done)
+    let pages = stream::unfold((None::<Bytes>, false), move |(after, done)| {
+        let (engine, grant) = (engine.clone(), grant.clone());
+        async move {
+            if done {
+                return None;
+            }
+            match engine.export_page(after.as_deref(), page).await {
+                Ok((records, next)) => {
+                    let mut out = Vec::new();
+                    for (k, r) in records.iter().filter(|(k, _)| grant.may(Access::Read, k)) {
+                        dump::encode_line(k, r, &mut out);
+                    }
+                    let done = next.is_none();
+                    Some((Ok::<_, std::io::Error>(Bytes::from(out)), (next, done)))
+                }
+                Err(e) => {
+                    tracing::error!(cause = %e, "export: a page could not be read; the export is cut short");
+                    Some((Err(std::io::Error::other(e.to_string())), (None, true)))
+                }
+            }
+        }
+    });
+    (
+        [(header::CONTENT_TYPE, dump::CONTENT_TYPE)],
+        RawBody::from_stream(pages),
+    )
+        .into_response()
+}
+
+/// The largest import body: the configured HTTP limit, or one record of the largest key and
+/// value in base64 if that is more.
+fn import_limit(st: &AppState) -> usize {
+    let l = st.engine.limits();
+    let one_record = (l.max_key_bytes.saturating_add(l.max_value_bytes) / 3 + 1).saturating_mul(4);
+    st.settings.body_limit.max(one_record.saturating_add(64 * 1024))
+}
+
+/// Import records with their own versions (stategate extension).
+#[utoipa::path(
+    post,
+    path = "/v1.0-alpha1/stategate/import",
+    tag = "stategate",
+    params(("overwrite" = Option<bool>, Query,
+            description = "`true`: also replace keys that hold a newer version than the record's")),
+    request_body(content = String, content_type = "application/x-ndjson",
+                 description = "lines as `GET /v1.0-alpha1/stategate/export` writes them"),
+    responses(
+        (status = 200, body = dto::ImportReport),
+        (status = 400, body = ErrorBody, description = "a line that is not a record, or a record the \
+                                                        store refuses (size, version too far ahead): \
+                                                        nothing was imported"),
+        (status = 403, body = ErrorBody, description = "the caller may not write one of the keys: nothing was imported"),
+        (status = 507, body = ErrorBody, description = "--max-keys reached, or the disk is full"),
+    )
+)]
+pub async fn import(
+    State(st): State<AppState>,
+    Caller(grant): Caller,
+    DaprQuery(params): DaprQuery,
+    body: RawBody,
+) -> Result<Response, ApiError> {
+    let overwrite = match params.iter().find(|(k, _)| k == "overwrite").map(|(_, v)| v.as_str()) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(ApiError::malformed(format!(
+                "overwrite must be true or false (got {other:?})"
+            )));
+        }
+    };
+    let limit = import_limit(&st);
+    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            super::error::MALFORMED,
+            format!("the import body is larger than {limit} bytes: send fewer records per request"),
+        )
+    })?;
+    let records = dump::decode_lines(&bytes, 1).map_err(|e| ApiError::malformed(e.to_string()))?;
+    grant
+        .check_all(Access::Write, records.iter().map(|(k, _)| &k[..]))
+        .map_err(|e| ApiError::from_engine(Op::Import, e))?;
+    st.engine.check_import(&records).map_err(|(i, e)| {
+        let mut err = ApiError::from_engine(Op::Import, e);
+        err.message = format!(
+            "record {} ({:?}): {}",
+            i + 1,
+            String::from_utf8_lossy(&records[i].0),
+            err.message
+        );
+        err
+    })?;
+    let report = st
+        .engine
+        .import(records, overwrite)
+        .await
+        .map_err(|e| ApiError::from_engine(Op::Import, e))?;
+    Ok(axum::Json(dto::ImportReport {
+        imported: report.imported,
+        unchanged: report.unchanged,
+        kept_newer: report.kept_newer,
+        expired: report.expired,
+    })
+    .into_response())
+}
+
+/// The backup stream (`stategate backup --to DIR` reads it):
+///
+/// ```text
+/// stream = part* end
+/// part   = kind:u8 seq:u64 len:u32 bytes[len]     kind 1: snap-<seq>.snap, 2: log-<seq>.log
+/// end    = 0:u8 keys:u64 log_records:u64          the backup is complete
+/// ```
+/// Integers little-endian. A stream without its end was cut short: the copy is incomplete.
+struct StreamSink {
+    tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+    buf: BytesMut,
+    file: Option<BackupFile>,
+}
+
+pub const BACKUP_PART_SNAPSHOT: u8 = 1;
+pub const BACKUP_PART_LOG: u8 = 2;
+pub const BACKUP_END: u8 = 0;
+
+impl StreamSink {
+    fn send(&mut self, chunk: Bytes) -> std::io::Result<()> {
+        self.tx
+            .blocking_send(Ok(chunk))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away"))
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let Some(file) = self.file else { return Ok(()) };
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let (kind, seq) = match file {
+            BackupFile::Snapshot { seq } => (BACKUP_PART_SNAPSHOT, seq),
+            BackupFile::Log { seq } => (BACKUP_PART_LOG, seq),
+        };
+        let mut head = BytesMut::with_capacity(13);
+        head.put_u8(kind);
+        head.put_u64_le(seq);
+        head.put_u32_le(self.buf.len() as u32);
+        self.send(head.freeze())?;
+        let body = self.buf.split().freeze();
+        self.send(body)
+    }
+}
+
+impl BackupSink for StreamSink {
+    fn write(&mut self, file: BackupFile, bytes: &[u8]) -> std::io::Result<()> {
+        if self.file != Some(file) {
+            self.flush()?;
+            self.file = Some(file);
+        }
+        self.buf.extend_from_slice(bytes);
+        if self.buf.len() >= BACKUP_CHUNK_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+}
+
+/// Online backup of the durable store (stategate extension).
+#[utoipa::path(
+    get,
+    path = "/v1.0-alpha1/stategate/backup",
+    tag = "stategate",
+    responses(
+        (status = 200, content_type = "application/octet-stream",
+         description = "a consistent copy of the store at one point of its log, taken while it \
+                        serves: parts `kind:u8 seq:u64 len:u32 bytes` (kind 1 the snapshot, 2 the \
+                        log segment), then `0:u8 keys:u64 log_records:u64`. `stategate backup --to \
+                        DIR` writes it as a data directory. A stream without the end part failed."),
+        (status = 400, body = ErrorBody, description = "the storage is not durable (use the export)"),
+        (status = 403, body = ErrorBody, description = "the caller may not read every key"),
+    )
+)]
+pub async fn backup(State(st): State<AppState>, Caller(grant): Caller) -> Result<Response, ApiError> {
+    if !grant.may_every_key(Access::Read) {
+        return Err(ApiError::from_engine(
+            Op::Import,
+            crate::engine::EngineError::NotAuthorized,
+        ));
+    }
+    if !st.engine.can_backup() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "ERR_NOT_SUPPORTED_STATE_OPERATION",
+            "an online backup needs --storage durable; export the records instead",
+        ));
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel(BACKUP_CHUNKS_AHEAD);
+    let engine = st.engine.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut sink = StreamSink {
+            tx: tx.clone(),
+            buf: BytesMut::new(),
+            file: None,
+        };
+        let done = engine.backup(&mut sink).and_then(|info| {
+            sink.flush()
+                .map_err(|e| crate::engine::EngineError::Storage(e.into()))
+                .map(|()| info)
+        });
+        let last = match done {
+            Ok(info) => {
+                tracing::info!(
+                    keys = info.keys,
+                    log_records = info.log_records,
+                    bytes = info.snapshot_bytes + info.log_bytes,
+                    "online backup sent"
+                );
+                let mut end = BytesMut::with_capacity(17);
+                end.put_u8(BACKUP_END);
+                end.put_u64_le(info.keys);
+                end.put_u64_le(info.log_records);
+                Ok(end.freeze())
+            }
+            Err(e) => {
+                tracing::error!(cause = %e, "online backup failed");
+                Err(std::io::Error::other(e.to_string()))
+            }
+        };
+        let _ = tx.blocking_send(last);
+    });
+    let body = RawBody::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response())
+}

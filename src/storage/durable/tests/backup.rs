@@ -1,0 +1,136 @@
+//! Online backup under a write load: the copy is the state at one point of the log (pairs
+//! written together are equal, a sequence written one after another has no gap), holds every
+//! write acknowledged before it started, and opens as a data directory.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use super::*;
+use crate::storage::{BackupFile, BackupSink, OnlineBackup};
+
+/// Writes the backup's two files into a directory, as `stategate backup --to` does.
+struct DirSink(PathBuf);
+
+impl BackupSink for DirSink {
+    fn write(&mut self, file: BackupFile, bytes: &[u8]) -> std::io::Result<()> {
+        use std::io::Write;
+        let name = match file {
+            BackupFile::Snapshot { seq } => snapshot_name(seq),
+            BackupFile::Log { seq } => segment_name(seq),
+        };
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.0.join(name))?
+            .write_all(bytes)
+    }
+}
+
+async fn set_pair(store: &Store, i: u64, n: u64) {
+    let (a, z) = (format!("a-{i}"), format!("z-{i}"));
+    let cur_a = store.backend().get(a.as_bytes()).await.unwrap().map(|r| r.version);
+    let cur_z = store.backend().get(z.as_bytes()).await.unwrap().map(|r| r.version);
+    let value = n.to_string();
+    let swaps = [
+        Swap {
+            key: Bytes::from(a),
+            expected: cur_a,
+            new: Some(rec(value.as_bytes(), v(n, 0))),
+        },
+        Swap {
+            key: Bytes::from(z),
+            expected: cur_z,
+            new: Some(rec(value.as_bytes(), v(n, 0))),
+        },
+    ];
+    assert_eq!(
+        store.backend().swap_many(&swaps, None).await.unwrap(),
+        SwapOutcome::Done
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_under_load_is_one_point_of_the_log() {
+    for encrypted in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = options(&dir.path().join("data"));
+        o.fsync = FsyncMode::Never;
+        if encrypted {
+            o.encryption = Some(crate::storage::durable::EncryptionKey::from_bytes([9; 32], "k"));
+        }
+        let backend = Arc::new(DurableBackend::open(o.clone()).unwrap());
+        let store = Store(backend.clone());
+        // Padding between the pairs' keys: "a-*" and "z-*" land in different snapshot chunks.
+        for i in 0..1500u64 {
+            put(&store, format!("m-{i:05}").as_bytes(), rec(b"pad", v(1, 0))).await;
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let sequenced = Arc::new(AtomicU64::new(0));
+        let mut load = Vec::new();
+        for t in 0..4u64 {
+            let (store, stop) = (store.clone(), stop.clone());
+            load.push(tokio::spawn(async move {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    set_pair(&store, t * 10 + n % 10, 1_000 + n).await;
+                }
+            }));
+        }
+        {
+            let (store, stop, sequenced) = (store.clone(), stop.clone(), sequenced.clone());
+            load.push(tokio::spawn(async move {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    put(&store, format!("p-{n:06}").as_bytes(), rec(b"s", v(2, 0))).await;
+                    sequenced.store(n, Ordering::SeqCst);
+                }
+            }));
+        }
+        while sequenced.load(Ordering::SeqCst) < 200 {
+            tokio::task::yield_now().await;
+        }
+        let acked_before = sequenced.load(Ordering::SeqCst);
+        let to = dir.path().join("backup");
+        std::fs::create_dir(&to).unwrap();
+        let info = {
+            let (backend, to) = (backend.clone(), to.clone());
+            tokio::task::spawn_blocking(move || backend.backup(&mut DirSink(to)))
+                .await
+                .unwrap()
+                .unwrap()
+        };
+        stop.store(true, Ordering::Relaxed);
+        for t in load {
+            t.await.unwrap();
+        }
+        eprintln!("encrypted {encrypted}: {info:?}");
+        assert!(info.log_records > 0, "writes went on during the backup: {info:?}");
+
+        let mut ro = o.clone();
+        ro.dir = to.clone();
+        let copy = Store::new(DurableBackend::open(ro).unwrap());
+        for i in 0..40u64 {
+            let a = get(&copy, format!("a-{i}").as_bytes()).await.map(|r| r.value);
+            let z = get(&copy, format!("z-{i}").as_bytes()).await.map(|r| r.value);
+            assert_eq!(a, z, "pair {i} was written together");
+        }
+        let mut m = 0;
+        while get(&copy, format!("p-{:06}", m + 1).as_bytes()).await.is_some() {
+            m += 1;
+        }
+        assert!(m >= acked_before, "{m} < {acked_before} acknowledged before the backup");
+        let page = copy
+            .backend()
+            .scan(Some(b"p-"), 1_000_000, 0, &|k| k.starts_with(b"p-"))
+            .await
+            .unwrap();
+        assert_eq!(page.keys.len() as u64, m, "no gap in the sequence");
+        assert_eq!(copy.backend().len().await.unwrap(), 1500 + 80 + m);
+    }
+}
+
+#[tokio::test]
+async fn memory_has_no_online_backup() {
+    assert!(Store::memory().backend().online_backup().is_none());
+}
