@@ -205,6 +205,7 @@ async fn grpc_calls_and_streams_past_their_limits_get_resource_exhausted() {
         .watch(npb::WatchRequest {
             keys: vec![b"w".to_vec()],
             patterns: vec![],
+            ..Default::default()
         })
         .await
         .expect("the first watch is admitted");
@@ -212,6 +213,7 @@ async fn grpc_calls_and_streams_past_their_limits_get_resource_exhausted() {
         .watch(npb::WatchRequest {
             keys: vec![b"w".to_vec()],
             patterns: vec![],
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -381,6 +383,7 @@ async fn the_real_binary_stays_within_its_budgets_under_load_and_recovers() {
             c.watch(npb::WatchRequest {
                 keys: vec![],
                 patterns: vec!["load-1??".into()],
+                ..Default::default()
             })
             .await
             .map_err(|s| s.code())
@@ -474,6 +477,7 @@ async fn the_real_binary_stays_within_its_budgets_under_load_and_recovers() {
             c.watch(npb::WatchRequest {
                 keys: vec![],
                 patterns: vec!["*".into()],
+                ..Default::default()
             })
             .await
             .expect("stream slots are all free again"),
