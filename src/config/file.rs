@@ -193,11 +193,16 @@ fn file_flags(file: &Path, text: &str, given: &ArgMatches) -> Result<(Vec<OsStri
     Ok((extra, from_file))
 }
 
-/// Runs the flag's own parser on `value` (the environment left out).
+/// Runs the flag's own parser on `value` (the environment and the flags it requires left
+/// out: a `requires` naming an argument this one-argument command lacks is a clap error).
 fn check_value(arg: &Arg, key: &str, value: &str) -> Result<(), clap::Error> {
-    let alone = Command::new("stategate")
-        .no_binary_name(true)
-        .arg(arg.clone().env(None).default_value(None).required(false));
+    let alone = Command::new("stategate").no_binary_name(true).arg(
+        arg.clone()
+            .env(None)
+            .default_value(None)
+            .required(false)
+            .requires(clap::builder::Resettable::<clap::Id>::Reset),
+    );
     alone
         .try_get_matches_from([format!("--{key}"), value.to_owned()])
         .map(|_| ())

@@ -276,6 +276,12 @@ mod file_layering {
             "api-token-file" => "\"/etc/stategate/tokens\"",
             "mqtt-session-expiry-secs" => "3600",
             "encryption-key-file" => "\"/etc/stategate/key\"",
+            "lock-store" => "[\"locks=name\"]",
+            "configuration-store" => "[\"config=none\"]",
+            "tls-cert" => "\"/etc/stategate/tls/cert.pem\"",
+            "tls-key" => "\"/etc/stategate/tls/key.pem\"",
+            "mqtt-tls-client-ca" => "\"/etc/stategate/tls/clients-ca.pem\"",
+            "mqtt-ca-file" => "\"/etc/stategate/tls/broker-ca.pem\"",
             _ => return None,
         })
     }
@@ -300,8 +306,16 @@ mod file_layering {
             let value = line
                 .or_else(|| sample(key).map(str::to_owned))
                 .unwrap_or_else(|| panic!("`{key}` has no default: give it a sample value in this test"));
-            let layered = layer_with(&write(&format!("{key} = {value}\n")), &[])
-                .unwrap_or_else(|e| panic!("`{key} = {value}` is refused: {e:?}"));
+            // Settings that need others (clap `requires`) come with them.
+            let companions = match key {
+                "tls-cert" | "tls-key" | "mqtt-tls-client-ca" => {
+                    "tls-cert = \"/etc/stategate/tls/cert.pem\"\ntls-key = \"/etc/stategate/tls/key.pem\"\n"
+                }
+                _ => "",
+            };
+            let text = format!("{key} = {value}\n{}", companions.replace(&format!("{key} = "), "# "));
+            let layered =
+                layer_with(&write(&text), &[]).unwrap_or_else(|e| panic!("`{key} = {value}` is refused: {e:?}"));
             let switch_off = value == "false";
             assert!(
                 switch_off || layered.from_file.contains(key),
