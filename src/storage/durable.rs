@@ -165,7 +165,7 @@ pub struct DurableBackend {
     dir: PathBuf,
     clock: Arc<dyn Clock>,
     /// Holds the directory's advisory lock until the backend is dropped.
-    _lock: File,
+    lock_file: File,
 }
 
 impl fmt::Debug for DurableBackend {
@@ -249,7 +249,7 @@ impl DurableBackend {
             snapshot,
             dir,
             clock,
-            _lock: lock_file,
+            lock_file,
         })
     }
 
@@ -304,6 +304,10 @@ impl Drop for DurableBackend {
         if let Some(s) = pending {
             let _ = s.join();
         }
+        // Released explicitly, not only by closing: a child process forked meanwhile (by any
+        // thread) shares the open file until it execs, and with it the lock, so a reopen right
+        // after this drop could find the directory still locked.
+        let _ = self.lock_file.unlock();
     }
 }
 
