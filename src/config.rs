@@ -72,7 +72,12 @@ pub enum ConfigCommand {
 
 /// Settings a SIGHUP applies at once (the others are reported and need a restart). Parts that
 /// follow the configuration ([`crate::Running::config_updates`]) add their flags here.
-pub const LIVE_SETTINGS: &[&str] = &["log-level"];
+pub const LIVE_SETTINGS: &[&str] = &[
+    "log-level",
+    "rate-limit",
+    "rate-limit-burst",
+    "max-streams-per-principal",
+];
 
 /// Flags of `stategate serve`. Each one is also a key of the configuration file (its long
 /// name), found by [`file`] from clap's own description: add a flag here and it is settable

@@ -160,6 +160,16 @@ pub async fn start_observed(
     };
     let cert_watcher = certs.as_ref().map(|c| c.spawn_watcher(stop_rx.clone()));
     let (config_tx, _) = watch::channel(Arc::new(config.clone()));
+    // Per-principal limits follow a reloaded configuration (SIGHUP); the task ends with the
+    // service (the sender lives in `Running`).
+    let mut updates = config_tx.subscribe();
+    let followed = access.clone();
+    tokio::spawn(async move {
+        while updates.changed().await.is_ok() {
+            let limits = updates.borrow_and_update().access.limits.clone();
+            followed.set_limits(&limits);
+        }
+    });
     let obs = health::Observe {
         metrics: metrics.clone(),
         sources: Arc::default(),

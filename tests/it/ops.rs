@@ -588,7 +588,10 @@ fn sighup_reloads_the_file_and_names_what_needs_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let file = write_config(dir.path(), "storage = \"memory\"\nlog-level = \"info\"\n");
     let s = Service::start(&["--config", &file, "--log-format", "json"], &[]);
-    write_config(dir.path(), "storage = \"memory\"\nlog-level = \"warn\"\nmax-keys = 5\n");
+    write_config(
+        dir.path(),
+        "storage = \"memory\"\nlog-level = \"warn\"\nmax-keys = 5\nrate-limit = 50\n",
+    );
     s.signal("HUP");
     s.signal("TERM");
     let (code, err) = s.wait();
@@ -597,13 +600,16 @@ fn sighup_reloads_the_file_and_names_what_needs_a_restart() {
         .lines()
         .find(|l| l.contains("configuration reloaded"))
         .unwrap_or_else(|| panic!("no reload record: {err}"));
-    assert!(reloaded.contains("log-level"), "{reloaded}");
+    assert!(
+        reloaded.contains("log-level") && reloaded.contains("rate-limit"),
+        "{reloaded}"
+    );
     let restart = err
         .lines()
         .find(|l| l.contains("take effect at the next start"))
         .unwrap_or_else(|| panic!("no restart warning: {err}"));
     assert!(
-        restart.contains("max-keys") && !restart.contains("log-level"),
+        restart.contains("max-keys") && !restart.contains("log-level") && !restart.contains("rate-limit"),
         "{restart}"
     );
     // After the reload the level is warn: the shutdown's info records are gone.
