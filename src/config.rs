@@ -48,7 +48,6 @@ pub struct Cli {
 // Parsed once at startup: the size of the serve variant costs nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
-#[allow(clippy::large_enum_variant)] // parsed once per process
 pub enum CliCommand {
     /// Run the service (the default).
     Serve(ServeArgs),

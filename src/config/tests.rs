@@ -92,33 +92,43 @@ fn plain_listeners_beyond_loopback_are_refused() {
 
 #[test]
 fn external_broker_turns_on_observer_idle_expiry() {
-    let mut a = ServeArgs::default();
-    a.mqtt_url = Some("mqtt://127.0.0.1:1".into());
+    let a = ServeArgs {
+        mqtt_url: Some("mqtt://127.0.0.1:1".into()),
+        ..ServeArgs::default()
+    };
     let c = Config::from_args(a).unwrap();
     assert_eq!(c.limits.observers.idle, Some(Duration::from_secs(86_400)));
 }
 
 #[test]
 fn bad_values_are_refused() {
-    let mut a = ServeArgs::default();
-    a.node_id = "a:b".into();
+    let a = ServeArgs {
+        node_id: "a:b".into(),
+        ..ServeArgs::default()
+    };
     assert!(matches!(Config::from_args(a), Err(ConfigError::BadNodeId(_))));
     // What would break a version, an SSE event id (a newline) or a log line is refused.
     for bad in ["", "a\nb", "a b", "é", "a/b", &"n".repeat(65)] {
-        let mut a = ServeArgs::default();
-        a.node_id = bad.into();
+        let a = ServeArgs {
+            node_id: bad.into(),
+            ..ServeArgs::default()
+        };
         assert!(
             matches!(Config::from_args(a), Err(ConfigError::BadNodeId(_))),
             "{bad:?}"
         );
     }
     for good in ["n1", "edge-gw_01.site", &"n".repeat(64)] {
-        let mut a = ServeArgs::default();
-        a.node_id = good.into();
+        let a = ServeArgs {
+            node_id: good.into(),
+            ..ServeArgs::default()
+        };
         assert!(Config::from_args(a).is_ok(), "{good:?}");
     }
-    let mut a = ServeArgs::default();
-    a.mqtt_max_packet_bytes = 1024;
+    let a = ServeArgs {
+        mqtt_max_packet_bytes: 1024,
+        ..ServeArgs::default()
+    };
     assert!(matches!(Config::from_args(a), Err(ConfigError::PacketTooSmall { .. })));
 }
 
