@@ -527,12 +527,14 @@ async fn http(o: &Opts) {
         "\n== HTTP: Dapr state API, 16 connections at saturation, {} s per row",
         o.secs
     );
-    let mut config = Config::default();
-    config.http_listen = Some("127.0.0.1:0".parse().expect("addr"));
-    config.grpc_listen = None;
-    config.broker = BrokerChoice::Embedded {
-        listen: "127.0.0.1:0".parse().expect("addr"),
-        client_path: false,
+    let mut config = Config {
+        http_listen: Some("127.0.0.1:0".parse().expect("addr")),
+        grpc_listen: None,
+        broker: BrokerChoice::Embedded {
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            client_path: false,
+        },
+        ..Config::default()
     };
     config.mqtt.client_id = "stategate-bench-http".into();
     let running = stategate::start(config, Store::memory())
@@ -742,12 +744,14 @@ async fn grpc(o: &Opts) {
         "\n== gRPC: Dapr runtime API, 16 concurrent streams at saturation, {} s per row",
         o.secs
     );
-    let mut config = Config::default();
-    config.http_listen = None;
-    config.grpc_listen = Some("127.0.0.1:0".parse().expect("addr"));
-    config.broker = BrokerChoice::Embedded {
-        listen: "127.0.0.1:0".parse().expect("addr"),
-        client_path: false,
+    let mut config = Config {
+        http_listen: None,
+        grpc_listen: Some("127.0.0.1:0".parse().expect("addr")),
+        broker: BrokerChoice::Embedded {
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            client_path: false,
+        },
+        ..Config::default()
     };
     config.mqtt.client_id = "stategate-bench-grpc".into();
     let running = stategate::start(config, Store::memory())

@@ -153,6 +153,12 @@ impl Access {
         Ok(())
     }
 
+    /// Puts new per-principal limits in force (a reloaded configuration); see
+    /// [`limits::Limits::apply`].
+    pub fn set_limits(&self, limits: &LimitSettings) {
+        self.0.limits.apply(limits);
+    }
+
     /// Successful reloads so far.
     pub fn reloads(&self) -> u64 {
         self.0.reloads.load(Ordering::SeqCst)

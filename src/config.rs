@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+pub mod file;
+
 use crate::access::{AccessSettings, LimitSettings};
 use crate::dapr::{StoreSpec, Stores};
 use crate::engine::{FeedLimits, Limits, ObserverLimits};
@@ -15,6 +17,7 @@ use crate::mqtt::door::DoorLimits;
 use crate::mqtt::service::{MqttClientTls, MqttSettings};
 use crate::storage::durable::FsyncMode;
 use crate::storage::{RedisOptions, StorageConfig, StorageKind};
+pub use file::{FileError, LayerError, Layered};
 
 mod net;
 mod url;
@@ -48,6 +51,9 @@ pub struct Cli {
 pub enum CliCommand {
     /// Run the service (the default).
     Serve(ServeArgs),
+    /// The configuration file: `stategate config default` prints one with every setting.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Add, replace (or with --delete remove) a user in an MQTT password file
     /// (--mqtt-auth-file); the password is read from standard input.
     Passwd(crate::access::passwd::PasswdArgs),
@@ -56,9 +62,50 @@ pub enum CliCommand {
     Client(crate::cli::args::ClientCommand),
 }
 
-/// Flags of `stategate serve`.
+/// `stategate config ...`
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print a commented configuration file with every setting and its default.
+    Default,
+}
+
+/// Settings a SIGHUP applies at once (the others are reported and need a restart). Parts that
+/// follow the configuration ([`crate::Running::config_updates`]) add their flags here.
+pub const LIVE_SETTINGS: &[&str] = &[
+    "log-level",
+    "rate-limit",
+    "rate-limit-burst",
+    "max-streams-per-principal",
+];
+
+/// Flags of `stategate serve`. Each one is also a key of the configuration file (its long
+/// name), found by [`file`] from clap's own description: add a flag here and it is settable
+/// from the file, printed by `config default` and checked by the deploy-file test.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
+    /// A TOML configuration file; flags and environment variables override what it sets.
+    #[arg(long, env = "STATEGATE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// What to log: a level (`error`, `warn`, `info`, `debug`, `trace`) for stategate's own
+    /// records, or a full filter such as `stategate=debug,rmqtt=info`. Absent: env RUST_LOG,
+    /// else `info`.
+    #[arg(long, env = "STATEGATE_LOG_LEVEL")]
+    pub log_level: Option<String>,
+    /// How log records are written to stderr: `text` (colours only on a terminal) or `json`
+    /// (one object per line).
+    #[arg(long, env = "STATEGATE_LOG_FORMAT", default_value = "text")]
+    pub log_format: LogFormat,
+    /// Serve Prometheus metrics at `/metrics` on this address too (its own port, no token),
+    /// besides the HTTP door's `/metrics`. `off`: only on the HTTP door.
+    #[arg(long, env = "STATEGATE_METRICS_LISTEN", default_value = "off")]
+    pub metrics_listen: String,
+    /// Record no metrics (`/metrics` answers 404).
+    #[arg(long, env = "STATEGATE_NO_METRICS")]
+    pub no_metrics: bool,
+    /// On SIGTERM or Ctrl-C: how long in-flight requests may take to finish before the
+    /// service stops anyway (a second signal stops it at once), e.g. `10s`.
+    #[arg(long, env = "STATEGATE_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: Duration,
     /// External MQTT broker, `mqtt://host:port`. Absent: run the embedded broker.
     #[arg(long, env = "STATEGATE_MQTT_URL")]
     pub mqtt_url: Option<String>,
@@ -278,6 +325,13 @@ impl Default for ServeArgs {
     }
 }
 
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
 /// Where the MQTT door gets its broker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BrokerChoice {
@@ -322,6 +376,8 @@ pub enum ConfigError {
     BadListen { flag: &'static str, value: String },
     #[error("{flag}: {reason}")]
     BadStore { flag: &'static str, reason: String },
+    #[error("--log-level {0:?} is not a level or a filter: {1}")]
+    BadLogFilter(String, String),
     #[error(
         "--encryption-key-file applies to --storage durable only (Redis keeps its own data: use its TLS and disk encryption)"
     )]
@@ -336,6 +392,28 @@ pub enum ConfigError {
     AuthWithClientPath,
     #[error("--mqtt-trust-src-id is for an external broker (the embedded one knows every client's id)")]
     TrustNeedsExternalBroker,
+}
+
+impl ConfigError {
+    /// The setting (flag long name, configuration file key) the error is about; `None` for an
+    /// access file's own error (its message names that file and line).
+    pub fn setting(&self) -> Option<&'static str> {
+        Some(match self {
+            ConfigError::BadMqttUrl(_) | ConfigError::TlsUnsupported(_) | ConfigError::NoEmbeddedBroker => "mqtt-url",
+            ConfigError::BadNodeId(_) => "node-id",
+            ConfigError::PacketTooSmall { .. } => "mqtt-max-packet-bytes",
+            ConfigError::BadListen { flag, .. } => flag.trim_start_matches("--"),
+            ConfigError::BadStore { flag, .. } | ConfigError::InsecureListen { flag, .. } => {
+                flag.trim_start_matches("--")
+            }
+            ConfigError::ClientCaWithoutListener => "mqtt-tls-client-ca",
+            ConfigError::BadLogFilter(..) => "log-level",
+            ConfigError::Access(_) => return None,
+            ConfigError::AuthNeedsEmbeddedBroker | ConfigError::AuthWithClientPath => "mqtt-auth-file",
+            ConfigError::TrustNeedsExternalBroker => "mqtt-trust-src-id",
+            ConfigError::EncryptionNeedsDurable => "encryption-key-file",
+        })
+    }
 }
 
 /// The validated configuration of a running service.
@@ -357,6 +435,32 @@ pub struct Config {
     pub net: NetSettings,
     /// Access files and per-principal limits (loaded by `lib::start`, with `http.api_token`).
     pub access: AccessSettings,
+    pub ops: OpsSettings,
+}
+
+/// Logs, metrics and shutdown.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpsSettings {
+    /// The log filter (`--log-level`, else env RUST_LOG, else `info`).
+    pub log_filter: String,
+    pub log_format: LogFormat,
+    /// Record metrics and serve `/metrics`.
+    pub metrics: bool,
+    /// A port of its own for `/metrics` (`None`: only on the HTTP door).
+    pub metrics_listen: Option<SocketAddr>,
+    pub shutdown_grace: Duration,
+}
+
+impl OpsSettings {
+    /// A bare level applies to stategate's own records; anything else is a filter as is.
+    pub fn log_filter(level: Option<&str>, rust_log: Option<&str>) -> String {
+        const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+        match level.or(rust_log).map(str::trim).filter(|l| !l.is_empty()) {
+            None => "stategate=info".into(),
+            Some(l) if LEVELS.contains(&l.to_ascii_lowercase().as_str()) => format!("stategate={l}"),
+            Some(filter) => filter.to_owned(),
+        }
+    }
 }
 
 impl Default for Config {
@@ -532,8 +636,20 @@ impl Config {
                 return Err(ConfigError::InsecureListen { flag, addr, tls_hint });
             }
         }
+        let log_filter = OpsSettings::log_filter(a.log_level.as_deref(), std::env::var("RUST_LOG").ok().as_deref());
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&log_filter) {
+            return Err(ConfigError::BadLogFilter(log_filter, e.to_string()));
+        }
+        let ops = OpsSettings {
+            log_filter,
+            log_format: a.log_format,
+            metrics: !a.no_metrics,
+            metrics_listen: parse_listen("--metrics-listen", &a.metrics_listen)?,
+            shutdown_grace: a.shutdown_grace,
+        };
         Ok(Config {
             net,
+            ops,
             node_id: a.node_id,
             broker,
             mqtt,

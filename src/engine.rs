@@ -6,7 +6,7 @@
 //! conditional swap of [`crate::storage::Backend`].
 
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
@@ -162,6 +162,8 @@ struct Inner {
     hasher: std::collections::hash_map::RandomState,
     /// Woken when a write sets a deadline, so the expiry driver can look again.
     deadline_added: Notify,
+    /// Keys removed because their deadline passed (for metrics).
+    expired: AtomicU64,
     /// The change log shared with other replicas, when the storage has one.
     shared: Option<shared::SharedLog>,
     /// Records recently seen, on shared storage (writes start from them).
@@ -222,6 +224,7 @@ impl Engine {
             stripes: (0..STRIPES).map(|_| AsyncMutex::new(())).collect(),
             hasher: Default::default(),
             deadline_added: Notify::new(),
+            expired: AtomicU64::new(0),
             shared,
             cache,
         }));
@@ -524,6 +527,9 @@ impl Engine {
     /// the key's stripe lock, so each key's changes go out in order. Costs nothing when nobody
     /// listens.
     fn publish(&self, change: Change) {
+        if matches!(change.kind, ChangeKind::Expire) {
+            self.0.expired.fetch_add(1, Ordering::Relaxed);
+        }
         self.notify_observers(&change);
         self.0.feed.push(change);
     }
@@ -733,6 +739,16 @@ impl Engine {
                 fencing: r.fencing,
             })),
         }
+    }
+
+    /// Keys removed so far because their deadline passed.
+    pub fn expired_count(&self) -> u64 {
+        self.0.expired.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of the stored values, where the storage keeps count.
+    pub async fn value_bytes(&self) -> Result<Option<u64>, EngineError> {
+        Ok(self.0.store.backend().value_bytes().await?)
     }
 
     /// Whether the storage takes writes right now (readiness, metrics).

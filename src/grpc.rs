@@ -28,6 +28,7 @@ mod component;
 pub mod error;
 mod limit;
 mod native;
+mod observe;
 mod runtime;
 
 /// Generated protobuf and tonic code.
@@ -124,7 +125,7 @@ fn reflection_v1alpha(
 }
 
 /// The services of the TCP door, as reflection lists them.
-const TCP_SERVICES: &[&str] = &[npb::state_store_server::SERVICE_NAME, rpb::dapr_server::SERVICE_NAME];
+pub const TCP_SERVICES: &[&str] = &[npb::state_store_server::SERVICE_NAME, rpb::dapr_server::SERVICE_NAME];
 /// The services of the component socket (what daprd discovers).
 const COMPONENT_SERVICES: &[&str] = &[
     cpb::state_store_server::SERVICE_NAME,
@@ -183,25 +184,26 @@ impl Drop for AbortOnDrop {
 const HANDOFF_QUEUE: usize = 16;
 
 /// Serves the TCP gRPC door on `listener` (plain or TLS, with its connection limit) until
-/// `stop` changes.
-pub async fn serve_tcp(
+/// `stop` changes. `health` is the health service, whose reporter `lib::start` drives from
+/// readiness ([`crate::health::drive_grpc_health`]).
+pub async fn serve_tcp<H: tonic_health::pb::health_server::Health>(
     engine: Engine,
     settings: Arc<HttpSettings>,
     listener: Listener,
     limits: GrpcLimits,
+    obs: crate::health::Observe,
+    health: tonic_health::pb::health_server::HealthServer<H>,
     stop: watch::Receiver<bool>,
 ) -> Result<(), GrpcError> {
-    let (health_reporter, health) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<npb::state_store_server::StateStoreServer<native::Native>>()
-        .await;
-    health_reporter
-        .set_serving::<rpb::dapr_server::DaprServer<runtime::Runtime>>()
-        .await;
     let check = Identify(settings.access.clone());
+    let layer = observe::ObserveLayer {
+        metrics: obs.metrics.clone(),
+        door: crate::metrics::Door::Grpc,
+    };
     let native = npb::state_store_server::StateStoreServer::new(native::Native {
         engine: engine.clone(),
         access: settings.access.clone(),
+        obs,
     })
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
@@ -222,6 +224,7 @@ pub async fn serve_tcp(
         let _ = stop.changed().await;
     };
     Server::builder()
+        .layer(layer)
         .layer(limit::InFlightLayer(limits.inflight))
         .max_concurrent_streams(limits.max_streams_per_connection)
         .http2_keepalive_interval(Some(limits.keepalive))
@@ -262,6 +265,7 @@ pub async fn serve_component(
     max_transaction_ops: usize,
     max_bulk_keys: usize,
     listener: UnixListener,
+    metrics: crate::metrics::Metrics,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), GrpcError> {
     let component = component::Component {
@@ -275,6 +279,10 @@ pub async fn serve_component(
         .set_serving::<cpb::state_store_server::StateStoreServer<component::Component>>()
         .await;
     Server::builder()
+        .layer(observe::ObserveLayer {
+            metrics,
+            door: crate::metrics::Door::Component,
+        })
         .add_service(
             cpb::state_store_server::StateStoreServer::new(component.clone())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)

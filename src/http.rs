@@ -31,6 +31,7 @@ mod configuration;
 pub mod dto;
 pub mod error;
 mod lock;
+pub mod observe;
 mod sse;
 mod state;
 pub mod status;
@@ -101,6 +102,7 @@ pub struct AppState {
     engine: Engine,
     settings: Arc<HttpSettings>,
     info: Arc<ServiceInfo>,
+    obs: crate::health::Observe,
 }
 
 impl AppState {
@@ -229,18 +231,27 @@ pub fn openapi_json() -> String {
 /// The HTTP door's router. `info` is what the status route reports about the service.
 pub fn router(engine: Engine, settings: HttpSettings, info: ServiceInfo) -> Router {
     let inflight = InFlight::new(settings.max_inflight, settings.max_streams);
-    router_with_limits(engine, settings, info, inflight)
+    router_observed(engine, settings, info, inflight, crate::health::Observe::default())
 }
 
-/// [`router`] counting requests in `inflight` (tests read it to know a request is in flight).
-pub fn router_with_limits(engine: Engine, settings: HttpSettings, info: ServiceInfo, inflight: InFlight) -> Router {
+/// [`router`] counting requests in `inflight` (tests read it to know a request is in flight),
+/// with metrics, readiness and the shutdown signal (streams end when it fires).
+pub fn router_observed(
+    engine: Engine,
+    settings: HttpSettings,
+    info: ServiceInfo,
+    inflight: InFlight,
+    obs: crate::health::Observe,
+) -> Router {
     let settings = Arc::new(settings);
     let state = AppState {
         engine,
         settings: settings.clone(),
         info: Arc::new(info),
+        obs,
     };
     let (mut router, _) = routes().split_for_parts();
+    router = router.merge(observe::routes());
     // The keys named `bulk` and `transaction` are keys too: their GET and DELETE go with the
     // POST/PUT routes that share their paths.
     for path in ["/v1.0/state/{store}/bulk", "/v1.0/state/{store}/transaction"] {
@@ -267,8 +278,10 @@ pub fn router_with_limits(engine: Engine, settings: HttpSettings, info: ServiceI
             StatusCode::REQUEST_TIMEOUT,
             settings.request_timeout,
         ))
-        // Outermost: a request over the limit is refused before any other work.
+        // A request over the in-flight limit is refused before any other work but the span
+        // and the metrics, which cover it, the token check and the timeout too.
         .layer(middleware::from_fn_with_state(inflight, limit_in_flight))
+        .layer(middleware::from_fn_with_state(state.clone(), observe::observe))
         .with_state(state)
 }
 
@@ -313,11 +326,12 @@ async fn method_not_allowed() -> ApiError {
 /// Who is calling. `dapr-api-token` is checked as Dapr does it (401 with a plain-text body)
 /// when tokens are configured; then one request is taken from the caller's rate (429 past it)
 /// and the caller's [`Grant`] goes to the handlers in the request's extensions. Health is
-/// exempt, and so are the web console's own files (they hold no data; the console sends the
+/// exempt (`/healthz`, `/readyz`, Dapr's `/v1.0/healthz`), and so are the web console's own files (they hold no data; the console sends the
 /// token on every data call it makes).
 async fn identify(State(settings): State<Arc<HttpSettings>>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path();
-    if path.starts_with("/v1.0/healthz") || (settings.ui && ui::is_public(path)) {
+    let probe = path == "/healthz" || path == "/readyz" || path.starts_with("/v1.0/healthz");
+    if probe || (settings.ui && ui::is_public(path)) {
         return next.run(req).await;
     }
     let given = req.headers().get("dapr-api-token").and_then(|v| v.to_str().ok());

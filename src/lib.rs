@@ -26,12 +26,15 @@ pub mod dapr;
 pub mod dump;
 pub mod engine;
 pub mod grpc;
+pub mod health;
 pub mod hlc;
 pub mod http;
 pub mod listener;
+pub mod metrics;
 pub mod mqtt;
 pub mod resp3;
 pub mod storage;
+pub mod telemetry;
 pub mod tls;
 
 use config::{BrokerChoice, Config};
@@ -51,6 +54,12 @@ pub enum StartError {
     Grpc(#[from] grpc::GrpcError),
     #[error("binding the gRPC door to {addr}: {source}")]
     GrpcBind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("binding the metrics listener to {addr}: {source}")]
+    MetricsBind {
         addr: SocketAddr,
         #[source]
         source: std::io::Error,
@@ -79,6 +88,12 @@ enum MqttDoor {
 
 /// A running service: its engine, its doors and their background tasks.
 pub struct Running {
+    obs: health::Observe,
+    /// The configuration parts follow ([`Running::config_updates`]); SIGHUP sends a new one.
+    config: watch::Sender<Arc<Config>>,
+    grace: Duration,
+    metrics_addr: Option<SocketAddr>,
+    metrics_task: Option<tokio::task::JoinHandle<()>>,
     engine: Engine,
     access: access::Access,
     mqtt_addr: (String, u16),
@@ -118,10 +133,18 @@ pub async fn start(config: Config, store: Store) -> Result<Running, StartError> 
 
 /// [`start`] with the clock every version, deadline and log record uses (open `store` with the
 /// same one: [`Store::open_with_clock`]). Tests move a manual clock instead of waiting.
-pub async fn start_with_clock(
+pub async fn start_with_clock(config: Config, store: Store, clock: Arc<dyn hlc::Clock>) -> Result<Running, StartError> {
+    let metrics = metrics::Metrics::enabled(config.ops.metrics);
+    start_observed(config, store, clock, metrics).await
+}
+
+/// [`start_with_clock`] recording in `metrics` (the registry `store` was opened with:
+/// [`Store::open_observed`]).
+pub async fn start_observed(
     mut config: Config,
     store: Store,
     clock: Arc<dyn hlc::Clock>,
+    metrics: metrics::Metrics,
 ) -> Result<Running, StartError> {
     // One access handle for every door: tokens, rules and limits are decided in one place.
     let access = access::Access::load(&config.access, config.http.api_token.as_deref())?;
@@ -136,6 +159,24 @@ pub async fn start_with_clock(
         None => None,
     };
     let cert_watcher = certs.as_ref().map(|c| c.spawn_watcher(stop_rx.clone()));
+    let (config_tx, _) = watch::channel(Arc::new(config.clone()));
+    // Per-principal limits follow a reloaded configuration (SIGHUP); the task ends with the
+    // service (the sender lives in `Running`).
+    let mut updates = config_tx.subscribe();
+    let followed = access.clone();
+    tokio::spawn(async move {
+        while updates.changed().await.is_ok() {
+            let limits = updates.borrow_and_update().access.limits.clone();
+            followed.set_limits(&limits);
+        }
+    });
+    let obs = health::Observe {
+        metrics: metrics.clone(),
+        sources: Arc::default(),
+        stopping: stop_rx.clone(),
+        engine: Some(engine.clone()),
+    };
+    let _ = obs.sources.engine.set(engine.clone());
 
     #[cfg(feature = "embedded-broker")]
     let mut broker = None;
@@ -295,8 +336,13 @@ pub async fn start_with_clock(
                 let scheme = if tls { "https" } else { "http" };
                 tracing::info!(url = %format!("{scheme}://{bound}{}", http::ui::BASE), "web console");
             }
-            let router =
-                http::router_with_limits(engine.clone(), config.http.clone(), info, limits.http_inflight.clone());
+            let router = http::router_observed(
+                engine.clone(),
+                config.http.clone(),
+                info,
+                limits.http_inflight.clone(),
+                obs.clone(),
+            );
             let task = tokio::spawn(http::serve(
                 listener,
                 router,
@@ -309,6 +355,7 @@ pub async fn start_with_clock(
 
     let dapr_settings = Arc::new(config.http.clone());
     let mut grpc_tasks = Vec::new();
+    let mut grpc_health = None;
     let grpc_addr = match grpc_listener {
         None => None,
         Some((listener, bound)) => {
@@ -323,8 +370,11 @@ pub async fn start_with_clock(
                 max_streams_per_connection: config.net.grpc_max_streams_per_connection,
                 keepalive: config.net.grpc_keepalive,
             };
+            let obs = obs.clone();
+            let (reporter, health) = tonic_health::server::health_reporter();
+            grpc_health = Some(reporter);
             grpc_tasks.push(tokio::spawn(async move {
-                if let Err(e) = grpc::serve_tcp(engine, settings, listener, grpc_limits, stop_rx).await {
+                if let Err(e) = grpc::serve_tcp(engine, settings, listener, grpc_limits, obs, health, stop_rx).await {
                     tracing::error!(cause = %e, "gRPC door stopped");
                 }
             }));
@@ -334,13 +384,13 @@ pub async fn start_with_clock(
     if let Some(path) = &config.dapr_component_socket {
         let listener = grpc::bind_component_socket(path)?;
         tracing::info!(path = %path.display(), "Dapr pluggable state component listening");
-        let (engine, mut stop_rx) = (engine.clone(), stop_rx.clone());
+        let (engine, mut stop_rx, metrics) = (engine.clone(), stop_rx.clone(), metrics.clone());
         let (max_ops, max_bulk) = (config.http.max_transaction_ops, config.http.max_bulk_keys);
         grpc_tasks.push(tokio::spawn(async move {
             let shutdown = async move {
                 let _ = stop_rx.changed().await;
             };
-            if let Err(e) = grpc::serve_component(engine, max_ops, max_bulk, listener, shutdown).await {
+            if let Err(e) = grpc::serve_component(engine, max_ops, max_bulk, listener, metrics, shutdown).await {
                 tracing::error!(cause = %e, "Dapr component socket stopped");
             }
         }));
@@ -352,7 +402,8 @@ pub async fn start_with_clock(
             Some(b) => {
                 let door = Arc::new(
                     mqtt::door::Door::new(engine.clone(), config.mqtt.client_id.clone(), config.mqtt.door.clone())
-                        .with_access(access.clone()),
+                        .with_access(access.clone())
+                        .with_metrics(metrics.clone()),
                 );
                 tracing::info!("serving the state store inside the embedded broker");
                 MqttDoor::InBroker(b.serve_in_broker(door).await)
@@ -367,10 +418,54 @@ pub async fn start_with_clock(
             port,
             ..config.mqtt.clone()
         };
-        MqttDoor::Client(MqttService::start(engine.clone(), settings, Duration::from_secs(10)).await?)
+        MqttDoor::Client(
+            MqttService::start_observed(engine.clone(), settings, Duration::from_secs(10), metrics.clone()).await?,
+        )
+    };
+    let _ = obs.sources.mqtt_door.set(match &mqtt {
+        MqttDoor::Client(c) => c.door().clone(),
+        #[cfg(feature = "embedded-broker")]
+        MqttDoor::InBroker(i) => i.door().clone(),
+    });
+    #[cfg(feature = "embedded-broker")]
+    if let Some(b) = &broker {
+        let _ = obs.sources.broker_connections.set(Arc::new(b.connection_counter()));
+    }
+    let metrics_task = match config.ops.metrics_listen {
+        Some(addr) if metrics.is_enabled() => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::MetricsBind { addr, source })?;
+            let bound = listener
+                .local_addr()
+                .map_err(|source| StartError::MetricsBind { addr, source })?;
+            tracing::info!(%bound, "metrics listening at /metrics");
+            let router = http::observe::metrics_router(obs.clone());
+            let listener = listener::Listener::new("metrics", listener, None, listener::ListenerLimits::default());
+            Some((
+                bound,
+                tokio::spawn(http::serve(
+                    listener,
+                    router,
+                    config.net.http_header_timeout,
+                    stop_rx.clone(),
+                )),
+            ))
+        }
+        _ => None,
     };
     drop(stop_rx);
+    // Every door is up: the gRPC health service says so before `start` returns.
+    if let Some(reporter) = grpc_health {
+        let driver = health::drive_grpc_health(obs.clone(), reporter, grpc::TCP_SERVICES).await;
+        grpc_tasks.push(tokio::spawn(driver));
+    }
     Ok(Running {
+        obs,
+        config: config_tx,
+        grace: config.ops.shutdown_grace,
+        metrics_addr: metrics_task.as_ref().map(|m| m.0),
+        metrics_task: metrics_task.map(|m| m.1),
         engine,
         access,
         mqtt_addr: (host, port),
@@ -525,23 +620,56 @@ impl Running {
         &self.limits
     }
 
-    /// Stops every door and background task.
+    /// The metrics listener's address (`--metrics-listen`), if it runs.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// Metrics, readiness and the shutdown signal, as the doors see them.
+    pub fn observe(&self) -> &health::Observe {
+        &self.obs
+    }
+
+    /// The configuration, now and after each reload: parts that can change live (rules,
+    /// tokens, certificates, limits) hold a receiver and apply what `changed()` brings.
+    pub fn config_updates(&self) -> watch::Receiver<Arc<Config>> {
+        self.config.subscribe()
+    }
+
+    /// Publishes a re-read configuration to every part that follows it.
+    pub fn reload(&self, config: Config) {
+        self.config.send_replace(Arc::new(config));
+    }
+
+    fn mqtt_door(&self) -> &Arc<mqtt::door::Door> {
+        match &self.mqtt {
+            MqttDoor::Client(c) => c.door(),
+            #[cfg(feature = "embedded-broker")]
+            MqttDoor::InBroker(i) => i.door(),
+        }
+    }
+
+    /// Stops gracefully: readiness turns false and the listeners stop accepting; MQTT requests
+    /// that arrive now are answered `__stat=503`; change streams end with a final event;
+    /// requests in flight on every door finish, within the grace period (`--shutdown-grace`),
+    /// after which what is left is cut off; then the MQTT door, the broker and the background
+    /// tasks stop. Durable storage syncs and closes when the last engine handle is dropped.
     pub async fn shutdown(self) {
+        let deadline = tokio::time::Instant::now() + self.grace;
         let _ = self.stop.send(true);
+        let door = self.mqtt_door().clone();
         if let Some(w) = self.cert_watcher {
             let _ = w.await;
         }
-        for h in self.grpc {
-            // Open Watch streams would hold graceful shutdown forever: bound it.
-            let abort = h.abort_handle();
-            if tokio::time::timeout(Duration::from_secs(2), h).await.is_err() {
-                abort.abort();
-            }
+        door.close();
+        if tokio::time::timeout_at(deadline, door.drained()).await.is_err() {
+            tracing::warn!("shutdown: MQTT requests still running after the grace period");
         }
-        if let Some(h) = self.http {
-            // Open server-sent event streams would hold graceful shutdown forever: bound it.
+        let tasks = self.grpc.into_iter().chain(self.http).chain(self.metrics_task);
+        for h in tasks {
             let abort = h.abort_handle();
-            if tokio::time::timeout(Duration::from_secs(2), h).await.is_err() {
+            if tokio::time::timeout_at(deadline, h).await.is_err() {
+                tracing::warn!("shutdown: a door still had requests after the grace period");
                 abort.abort();
             }
         }

@@ -14,6 +14,7 @@ mod dedup;
 pub mod door;
 #[cfg(feature = "embedded-broker")]
 pub mod inbroker;
+mod observe;
 pub mod payload;
 pub mod request;
 pub mod service;

@@ -16,6 +16,7 @@ use crate::hlc::Hlc;
 pub mod durable;
 pub mod log;
 pub mod memory;
+mod observed;
 #[cfg(feature = "redis")]
 pub mod redis;
 
@@ -220,7 +221,8 @@ pub trait OnlineBackup {
     fn backup(&self, sink: &mut dyn BackupSink) -> Result<BackupInfo, StorageError>;
 }
 
-/// The contract every backend implements. All methods are atomic per call.
+/// The contract every backend implements. All methods are atomic per call. A method added
+/// here, with a default or not, must be forwarded by `observed.rs` (the metrics wrapper).
 #[async_trait]
 #[allow(clippy::len_without_is_empty)] // `len` is the key count for quotas, not a collection API
 pub trait Backend: Send + Sync + 'static {
@@ -293,6 +295,11 @@ pub trait Backend: Send + Sync + 'static {
 
     /// The highest version stored anywhere (to seed the clock after a restart).
     async fn max_version(&self) -> Result<Option<Hlc>, StorageError>;
+
+    /// Bytes of the stored values, where the backend keeps count (for metrics).
+    async fn value_bytes(&self) -> Result<Option<u64>, StorageError> {
+        Ok(None)
+    }
 
     /// Whether writes work right now; cheap (no I/O). Backends that cannot tell say `Ok`.
     fn health(&self) -> StorageHealth {
@@ -491,6 +498,28 @@ impl Store {
         config: &StorageConfig,
         clock: Arc<dyn crate::hlc::Clock>,
     ) -> Result<Store, StorageError> {
+        Store::open_observed(config, clock, &crate::metrics::Metrics::disabled()).await
+    }
+
+    /// [`Store::open_with_clock`], recording write latency (any backend) and group commits,
+    /// fsyncs and snapshots (durable) in `metrics`.
+    pub async fn open_observed(
+        config: &StorageConfig,
+        clock: Arc<dyn crate::hlc::Clock>,
+        metrics: &crate::metrics::Metrics,
+    ) -> Result<Store, StorageError> {
+        let store = Store::open_backend(config, clock, metrics).await?;
+        Ok(match metrics.is_enabled() {
+            true => Store::new(observed::Observed::new(store, metrics.clone())),
+            false => store,
+        })
+    }
+
+    async fn open_backend(
+        config: &StorageConfig,
+        clock: Arc<dyn crate::hlc::Clock>,
+        metrics: &crate::metrics::Metrics,
+    ) -> Result<Store, StorageError> {
         match &config.kind {
             StorageKind::Memory => Ok(Store::memory()),
             StorageKind::Durable => {
@@ -502,6 +531,7 @@ impl Store {
                     Some(path) => Some(durable::EncryptionKey::from_file(path)?),
                     None => None,
                 };
+                options.metrics = metrics.clone();
                 let backend = tokio::task::spawn_blocking(move || durable::DurableBackend::open(options))
                     .await
                     .map_err(|e| StorageError::Backend(format!("the opening thread failed: {e}")))??;

@@ -2,9 +2,10 @@
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use arc_swap::ArcSwapOption;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 /// How much one principal may ask for.
@@ -34,10 +35,15 @@ type StreamCounts = Arc<Mutex<HashMap<String, usize>>>;
 /// Checks between two sweeps of idle buckets.
 const SWEEP_EVERY: u64 = 4096;
 
+/// The limits in force; [`Limits::apply`] changes them live (SIGHUP with a new configuration).
 pub struct Limits {
-    rate: Option<DefaultKeyedRateLimiter<String>>,
+    rate: ArcSwapOption<DefaultKeyedRateLimiter<String>>,
     checks: AtomicU64,
-    max_streams: Option<usize>,
+    /// `usize::MAX`: unlimited.
+    max_streams: AtomicUsize,
+    /// What `rate` was made from (to replace it only when it changes: a new limiter starts
+    /// every bucket full).
+    applied: Mutex<LimitSettings>,
     streams: StreamCounts,
     refused: AtomicU64,
 }
@@ -45,8 +51,7 @@ pub struct Limits {
 impl std::fmt::Debug for Limits {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Limits")
-            .field("rate", &self.rate.is_some())
-            .field("max_streams", &self.max_streams)
+            .field("applied", &*self.applied.lock().unwrap_or_else(|e| e.into_inner()))
             .finish_non_exhaustive()
     }
 }
@@ -73,22 +78,42 @@ impl Drop for StreamSlot {
 
 impl Limits {
     pub fn new(s: &LimitSettings) -> Limits {
-        let rate = s.rate_per_sec.map(|r| {
-            let burst = s.burst.unwrap_or(r);
-            RateLimiter::keyed(Quota::per_second(r).allow_burst(burst))
-        });
-        Limits {
-            rate,
+        let limits = Limits {
+            rate: ArcSwapOption::empty(),
             checks: AtomicU64::new(0),
-            max_streams: s.max_streams,
+            max_streams: AtomicUsize::new(usize::MAX),
+            applied: Mutex::new(LimitSettings {
+                rate_per_sec: None,
+                burst: None,
+                max_streams: None,
+            }),
             streams: Arc::default(),
             refused: AtomicU64::new(0),
+        };
+        limits.apply(s);
+        limits
+    }
+
+    /// Puts `s` in force. Streams already open stay open (a lower stream limit only refuses new
+    /// ones until a principal is under it); a changed rate starts every bucket full.
+    pub fn apply(&self, s: &LimitSettings) {
+        let mut applied = self.applied.lock().unwrap_or_else(|e| e.into_inner());
+        self.max_streams
+            .store(s.max_streams.unwrap_or(usize::MAX), Ordering::Relaxed);
+        if (applied.rate_per_sec, applied.burst) != (s.rate_per_sec, s.burst) {
+            let rate = s.rate_per_sec.map(|r| {
+                let burst = s.burst.unwrap_or(r);
+                Arc::new(RateLimiter::keyed(Quota::per_second(r).allow_burst(burst)))
+            });
+            self.rate.store(rate);
         }
+        *applied = s.clone();
     }
 
     /// Takes one request from `key`'s bucket; `false` when it is empty.
     pub fn take(&self, key: &str) -> bool {
-        let Some(rate) = &self.rate else {
+        let rate = self.rate.load();
+        let Some(rate) = rate.as_deref() else {
             return true;
         };
         // Forget buckets that are full again now and then, so idle principals cost nothing.
@@ -106,9 +131,8 @@ impl Limits {
 
     /// Counts a new stream for `key`; `None` when it holds the most it may.
     pub fn open_stream(&self, key: &str) -> Option<StreamSlot> {
-        let Some(max) = self.max_streams else {
-            return Some(StreamSlot { streams: None });
-        };
+        // Counted even when unlimited, so that a limit put in force later counts them.
+        let max = self.max_streams.load(Ordering::Relaxed);
         let mut map = self.streams.lock().unwrap_or_else(|e| e.into_inner());
         let n = map.entry(key.to_owned()).or_insert(0);
         if *n >= max {

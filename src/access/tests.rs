@@ -226,3 +226,34 @@ fn limits_per_principal() {
     drop(slot);
     access.open_stream(&a).expect("a closed stream frees its slot");
 }
+
+#[test]
+fn limits_change_live() {
+    let access = Access::load(&AccessSettings::default(), None).unwrap();
+    let a = client("a");
+    for _ in 0..100 {
+        access.admit(&a).unwrap();
+    }
+    let mut open: Vec<_> = (0..3).map(|_| access.open_stream(&a).unwrap()).collect();
+    access.set_limits(&LimitSettings {
+        rate_per_sec: std::num::NonZeroU32::new(1),
+        burst: std::num::NonZeroU32::new(2),
+        max_streams: Some(2),
+    });
+    access.admit(&a).unwrap();
+    access.admit(&a).unwrap();
+    assert!(matches!(access.admit(&a), Err(EngineError::RateLimited)));
+    // The streams opened before the limit count against it.
+    assert!(access.open_stream(&a).is_err());
+    open.truncate(1);
+    open.push(access.open_stream(&a).expect("under the new limit again"));
+    assert!(access.open_stream(&a).is_err());
+    // Applying the same rate again keeps the buckets as they are (still empty here).
+    access.set_limits(&LimitSettings {
+        rate_per_sec: std::num::NonZeroU32::new(1),
+        burst: std::num::NonZeroU32::new(2),
+        max_streams: None,
+    });
+    assert!(matches!(access.admit(&a), Err(EngineError::RateLimited)));
+    open.push(access.open_stream(&a).expect("no stream limit any more"));
+}

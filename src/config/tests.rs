@@ -92,33 +92,43 @@ fn plain_listeners_beyond_loopback_are_refused() {
 
 #[test]
 fn external_broker_turns_on_observer_idle_expiry() {
-    let mut a = ServeArgs::default();
-    a.mqtt_url = Some("mqtt://127.0.0.1:1".into());
+    let a = ServeArgs {
+        mqtt_url: Some("mqtt://127.0.0.1:1".into()),
+        ..ServeArgs::default()
+    };
     let c = Config::from_args(a).unwrap();
     assert_eq!(c.limits.observers.idle, Some(Duration::from_secs(86_400)));
 }
 
 #[test]
 fn bad_values_are_refused() {
-    let mut a = ServeArgs::default();
-    a.node_id = "a:b".into();
+    let a = ServeArgs {
+        node_id: "a:b".into(),
+        ..ServeArgs::default()
+    };
     assert!(matches!(Config::from_args(a), Err(ConfigError::BadNodeId(_))));
     // What would break a version, an SSE event id (a newline) or a log line is refused.
     for bad in ["", "a\nb", "a b", "é", "a/b", &"n".repeat(65)] {
-        let mut a = ServeArgs::default();
-        a.node_id = bad.into();
+        let a = ServeArgs {
+            node_id: bad.into(),
+            ..ServeArgs::default()
+        };
         assert!(
             matches!(Config::from_args(a), Err(ConfigError::BadNodeId(_))),
             "{bad:?}"
         );
     }
     for good in ["n1", "edge-gw_01.site", &"n".repeat(64)] {
-        let mut a = ServeArgs::default();
-        a.node_id = good.into();
+        let a = ServeArgs {
+            node_id: good.into(),
+            ..ServeArgs::default()
+        };
         assert!(Config::from_args(a).is_ok(), "{good:?}");
     }
-    let mut a = ServeArgs::default();
-    a.mqtt_max_packet_bytes = 1024;
+    let a = ServeArgs {
+        mqtt_max_packet_bytes: 1024,
+        ..ServeArgs::default()
+    };
     assert!(matches!(Config::from_args(a), Err(ConfigError::PacketTooSmall { .. })));
 }
 
@@ -231,4 +241,215 @@ fn store_and_history_flags() {
     let cli = Cli::try_parse_from(["stategate", "--configuration-store", "a=x||y"]).unwrap();
     let err = Config::from_args(cli.serve).unwrap_err().to_string();
     assert!(err.starts_with("--configuration-store: "), "{err}");
+}
+
+mod file_layering {
+    use std::ffi::OsString;
+    use std::io::Write;
+
+    use super::super::file::{self, FileError, LayerError};
+    use super::*;
+
+    fn write(text: &str) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+        f
+    }
+
+    fn layer_with(file: &tempfile::NamedTempFile, extra: &[&str]) -> Result<file::Layered, LayerError> {
+        let mut argv: Vec<OsString> = vec!["stategate".into(), "--config".into(), file.path().into()];
+        argv.extend(extra.iter().map(OsString::from));
+        file::layer(&argv)
+    }
+
+    fn file_error(text: &str) -> FileError {
+        match layer_with(&write(text), &[]) {
+            Err(LayerError::File(e)) => e,
+            other => panic!("{text:?}: expected a file error, got {other:?}"),
+        }
+    }
+
+    /// Sample values for settings that have no default (the test cannot invent one). A new
+    /// flag without a default fails `every_flag_is_a_setting_and_in_config_default` until it
+    /// has a sample here.
+    fn sample(key: &str) -> Option<&'static str> {
+        Some(match key {
+            "mqtt-url" => "\"mqtt://127.0.0.1:1883\"",
+            "mqtt-share-group" => "\"g\"",
+            "max-keys" => "10",
+            "api-token" => "\"t\"",
+            "state-store" => "[\"a\", \"b=none\"]",
+            "dapr-component-socket" => "\"/tmp/x.sock\"",
+            "log-level" => "\"debug\"",
+            "mqtt-auth-file" => "\"/etc/stategate/passwd\"",
+            "acl-file" => "\"/etc/stategate/acl.toml\"",
+            "api-token-file" => "\"/etc/stategate/tokens\"",
+            "mqtt-session-expiry-secs" => "3600",
+            "encryption-key-file" => "\"/etc/stategate/key\"",
+            "lock-store" => "[\"locks=name\"]",
+            "configuration-store" => "[\"config=none\"]",
+            "tls-cert" => "\"/etc/stategate/tls/cert.pem\"",
+            "tls-key" => "\"/etc/stategate/tls/key.pem\"",
+            "mqtt-tls-client-ca" => "\"/etc/stategate/tls/clients-ca.pem\"",
+            "mqtt-ca-file" => "\"/etc/stategate/tls/broker-ca.pem\"",
+            _ => return None,
+        })
+    }
+
+    #[test]
+    fn every_flag_is_a_setting_and_in_config_default() {
+        let default_file = file::default_file();
+        let cmd = file::serve_command();
+        let mut n = 0;
+        for arg in file::settings(&cmd) {
+            let key = arg.get_long().unwrap();
+            n += 1;
+            assert!(
+                default_file.contains(&format!("\n{key} = ")) || default_file.contains(&format!("\n# {key} = ")),
+                "`{key}` is missing from `config default`"
+            );
+            // The value `config default` prints (or a sample), set from a file, must be taken.
+            let line = default_file
+                .lines()
+                .find(|l| l.starts_with(&format!("{key} = ")))
+                .map(|l| l[key.len() + 3..].to_owned());
+            let value = line
+                .or_else(|| sample(key).map(str::to_owned))
+                .unwrap_or_else(|| panic!("`{key}` has no default: give it a sample value in this test"));
+            // Settings that need others (clap `requires`) come with them.
+            let companions = match key {
+                "tls-cert" | "tls-key" | "mqtt-tls-client-ca" => {
+                    "tls-cert = \"/etc/stategate/tls/cert.pem\"\ntls-key = \"/etc/stategate/tls/key.pem\"\n"
+                }
+                _ => "",
+            };
+            let text = format!("{key} = {value}\n{}", companions.replace(&format!("{key} = "), "# "));
+            let layered =
+                layer_with(&write(&text), &[]).unwrap_or_else(|e| panic!("`{key} = {value}` is refused: {e:?}"));
+            let switch_off = value == "false";
+            assert!(
+                switch_off || layered.from_file.contains(key),
+                "`{key}` from the file was not applied"
+            );
+        }
+        assert!(n > 30, "only {n} settings found");
+    }
+
+    #[test]
+    fn the_default_file_loads_and_changes_nothing() {
+        let layered = layer_with(&write(&file::default_file()), &[]).unwrap();
+        let from_file = Config::from_args(layered.args).unwrap();
+        let defaults = Config::default();
+        assert_eq!(format!("{from_file:?}"), format!("{defaults:?}"));
+    }
+
+    #[test]
+    fn file_under_flags_over_defaults() {
+        let f = write("node-id = \"from-file\"\nmax-keys = 7\nno-ui = true\nstate-store = [\"a\", \"b=none\"]\n");
+        let l = layer_with(&f, &[]).unwrap();
+        assert_eq!(l.args.node_id, "from-file");
+        assert_eq!(l.args.max_keys, Some(7));
+        assert!(l.args.no_ui);
+        assert_eq!(l.args.state_stores, vec!["a", "b=none"]);
+        assert_eq!(
+            l.args.http_listen, "127.0.0.1:3500",
+            "untouched settings keep their default"
+        );
+        let l = layer_with(&f, &["--node-id", "from-flag"]).unwrap();
+        assert_eq!(l.args.node_id, "from-flag");
+        assert!(!l.from_file.contains("node-id"));
+        assert_eq!(l.args.max_keys, Some(7));
+        // The `serve` subcommand form too.
+        let argv: Vec<OsString> = vec![
+            "stategate".into(),
+            "serve".into(),
+            "--config".into(),
+            f.path().into(),
+            "--max-keys".into(),
+            "9".into(),
+        ];
+        let l = file::layer(&argv).unwrap();
+        assert_eq!((l.args.node_id.as_str(), l.args.max_keys), ("from-file", Some(9)));
+    }
+
+    #[test]
+    fn changed_settings_are_named() {
+        let a = layer_with(&write("max-keys = 7\n"), &[]).unwrap();
+        let b = layer_with(&write("max-keys = 8\nlog-level = \"debug\"\n"), &[]).unwrap();
+        assert_eq!(a.changed(&b), vec!["log-level".to_owned(), "max-keys".to_owned()]);
+        assert!(a.changed(&a).is_empty());
+    }
+
+    #[test]
+    fn every_error_names_the_file_and_the_setting() {
+        let cases = [
+            ("bogus = 1\n", "unknown setting `bogus`"),
+            ("config = \"/x.toml\"\n", "unknown setting `config`"),
+            ("max-keys = \"many\"\n", "setting `max-keys`: invalid value 'many'"),
+            ("max-keys = [1, 2]\n", "setting `max-keys`: expected a single value"),
+            (
+                "max-keys = { a = 1 }\n",
+                "setting `max-keys`: expected a string, a number or a boolean",
+            ),
+            ("no-ui = \"yes\"\n", "setting `no-ui`: expected true or false"),
+            ("storage = \"disk\"\n", "setting `storage`: invalid value 'disk'"),
+            ("fsync = \"sometimes\"\n", "setting `fsync`"),
+            ("shutdown-grace = \"soon\"\n", "setting `shutdown-grace`"),
+            ("log-format = \"xml\"\n", "setting `log-format`"),
+            ("max-keys = 1\nmax-keys = 2\n", "not a valid TOML"),
+            ("[section\n", "not a valid TOML"),
+        ];
+        for (text, want) in cases {
+            let f = write(text);
+            let e = match layer_with(&f, &[]) {
+                Err(LayerError::File(e)) => e,
+                other => panic!("{text:?}: expected a file error, got {other:?}"),
+            };
+            let msg = e.to_string();
+            assert!(msg.starts_with(&f.path().display().to_string()), "{text:?}: {msg}");
+            assert!(msg.contains(want), "{text:?}: {msg}");
+        }
+        // A file the command line overrides is still checked whole.
+        let f = write("max-keys = \"many\"\n");
+        assert!(matches!(layer_with(&f, &["--max-keys", "3"]), Err(LayerError::File(_))));
+        let missing = vec![
+            OsString::from("stategate"),
+            "--config".into(),
+            "/nonexistent/stategate.toml".into(),
+        ];
+        match file::layer(&missing) {
+            Err(LayerError::File(e @ FileError::Read { .. })) => {
+                assert!(e.to_string().contains("/nonexistent/stategate.toml"), "{e}")
+            }
+            other => panic!("expected a read error, got {other:?}"),
+        }
+        let _ = file_error("x = 1\n");
+    }
+
+    #[test]
+    fn semantic_errors_name_their_setting() {
+        let a = ServeArgs {
+            node_id: "a:b".into(),
+            ..ServeArgs::default()
+        };
+        assert_eq!(Config::from_args(a).unwrap_err().setting(), Some("node-id"));
+        let a = ServeArgs {
+            metrics_listen: "nowhere".into(),
+            ..ServeArgs::default()
+        };
+        assert_eq!(Config::from_args(a).unwrap_err().setting(), Some("metrics-listen"));
+        let a = ServeArgs {
+            log_level: Some("stategate=loud".into()),
+            ..ServeArgs::default()
+        };
+        assert_eq!(Config::from_args(a).unwrap_err().setting(), Some("log-level"));
+    }
+
+    #[test]
+    fn log_filters() {
+        assert_eq!(OpsSettings::log_filter(None, None), "stategate=info");
+        assert_eq!(OpsSettings::log_filter(Some("debug"), Some("warn")), "stategate=debug");
+        assert_eq!(OpsSettings::log_filter(None, Some("rmqtt=info")), "rmqtt=info");
+        assert_eq!(OpsSettings::log_filter(Some(" "), None), "stategate=info");
+    }
 }

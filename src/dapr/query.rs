@@ -336,7 +336,7 @@ pub async fn run(engine: &Engine, grant: &Grant, store: &StoreSpec, q: &Query) -
         let page = engine.keys_with_prefix(&prefix, after.as_deref(), 1024).await?;
         for key in page.keys {
             examined += 1;
-            if examined % YIELD_EVERY == 0 {
+            if examined.is_multiple_of(YIELD_EVERY) {
                 tokio::task::yield_now().await;
             }
             if examined > MAX_QUERY_KEYS {

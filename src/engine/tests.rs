@@ -1712,8 +1712,10 @@ async fn first_write_delete_is_an_engine_condition() {
 
 /// Transactions sweep expired-but-unswept keys at `max_keys`, as SET does.
 async fn transactions_make_room_from_expired_keys_too() {
-    let mut limits = Limits::default();
-    limits.max_keys = Some(2);
+    let limits = Limits {
+        max_keys: Some(2),
+        ..Limits::default()
+    };
     let f = fx_with(limits).await;
     f.ok(&["SET", "a", "v", "PX", "10"]).await;
     f.ok(&["SET", "b", "v", "PX", "10"]).await;
@@ -1734,8 +1736,10 @@ async fn transactions_make_room_from_expired_keys_too() {
 
 /// A write at `max_keys` removes a bounded number of due keys itself; the driver does the rest.
 async fn quota_refusals_do_bounded_expiry_work() {
-    let mut limits = Limits::default();
-    limits.max_keys = Some(1000);
+    let limits = Limits {
+        max_keys: Some(1000),
+        ..Limits::default()
+    };
     let mut f = fx_with(limits).await;
     for i in 0..1000 {
         f.ok(&["SET", &format!("k{i:04}"), "v", "PX", "10"]).await;

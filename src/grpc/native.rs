@@ -18,6 +18,7 @@ use crate::hlc::Hlc;
 
 pub struct Native {
     pub(crate) engine: Engine,
+    pub(crate) obs: crate::health::Observe,
     pub(crate) access: Access,
 }
 
@@ -172,7 +173,18 @@ impl pb::state_store_server::StateStore for Native {
                 let _open = &slot;
                 watch_event(item)
             });
-        Ok(Response::new(Box::pin(stream)))
+        // Ends with UNAVAILABLE "shutting down" when the service stops (graceful shutdown
+        // waits for open streams).
+        let active = self.obs.metrics.stream_opened(crate::metrics::Stream::GrpcWatch);
+        let obs = self.obs.clone();
+        let stream = futures_util::StreamExt::take_until(stream, async move { obs.stopped().await });
+        let stopping = self.obs.stopping.clone();
+        let last = futures_util::stream::once(async move {
+            let _active = active;
+            (*stopping.borrow()).then(|| Err(Status::unavailable("the service is shutting down; watch again")))
+        })
+        .filter_map(|e| e);
+        Ok(Response::new(Box::pin(stream.chain(last))))
     }
 }
 

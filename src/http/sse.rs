@@ -248,5 +248,19 @@ pub async fn subscribe(
         let _open = &slot;
         Ok(to_event(&spec, item, base64, &asked))
     });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
+    // Ends with a final `shutdown` event when the service stops (graceful shutdown waits for it).
+    let active = st.obs.metrics.stream_opened(crate::metrics::Stream::Sse);
+    let obs = st.obs.clone();
+    let stream = futures_util::StreamExt::take_until(stream, async move { obs.stopped().await });
+    let stopping = st.obs.stopping.clone();
+    let last = futures_util::stream::once(async move {
+        let _active = active;
+        (*stopping.borrow()).then(|| {
+            Ok(Event::default()
+                .event("shutdown")
+                .data("{\"message\":\"the service is shutting down; subscribe again\"}"))
+        })
+    })
+    .filter_map(|e| e);
+    Ok(Sse::new(stream.chain(last)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
 }

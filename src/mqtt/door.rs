@@ -71,6 +71,9 @@ pub struct Door {
     inflight_units: Arc<Semaphore>,
     per_caller: PerCaller,
     refused_busy: AtomicU64,
+    metrics: crate::metrics::Metrics,
+    /// Set at shutdown: nothing more is admitted.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Door {
@@ -122,11 +125,23 @@ impl Door {
             inflight_units: Arc::new(Semaphore::new(units)),
             per_caller: Arc::new(Mutex::new(HashMap::new())),
             refused_busy: AtomicU64::new(0),
+            metrics: crate::metrics::Metrics::disabled(),
+            closed: Default::default(),
             access: Access::open(),
             engine,
             service_id,
             limits,
         }
+    }
+
+    /// The door, recording its requests in `metrics`.
+    pub fn with_metrics(mut self, metrics: crate::metrics::Metrics) -> Door {
+        self.metrics = metrics;
+        self
+    }
+
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.metrics
     }
 
     /// The same door, deciding who may do what with `access`.
@@ -156,6 +171,17 @@ impl Door {
         self.dedup.held()
     }
 
+    /// Admits nothing more (shutdown): new requests are answered `__stat=503`.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+    }
+
+    /// Resolves once no admitted request is running.
+    pub async fn drained(&self) {
+        let all = u32::try_from(self.limits.max_inflight.max(1)).unwrap_or(u32::MAX);
+        let _ = self.inflight.acquire_many(all).await;
+    }
+
     /// Requests refused with `__stat=503` so far.
     pub fn refused_busy(&self) -> u64 {
         self.refused_busy.load(Ordering::Relaxed)
@@ -164,6 +190,9 @@ impl Door {
     /// Lets a request in, or `None` when a limit is reached (answer it with [`Door::busy`]).
     /// `caller` is counted against the per-caller limit when given. Never waits.
     pub fn admit(&self, req: &Request, caller: Option<&str>) -> Option<Admitted> {
+        if self.closed.load(Ordering::Relaxed) {
+            return None;
+        }
         let count = self.inflight.clone().try_acquire_owned().ok()?;
         let units = req.payload.len().div_ceil(BYTE_UNIT).max(1);
         let units = u32::try_from(units).ok()?;
@@ -190,6 +219,7 @@ impl Door {
     /// The `__stat=503` answer for a request that was not let in (`None`: not answerable).
     pub fn busy(&self, req: &Request) -> Option<Outgoing> {
         let n = self.refused_busy.fetch_add(1, Ordering::Relaxed) + 1;
+        self.metrics.mqtt_busy();
         if n.is_power_of_two() {
             warn!(refused_total = n, "mqtt: busy; requests refused with __stat=503");
         }
@@ -200,6 +230,31 @@ impl Door {
     /// within the cache's lifetime gets the first answer again without running twice; a copy
     /// that arrives while the first still runs gets nothing (the first one answers).
     pub async fn serve(&self, req: &Request, caller: &Caller) -> Option<Arc<Outgoing>> {
+        let started = std::time::Instant::now();
+        let (cmd, key_len) = super::observe::verb_and_key_len(&req.payload);
+        let span = tracing::info_span!(
+            "request",
+            door = "mqtt",
+            command = cmd.label(),
+            key_len,
+            request_id = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        if !span.is_disabled()
+            && let Some(c) = &req.correlation
+        {
+            span.record("request_id", hex::encode(c));
+        }
+        let out = tracing::Instrument::instrument(self.serve_unobserved(req, caller), span.clone()).await;
+        if let Some(out) = &out {
+            let outcome = super::observe::outcome(out);
+            span.record("outcome", outcome.label());
+            self.metrics.request(crate::metrics::Door::Mqtt, cmd, outcome, started);
+        }
+        out
+    }
+
+    async fn serve_unobserved(&self, req: &Request, caller: &Caller) -> Option<Arc<Outgoing>> {
         // GET and SCAN change nothing: a redelivered copy may simply run again.
         let mut key = None;
         if let (Some(t), Some(c)) = (&req.response_topic, &req.correlation)
@@ -210,6 +265,7 @@ impl Door {
                 Seen::New(k) => key = Some(k),
                 Seen::InProgress => return None,
                 Seen::Answered(out) => {
+                    self.metrics.redelivery_hit();
                     debug!(topic = %t, "mqtt: redelivered request answered from the cache");
                     return Some(out);
                 }
@@ -247,6 +303,7 @@ pub async fn notifier(
     sink: Arc<dyn Sink>,
     service_id: String,
     mut stop: watch::Receiver<bool>,
+    metrics: crate::metrics::Metrics,
 ) {
     loop {
         let n = tokio::select! {
@@ -274,6 +331,7 @@ pub async fn notifier(
                 message_expiry: None,
             };
             sink.publish(&out).await;
+            metrics.notification_sent();
         }
     }
 }

@@ -207,6 +207,7 @@ impl InBroker {
             .add(Type::ClientDisconnected, Box::new(ForgetConnections { connections }))
             .await;
         hooks.start().await;
+        door.metrics().mqtt_link(crate::metrics::Link::Subscribed);
         let (stop, stop_rx) = watch::channel(false);
         let notifier = match door.engine().keynotify_feed() {
             Some(feed) => Some(tokio::spawn(door::notifier(
@@ -214,6 +215,7 @@ impl InBroker {
                 sink,
                 door.service_id().to_owned(),
                 stop_rx,
+                door.metrics().clone(),
             ))),
             None => {
                 warn!("mqtt: another door already takes KEYNOTIFY notifications; in-broker serving sends none");

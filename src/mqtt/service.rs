@@ -32,6 +32,7 @@ use super::door::{self, Door, DoorLimits, Sink};
 use super::request::{CONTENT_TYPE, Caller, Outgoing, Request};
 use crate::access::Access;
 use crate::engine::Engine;
+use crate::metrics::Link;
 
 /// How the service connects and behaves on MQTT.
 #[derive(Debug, Clone)]
@@ -141,9 +142,15 @@ pub struct MqttService {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     stop: watch::Sender<bool>,
     client: AsyncClient,
+    door: Arc<Door>,
 }
 
 impl MqttService {
+    /// The serving path this connection feeds.
+    pub fn door(&self) -> &Arc<Door> {
+        &self.door
+    }
+
     /// Connects and subscribes; returns once the first subscription is acknowledged (or after
     /// `ready_timeout`, with a warning, so a broker that is down does not block startup forever).
     /// Fails only when the TLS files of an `mqtts://` connection cannot be used.
@@ -152,16 +159,27 @@ impl MqttService {
         settings: MqttSettings,
         ready_timeout: Duration,
     ) -> Result<MqttService, crate::tls::TlsError> {
+        MqttService::start_observed(engine, settings, ready_timeout, crate::metrics::Metrics::disabled()).await
+    }
+
+    /// [`MqttService::start`], recording requests and the link state in `metrics`.
+    pub async fn start_observed(
+        engine: Engine,
+        settings: MqttSettings,
+        ready_timeout: Duration,
+        metrics: crate::metrics::Metrics,
+    ) -> Result<MqttService, crate::tls::TlsError> {
         let (client, eventloop) = AsyncClient::new(settings.options()?, REQUEST_CHANNEL);
         let (stop, stop_rx) = watch::channel(false);
         let (ready_tx, ready_rx) = oneshot::channel();
         let settings = Arc::new(settings);
         let door = Arc::new(
             Door::new(engine.clone(), settings.client_id.clone(), settings.door.clone())
-                .with_access(settings.access.clone()),
+                .with_access(settings.access.clone())
+                .with_metrics(metrics.clone()),
         );
         let ctx = Arc::new(Ctx {
-            door,
+            door: door.clone(),
             client: client.clone(),
             settings: settings.clone(),
         });
@@ -172,6 +190,7 @@ impl MqttService {
                 Arc::new(ClientSink(client.clone())),
                 settings.client_id.clone(),
                 stop_rx.clone(),
+                metrics,
             ))),
             None => warn!("mqtt: another door already takes KEYNOTIFY notifications; this one sends none"),
         }
@@ -186,7 +205,12 @@ impl MqttService {
                 "mqtt: not subscribed yet; requests are served once the broker answers"
             ),
         }
-        Ok(MqttService { tasks, stop, client })
+        Ok(MqttService {
+            tasks,
+            stop,
+            client,
+            door,
+        })
     }
 
     /// Disconnects and stops every task.
@@ -327,6 +351,7 @@ async fn poller(mut eventloop: EventLoop, ctx: Arc<Ctx>, ready: oneshot::Sender<
                         }
                     }
                     Packet::ConnAck(ack) => {
+                        ctx.door.metrics().mqtt_link(Link::Connected);
                         info!(session_present = ack.session_present, "mqtt: connected");
                         let client = ctx.client.clone();
                         let topic = ctx.settings.subscription();
@@ -337,16 +362,21 @@ async fn poller(mut eventloop: EventLoop, ctx: Arc<Ctx>, ready: oneshot::Sender<
                         });
                     }
                     Packet::SubAck(_) => {
+                        ctx.door.metrics().mqtt_link(Link::Subscribed);
                         if let Some(r) = ready.take() {
                             let _ = r.send(());
                         }
                     }
-                    Packet::Disconnect(d) => warn!(reason = ?d.reason_code, "mqtt: broker disconnected us"),
+                    Packet::Disconnect(d) => {
+                        ctx.door.metrics().mqtt_link(Link::Down);
+                        warn!(reason = ?d.reason_code, "mqtt: broker disconnected us")
+                    }
                     _ => {}
                 }
             }
             Ok(_) => {}
             Err(e) => {
+                ctx.door.metrics().mqtt_link(Link::Down);
                 warn!(cause = %e, retry_in_ms = backoff.as_millis() as u64, "mqtt: connection error");
                 tokio::select! {
                     _ = stop.changed() => return,

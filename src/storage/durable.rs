@@ -112,6 +112,8 @@ pub struct DurableOptions {
     /// The service's clock: records are stamped with its wall time (the floor for versions
     /// after a restart), so tests that move the engine's clock move this one too.
     pub clock: Arc<dyn Clock>,
+    /// Group commits, fsyncs and snapshots are counted here.
+    pub metrics: crate::metrics::Metrics,
     /// While the disk is full: how often the commit thread checks whether a write fits again.
     pub full_retry: Duration,
     /// Seal every record and snapshot chunk under this key (`--encryption-key-file`).
@@ -139,6 +141,7 @@ impl DurableOptions {
             segment_bytes: 64 * 1024 * 1024,
             batch_interval: Duration::from_millis(50),
             clock: Arc::new(SystemClock),
+            metrics: crate::metrics::Metrics::disabled(),
             full_retry: Duration::from_secs(1),
             encryption: None,
         }
@@ -162,7 +165,7 @@ pub struct DurableBackend {
     dir: PathBuf,
     clock: Arc<dyn Clock>,
     /// Holds the directory's advisory lock until the backend is dropped.
-    _lock: File,
+    lock_file: File,
 }
 
 impl fmt::Debug for DurableBackend {
@@ -246,7 +249,7 @@ impl DurableBackend {
             snapshot,
             dir,
             clock,
-            _lock: lock_file,
+            lock_file,
         })
     }
 
@@ -301,6 +304,10 @@ impl Drop for DurableBackend {
         if let Some(s) = pending {
             let _ = s.join();
         }
+        // Released explicitly, not only by closing: a child process forked meanwhile (by any
+        // thread) shares the open file until it execs, and with it the lock, so a reopen right
+        // after this drop could find the directory still locked.
+        let _ = self.lock_file.unlock();
     }
 }
 
@@ -443,6 +450,10 @@ impl Backend for DurableBackend {
     async fn max_version(&self) -> Result<Option<Hlc>, StorageError> {
         self.shared.check()?;
         self.index.max_version().await
+    }
+
+    async fn value_bytes(&self) -> Result<Option<u64>, StorageError> {
+        self.index.value_bytes().await
     }
 
     fn health(&self) -> StorageHealth {

@@ -44,6 +44,8 @@ struct Inner {
     max_version: Option<Hlc>,
     /// Node ids seen in versions (a handful: one per service node that ever wrote).
     nodes: Vec<Arc<str>>,
+    /// Bytes of the values held (for metrics).
+    value_bytes: u64,
 }
 
 /// What one swap displaced, key by key in swap order: enough to take the swap back. Holds the
@@ -158,9 +160,12 @@ impl Inner {
             && rec.fencing.is_none()
             && let Some(cur) = self.table.find_mut(hash, |e| e.key() == key)
             && cur.expires_at_ms() == 0
-            && cur.overwrite(&rec.value, rec.version.ms, rec.version.counter, node)
         {
-            return Ok(None);
+            let before = cur.value().len() as u64;
+            if cur.overwrite(&rec.value, rec.version.ms, rec.version.counter, node) {
+                self.value_bytes = self.value_bytes - before + rec.value.len() as u64;
+                return Ok(None);
+            }
         }
         let fresh =
             Entry::new(key, &rec.value, &rec.version, node, deadline, rec.fencing.as_ref()).map_err(|_| too_long())?;
@@ -174,6 +179,7 @@ impl Inner {
             order, table, hasher, ..
         } = self;
         let new_deadline = entry.as_ref().map_or(0, Entry::expires_at_ms);
+        let new_bytes = entry.as_ref().map_or(0, |e| e.value().len() as u64);
         let old = match (table.find_entry(hash, |e| e.key() == key), entry) {
             (Ok(mut found), Some(fresh)) => {
                 // The ordered index points at the new allocation before the old one is freed.
@@ -191,6 +197,7 @@ impl Inner {
             }
             (Err(_), None) => None,
         };
+        self.value_bytes = self.value_bytes + new_bytes - old.as_ref().map_or(0, |e| e.value().len() as u64);
         let old_deadline = old.as_ref().map_or(0, Entry::expires_at_ms);
         if new_deadline != old_deadline {
             if new_deadline != 0 {
@@ -412,5 +419,9 @@ impl Backend for MemoryBackend {
 
     async fn max_version(&self) -> Result<Option<Hlc>, StorageError> {
         Ok(self.read().max_version.clone())
+    }
+
+    async fn value_bytes(&self) -> Result<Option<u64>, StorageError> {
+        Ok(Some(self.read().value_bytes))
     }
 }

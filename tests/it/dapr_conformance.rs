@@ -833,7 +833,8 @@ async fn query_filters_sort_and_paging() {
     // Not a document that any filter below matches.
     d.save_ok(json!([{"key": "q-other", "value": "just a string"}])).await;
 
-    let sorted_keys = |pred: &dyn Fn(&(&str, &str, i32, &str, &str)) -> bool| -> Vec<String> {
+    type Person<'a> = (&'a str, &'a str, i32, &'a str, &'a str);
+    let sorted_keys = |pred: &dyn Fn(&Person) -> bool| -> Vec<String> {
         let mut v: Vec<_> = people.iter().filter(|p| pred(p)).collect();
         v.sort_by_key(|p| p.2);
         v.into_iter().map(|p| p.0.to_owned()).collect()

@@ -73,7 +73,7 @@ impl Service {
             .kill_on_drop(true)
             .spawn()
             .expect("spawn stategate");
-        // The log goes to stdout, startup errors to stderr: both end up on one channel.
+        // The log and startup errors go to stderr; stdout is read too: both end up on one channel.
         let (tx, lines) = mpsc::unbounded_channel();
         let stdout = child.stdout.take().expect("stdout");
         let stderr = child.stderr.take().expect("stderr");

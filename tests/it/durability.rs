@@ -53,8 +53,8 @@ struct Service {
 impl Service {
     /// Spawns the binary on `dir` and waits for its log line saying it serves (after the line
     /// saying its MQTT subscription is acknowledged); that line names the port. The log (on
-    /// stdout) is copied to `<dir>.log` by a task until the process exits; stderr (fatal
-    /// errors) goes there directly.
+    /// stderr, with fatal errors) is copied to `<dir>.log` by a task until the process exits;
+    /// stdout (nothing is expected there) goes there directly.
     async fn start(dir: &Path) -> (Service, Pipe) {
         Service::start_with(dir, &[]).await
     }
@@ -72,12 +72,12 @@ impl Service {
             .arg(dir)
             .envs(SERVICE_ENV)
             .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(errors)
+            .stdout(errors)
+            .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .expect("spawn stategate");
-        let log = child.stdout.take().expect("stategate's stdout");
+        let log = child.stderr.take().expect("stategate's stderr");
         let (port_tx, port) = tokio::sync::oneshot::channel();
         tokio::spawn(copy_log(log, dir.with_extension("log"), port_tx));
         let port = match tokio::time::timeout(3 * WAIT, port).await {
@@ -106,7 +106,7 @@ impl Service {
 /// Appends the service's log lines to `path`; sends the port from the line saying it serves
 /// (`Err(line)` if that came before the MQTT subscription was acknowledged).
 async fn copy_log(
-    log: tokio::process::ChildStdout,
+    log: tokio::process::ChildStderr,
     path: PathBuf,
     port: tokio::sync::oneshot::Sender<Result<u16, String>>,
 ) {

@@ -323,12 +323,13 @@ async fn the_real_binary_stays_within_its_budgets_under_load_and_recovers() {
         .args(["--max-streams-per-principal", "0"])
         .env("RUST_LOG", "stategate=info")
         .env("NO_COLOR", "1")
-        .stdout(std::process::Stdio::piped())
+        // The service logs to stderr.
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
     let pid = child.id().unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
     within("the service to start", async {
         while let Some(line) = lines.next_line().await.unwrap() {
             if line.contains("stategate is serving") {

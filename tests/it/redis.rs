@@ -153,6 +153,11 @@ async fn a_redis_outage_is_503_on_every_door_and_heals_by_itself() {
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
     let got = mqtt.request(&[b"SET", b"k", b"3"], &[("__ts", &now_ts())]).await;
     assert_eq!(prop(&got, "__stat"), Some("503"));
+    // Not ready while Redis is down: the body names the storage.
+    let r = c.get(format!("{}/readyz", env.http())).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_ne!(body["storage"], "ok", "{body}");
 
     // Redis comes back (empty: it kept nothing); the same service serves again.
     server.restart();
@@ -175,6 +180,8 @@ async fn a_redis_outage_is_503_on_every_door_and_heals_by_itself() {
     let got = mqtt.request(&[b"GET", b"k"], &[("__ts", &now_ts())]).await;
     assert_eq!(prop(&got, "__stat"), Some("200"));
     assert_eq!(&got.payload[..], b"$1\r\n4\r\n");
+    let r = c.get(format!("{}/readyz", env.http())).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "ready again");
     env.stop().await;
 }
 
@@ -285,8 +292,8 @@ async fn the_binary_serves_from_redis_over_tls() {
         .args(["--mqtt-listen", "127.0.0.1:0"])
         .env("SSL_CERT_FILE", &ca)
         .env("RUST_LOG", "stategate=info")
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .expect("spawn stategate");
     let c = reqwest::Client::new();

@@ -42,12 +42,13 @@ impl Proc {
             .args(args)
             .env("RUST_LOG", "stategate=info")
             .env("NO_COLOR", "1")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .expect("spawn stategate");
-        let out = child.stdout.take().expect("stdout");
+        // The log is on stderr.
+        let out = child.stderr.take().expect("stderr");
         let mut lines = tokio::io::BufReader::new(out).lines();
         let (mut http, mut mqtt) = (None, None);
         let ready = async {

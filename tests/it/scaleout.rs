@@ -50,8 +50,8 @@ impl Replica {
             .args(["--http-listen", &format!("127.0.0.1:{port}")])
             .args(["--grpc-listen", &format!("127.0.0.1:{grpc}")])
             .env("RUST_LOG", "stategate=info")
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("spawn stategate");
         let http = format!("http://127.0.0.1:{port}");

@@ -575,12 +575,13 @@ async fn sighup_reloads_the_certificate_of_the_real_binary() {
         .arg(&first.key)
         .env("RUST_LOG", "stategate=info")
         .env("NO_COLOR", "1")
-        .stdout(std::process::Stdio::piped())
+        // The service logs to stderr.
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
     let pid = child.id().unwrap() as i32;
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
     let mut wait_for = async |needle: &str| {
         within(needle, async {
             while let Some(line) = lines.next_line().await.unwrap() {

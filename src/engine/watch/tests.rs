@@ -453,7 +453,7 @@ async fn snapshots_under_concurrent_writers_end_equal_to_the_store() {
                     for n in 0..300u64 {
                         x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                         let key = format!("k{:02}", (x >> 33) % 40);
-                        if (x >> 20) % 4 == 0 {
+                        if (x >> 20).is_multiple_of(4) {
                             del(&e, &key).await;
                         } else {
                             set(&e, &key, &format!("{w}-{n}")).await;
@@ -527,7 +527,7 @@ async fn snapshots_on_a_replica_while_another_writes() {
                     for n in 0..80u64 {
                         x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                         let key = format!("k{:02}", (x >> 33) % 36);
-                        if (x >> 20) % 4 == 0 {
+                        if (x >> 20).is_multiple_of(4) {
                             del(&e, &key).await;
                         } else {
                             set(&e, &key, &format!("{w}-{n}")).await;

@@ -130,6 +130,7 @@ impl Writer {
             match self.commit(&buf, last, shutdown) {
                 Ok(()) => {
                     // `commit` acknowledged the whole group (synced or written, per the mode).
+                    self.options.metrics.commit(group.len());
                     for ack in group.drain(..) {
                         let _ = ack.send(Ok(()));
                     }
@@ -332,7 +333,9 @@ impl Writer {
     }
 
     fn sync(&mut self) -> std::io::Result<()> {
+        let started = Instant::now();
         self.file.sync_data()?;
+        self.options.metrics.fsync(started);
         self.synced = self.written;
         self.synced_len = self.seg_bytes;
         self.last_sync = Instant::now();
@@ -369,11 +372,17 @@ impl Writer {
         tracing::debug!(segment = %segment_name(seq), "started a log segment");
 
         let (dir, index, shared) = (self.dir.clone(), self.index.clone(), self.shared.clone());
-        let (clock, codec) = (self.options.clock.clone(), self.codec.clone());
+        let (clock, codec, metrics) = (
+            self.options.clock.clone(),
+            self.codec.clone(),
+            self.options.metrics.clone(),
+        );
         let spawned = std::thread::Builder::new()
             .name("stategate-snapshot".into())
             .spawn(move || {
-                match snapshot::write(&dir, seq, &index, &shared, &*clock, &codec) {
+                let written = snapshot::write(&dir, seq, &index, &shared, &*clock, &codec);
+                metrics.snapshot(written.is_ok());
+                match written {
                     Ok(bytes) => {
                         shared.live_bytes.store(bytes, Ordering::Relaxed);
                         tracing::debug!(seq, bytes, "snapshot written");

@@ -1,0 +1,138 @@
+//! Liveness, readiness, and what every door shares for observing itself and shutting down.
+//!
+//! Alive: the process answers (`/healthz`). Ready (`/readyz`, the gRPC health service): the
+//! storage answers within [`PROBE_TIMEOUT`] (for Redis: the server is reachable) and the MQTT
+//! door receives requests (subscribed through its client connection, or served inside the
+//! embedded broker), and the service is not shutting down.
+
+use std::time::Duration;
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use crate::engine::Engine;
+use crate::metrics::{Metrics, Sources};
+
+/// Longest a storage probe may take before the storage counts as unreachable.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How often the gRPC health service re-checks readiness.
+pub const GRPC_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What the doors share besides the engine: metrics, readiness, the shutdown signal.
+#[derive(Clone, Debug)]
+pub struct Observe {
+    pub metrics: Metrics,
+    /// Where `/metrics` reads mirrored state.
+    pub sources: Arc<Sources>,
+    /// Turns `true` when the service begins shutting down: streams end with a final event.
+    pub stopping: watch::Receiver<bool>,
+    /// `None`: readiness is not checked (always ready), e.g. a router built alone in tests.
+    pub engine: Option<Engine>,
+}
+
+impl Default for Observe {
+    fn default() -> Observe {
+        // A receiver whose sender is gone never changes again: never stopping.
+        let (_, stopping) = watch::channel(false);
+        Observe {
+            metrics: Metrics::disabled(),
+            sources: Arc::default(),
+            stopping,
+            engine: None,
+        }
+    }
+}
+
+/// The answer of a readiness check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Readiness {
+    pub storage: Result<(), String>,
+    pub mqtt: Result<(), String>,
+    pub stopping: bool,
+}
+
+impl Readiness {
+    pub fn ready(&self) -> bool {
+        self.storage.is_ok() && self.mqtt.is_ok() && !self.stopping
+    }
+}
+
+impl Observe {
+    /// Checks every dependency now.
+    pub async fn readiness(&self) -> Readiness {
+        let stopping = *self.stopping.borrow();
+        let Some(engine) = &self.engine else {
+            return Readiness {
+                storage: Ok(()),
+                mqtt: Ok(()),
+                stopping,
+            };
+        };
+        // A full disk (writes refused) or a failed log is not ready, though reads still work.
+        let storage = match engine.storage_health() {
+            crate::storage::StorageHealth::Full { cause } => Err(format!("full: {cause}")),
+            crate::storage::StorageHealth::Failed { cause } => Err(format!("failed: {cause}")),
+            crate::storage::StorageHealth::Ok => match tokio::time::timeout(PROBE_TIMEOUT, engine.key_count()).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("no answer within {PROBE_TIMEOUT:?}")),
+            },
+        };
+        let mqtt = match self.metrics.mqtt_subscribed() {
+            true => Ok(()),
+            false => Err("not subscribed to the request topic".to_owned()),
+        };
+        Readiness {
+            storage,
+            mqtt,
+            stopping,
+        }
+    }
+
+    /// Resolves once shutdown begins.
+    pub async fn stopped(&self) {
+        let mut rx = self.stopping.clone();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+}
+
+/// Sets every service's status in the gRPC health service.
+async fn report(reporter: &tonic_health::server::HealthReporter, services: &[&'static str], ready: bool) {
+    let status = match ready {
+        true => tonic_health::ServingStatus::Serving,
+        false => tonic_health::ServingStatus::NotServing,
+    };
+    for s in std::iter::once("").chain(services.iter().copied()) {
+        reporter.set_service_status(s, status).await;
+    }
+}
+
+/// Reports readiness now (at the end of startup, so that a check made once `start` returned
+/// sees it), then keeps the gRPC health service in step, re-checking every
+/// [`GRPC_HEALTH_INTERVAL`], until shutdown begins: then every service is not serving.
+pub async fn drive_grpc_health(
+    obs: Observe,
+    reporter: tonic_health::server::HealthReporter,
+    services: &'static [&'static str],
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let mut last = obs.readiness().await.ready();
+    report(&reporter, services, last).await;
+    async move {
+        loop {
+            tokio::select! {
+                _ = obs.stopped() => {
+                    report(&reporter, services, false).await;
+                    return;
+                }
+                _ = tokio::time::sleep(GRPC_HEALTH_INTERVAL) => {}
+            }
+            let ready = obs.readiness().await.ready();
+            if ready != last {
+                report(&reporter, services, ready).await;
+                last = ready;
+            }
+        }
+    }
+}
