@@ -167,8 +167,8 @@ async fn a_sentinel_failover_loses_no_acknowledged_write_and_the_service_follows
         .args(["--http-listen", &format!("127.0.0.1:{http}"), "--grpc-listen", "off"])
         .args(["--mqtt-listen", "127.0.0.1:0"])
         .env("RUST_LOG", "stategate=info")
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .expect("spawn stategate");
     let state = format!("http://127.0.0.1:{http}/v1.0/state/statestore");
