@@ -118,6 +118,23 @@ pub struct DoorLimits {
     pub grpc_inflight: listener::inflight::InFlight,
     pub http_stats: Option<Arc<listener::ListenerStats>>,
     pub grpc_stats: Option<Arc<listener::ListenerStats>>,
+    pub http_connections: Option<Arc<listener::capacity::Capacity>>,
+    pub grpc_connections: Option<Arc<listener::capacity::Capacity>>,
+}
+
+impl DoorLimits {
+    /// Puts the door-wide limits of `net` in force (a reloaded configuration): what is open or
+    /// in flight stays, new work is measured against the new limits.
+    fn apply(&self, net: &config::NetSettings) {
+        self.http_inflight.resize(net.http_max_inflight, net.http_max_streams);
+        self.grpc_inflight.resize(net.grpc_max_inflight, net.grpc_max_streams);
+        if let Some(c) = &self.http_connections {
+            c.resize(net.http.max_connections);
+        }
+        if let Some(c) = &self.grpc_connections {
+            c.resize(net.grpc.max_connections);
+        }
+    }
 }
 
 impl std::fmt::Debug for Running {
@@ -160,16 +177,6 @@ pub async fn start_observed(
     };
     let cert_watcher = certs.as_ref().map(|c| c.spawn_watcher(stop_rx.clone()));
     let (config_tx, _) = watch::channel(Arc::new(config.clone()));
-    // Per-principal limits follow a reloaded configuration (SIGHUP); the task ends with the
-    // service (the sender lives in `Running`).
-    let mut updates = config_tx.subscribe();
-    let followed = access.clone();
-    tokio::spawn(async move {
-        while updates.changed().await.is_ok() {
-            let limits = updates.borrow_and_update().access.limits.clone();
-            followed.set_limits(&limits);
-        }
-    });
     let obs = health::Observe {
         metrics: metrics.clone(),
         sources: Arc::default(),
@@ -307,7 +314,10 @@ pub async fn start_observed(
         grpc_inflight: listener::inflight::InFlight::new(config.net.grpc_max_inflight, config.net.grpc_max_streams),
         http_stats: http_listener.as_ref().map(|l| l.0.stats()),
         grpc_stats: grpc_listener.as_ref().map(|l| l.0.stats()),
+        http_connections: http_listener.as_ref().map(|l| l.0.connection_slots()),
+        grpc_connections: grpc_listener.as_ref().map(|l| l.0.connection_slots()),
     };
+
     let info = {
         #[cfg(feature = "embedded-broker")]
         let counter = broker
@@ -636,8 +646,12 @@ impl Running {
         self.config.subscribe()
     }
 
-    /// Publishes a re-read configuration to every part that follows it.
+    /// Puts a re-read configuration in force: the limits that can change live (per principal,
+    /// and the HTTP and gRPC doors' connections, requests and streams) before this returns,
+    /// then every part that follows [`Running::config_updates`].
     pub fn reload(&self, config: Config) {
+        self.access.set_limits(&config.access.limits);
+        self.limits.apply(&config.net);
         self.config.send_replace(Arc::new(config));
     }
 

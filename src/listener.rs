@@ -20,13 +20,16 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
+pub mod capacity;
 pub mod inflight;
+
+use capacity::Capacity;
 
 /// How a door's listener bounds its connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,7 +68,7 @@ pub struct Listener {
     tcp: TcpListener,
     tls: Option<TlsAcceptor>,
     limits: ListenerLimits,
-    slots: Arc<Semaphore>,
+    slots: Arc<Capacity>,
     stats: Arc<ListenerStats>,
 }
 
@@ -95,7 +98,7 @@ impl Listener {
                 max_connections: limits.max_connections.max(1),
                 ..limits
             },
-            slots: Arc::new(Semaphore::new(limits.max_connections.max(1))),
+            slots: Arc::new(Capacity::new(limits.max_connections)),
             stats: Arc::default(),
         }
     }
@@ -114,8 +117,13 @@ impl Listener {
 
     /// Connections open now (slots taken).
     pub fn open_connections(&self) -> impl Fn() -> usize + Send + Sync + 'static {
-        let (slots, max) = (self.slots.clone(), self.limits.max_connections);
-        move || max - slots.available_permits()
+        let slots = self.slots.clone();
+        move || slots.taken()
+    }
+
+    /// The connection slots, to change their number live ([`Capacity::resize`]).
+    pub fn connection_slots(&self) -> Arc<Capacity> {
+        self.slots.clone()
     }
 
     /// Accepts until `stop` changes; each admitted connection, once its handshake is done, is
@@ -145,9 +153,9 @@ impl Listener {
                     continue;
                 }
             };
-            let Ok(slot) = self.slots.clone().try_acquire_owned() else {
+            let Some(slot) = self.slots.try_take() else {
                 self.stats.refused.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(door = self.door, %peer, max = self.limits.max_connections, "connection refused: every slot is taken");
+                tracing::debug!(door = self.door, %peer, max = self.slots.max(), "connection refused: every slot is taken");
                 // Dropping the socket closes it: the client sees the connection end at once.
                 drop(tcp);
                 continue;
@@ -208,7 +216,7 @@ pub struct Connection {
     peer: SocketAddr,
     /// Fires if no byte arrives in time; cleared by the first byte read.
     first_byte: Option<Pin<Box<Sleep>>>,
-    _slot: OwnedSemaphorePermit,
+    _slot: capacity::Taken,
 }
 
 impl Connection {

@@ -12,7 +12,8 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::capacity::{Capacity, Taken};
 
 /// Which kind of slot a request needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,47 +33,45 @@ pub enum Refused {
     Streams(usize),
 }
 
-/// The slots of one door.
+/// The slots of one door. Clones share the slots; [`InFlight::resize`] changes the limits live.
 #[derive(Debug, Clone)]
 pub struct InFlight {
-    requests: Arc<Semaphore>,
-    streams: Arc<Semaphore>,
-    max_requests: usize,
-    max_streams: usize,
+    requests: Arc<Capacity>,
+    streams: Arc<Capacity>,
 }
 
 impl InFlight {
     pub fn new(max_requests: usize, max_streams: usize) -> InFlight {
-        let (max_requests, max_streams) = (max_requests.max(1), max_streams.max(1));
         InFlight {
-            requests: Arc::new(Semaphore::new(max_requests)),
-            streams: Arc::new(Semaphore::new(max_streams)),
-            max_requests,
-            max_streams,
+            requests: Arc::new(Capacity::new(max_requests)),
+            streams: Arc::new(Capacity::new(max_streams)),
         }
     }
 
     /// Takes a slot of `kind`, or says why not.
     pub fn try_admit(&self, kind: Kind) -> Result<Slot, Refused> {
-        let (sem, refused) = match kind {
-            Kind::Request => (&self.requests, Refused::Requests(self.max_requests)),
-            Kind::Stream => (&self.streams, Refused::Streams(self.max_streams)),
+        let (capacity, refused): (_, fn(usize) -> Refused) = match kind {
+            Kind::Request => (&self.requests, Refused::Requests),
+            Kind::Stream => (&self.streams, Refused::Streams),
         };
-        sem.clone().try_acquire_owned().map(Slot).map_err(|_| refused)
+        capacity.try_take().map(Slot).ok_or_else(|| refused(capacity.max()))
     }
 
     /// (requests, streams) in flight now.
     pub fn in_flight(&self) -> (usize, usize) {
-        (
-            self.max_requests - self.requests.available_permits(),
-            self.max_streams - self.streams.available_permits(),
-        )
+        (self.requests.taken(), self.streams.taken())
+    }
+
+    /// Puts new limits in force; what is in flight stays (see [`Capacity`]).
+    pub fn resize(&self, max_requests: usize, max_streams: usize) {
+        self.requests.resize(max_requests);
+        self.streams.resize(max_streams);
     }
 }
 
 /// A taken slot; freed on drop.
 #[derive(Debug)]
-pub struct Slot(#[allow(dead_code)] OwnedSemaphorePermit);
+pub struct Slot(#[allow(dead_code)] Taken);
 
 /// A response body that holds its request's slot until the body ends.
 pub struct SlotBody<B> {

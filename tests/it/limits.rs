@@ -487,3 +487,67 @@ async fn the_real_binary_stays_within_its_budgets_under_load_and_recovers() {
     println!("resource test: after recovery rss {:.1} MiB", mib(rss(pid)));
     let _ = child.start_kill();
 }
+
+/// A reloaded configuration (what SIGHUP publishes) changes the doors' limits live: more
+/// streams are admitted after raising the limit; after lowering it the open ones stay and new
+/// ones are refused until the count is under it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn door_limits_change_on_reload() {
+    let tweak = |c: &mut stategate::config::Config, streams: usize| {
+        c.net.http_max_streams = streams;
+        c.access.limits.max_streams = None;
+    };
+    let env = TestEnv::start_with(Broker::Embedded, |c| tweak(c, 1)).await;
+    let running = env.service.as_ref().unwrap();
+    let subscribe = || reqwest::get(format!("{}/v1.0-alpha1/state/statestore/subscribe", env.http()));
+    let first = subscribe().await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(subscribe().await.unwrap().status(), 503);
+
+    let mut config = stategate::config::Config::default();
+    tweak(&mut config, 3);
+    running.reload(config.clone());
+    let second = subscribe().await.unwrap();
+    let third = subscribe().await.unwrap();
+    assert_eq!((second.status().as_u16(), third.status().as_u16()), (200, 200));
+    assert_eq!(subscribe().await.unwrap().status(), 503, "3 is the limit now");
+
+    tweak(&mut config, 2);
+    running.reload(config);
+    assert_eq!(
+        running.door_limits().http_inflight.in_flight().1,
+        3,
+        "open streams stay"
+    );
+    // A stream's slot is freed when the service notices its reader is gone: on the next
+    // change it sends. So changes are written until the count drops.
+    let http = reqwest::Client::new();
+    let streams_drop_to = |n: usize| {
+        let (http, base) = (http.clone(), env.http());
+        async move {
+            within("a closed stream's slot", async {
+                while running.door_limits().http_inflight.in_flight().1 != n {
+                    let saved = http
+                        .post(format!("{base}/v1.0/state/statestore"))
+                        .json(&serde_json::json!([{"key": "tick", "value": 1}]))
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(saved.status(), 204);
+                }
+            })
+            .await
+        }
+    };
+    drop(first);
+    // The closed stream's slot is retired (3 open > 2 allowed), not handed to a new one.
+    streams_drop_to(2).await;
+    assert_eq!(subscribe().await.unwrap().status(), 503, "2 open, 2 allowed");
+    drop(second);
+    streams_drop_to(1).await;
+    let fourth = subscribe().await.unwrap();
+    assert_eq!(fourth.status(), 200, "under the new limit");
+    assert_eq!(subscribe().await.unwrap().status(), 503);
+    drop((third, fourth));
+    env.stop().await;
+}
