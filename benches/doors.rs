@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo bench --bench doors -- [--mqtt-url mqtt://host:port] [--secs 5] [--warmup-secs 1]
-//!                              [--only mqtt,http,grpc,memory] [--keys 1000000]
+//!                              [--only mqtt,http,grpc,memory,replicas] [--keys 1000000]
 //!                              [--inflight 1,16,64,256] [--verbs GET,SET] [--rounds 3]
 //!                              [--paths inbroker,client]
 //!
@@ -21,6 +21,9 @@
 //!   streams, next to a bare tonic unary handler.
 //! - Memory: resident bytes per key for 1 million keys next to redis-server's `used_memory`
 //!   (when redis-server is installed).
+//! - Replicas: MQTT GET/SET at 64 in flight through 1, 2 and 3 replicas on one redis-server
+//!   (Mosquitto's shared subscription), next to one replica on the durable backend, with the
+//!   Redis round trips per operation (`doors/replicas.rs`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -36,6 +39,9 @@ use stategate::grpc::pb::dapr::proto::common::v1 as common;
 use stategate::grpc::pb::dapr::proto::runtime::v1 as rpb;
 use stategate::storage::Store;
 use tokio::sync::oneshot;
+
+#[path = "doors/replicas.rs"]
+mod replicas;
 
 #[derive(Clone)]
 struct Opts {
@@ -978,6 +984,9 @@ fn main() {
         }
         if o.wants("memory") {
             memory(&o).await;
+        }
+        if o.wants("replicas") {
+            replicas::run(&o).await;
         }
     });
 }

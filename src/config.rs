@@ -198,7 +198,8 @@ pub struct ServeArgs {
     pub max_transaction_ops: usize,
     /// Where records are stored: `durable` (on disk under --data-dir), `memory` (lost when
     /// the process stops; for tests and caches), or a Redis/Valkey server shared by replicas:
-    /// `redis://[user:password@]host:port[/db]` (`rediss://` for TLS).
+    /// `redis://[user:password@]host:port[/db]` (`rediss://` for TLS), or the primary that
+    /// Sentinel names: `redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]`.
     #[arg(long, env = "STATEGATE_STORAGE", default_value = "durable", hide_env_values = true)]
     pub storage: StorageKind,
     /// Prefix of every Redis key the store uses.
@@ -220,6 +221,16 @@ pub struct ServeArgs {
     /// written ends its watchers' streams with `overflow` instead of skipping changes.
     #[arg(long, env = "STATEGATE_REDIS_CHANGE_LOG_LEN", default_value_t = 100_000)]
     pub redis_change_log_len: u64,
+    /// Milliseconds after which a replica on Redis that stopped renewing its membership (it
+    /// died, or lost Redis) is dropped: another replica then sends the KEYNOTIFY notifications
+    /// it owed, from the last point it recorded. Each replica renews every fifth of this.
+    #[arg(long, env = "STATEGATE_REDIS_MEMBER_TIMEOUT_MS", default_value_t = 5000)]
+    pub redis_member_timeout_ms: u64,
+    /// Bytes of records a replica on Redis keeps from the change log and its reads, so that a
+    /// write needs one round trip (the swap checks that the record is current); 0 = none
+    /// (every write reads first: two round trips).
+    #[arg(long, env = "STATEGATE_REDIS_RECORD_CACHE_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub redis_record_cache_bytes: usize,
     /// The durable store's directory (created if missing; one process at a time).
     #[arg(long, env = "STATEGATE_DATA_DIR", default_value = "./stategate-data")]
     pub data_dir: PathBuf,
@@ -533,6 +544,7 @@ impl Config {
                 max_bytes: a.watch_history_bytes,
                 max_age: Duration::from_secs(a.watch_history_secs),
             },
+            record_cache_bytes: a.redis_record_cache_bytes,
         };
         let http_listen = parse_listen("--http-listen", &a.http_listen)?;
         let grpc_listen = parse_listen("--grpc-listen", &a.grpc_listen)?;
@@ -602,6 +614,7 @@ impl Config {
                 wait_replicas: a.redis_wait_replicas,
                 startup_wait: Duration::from_secs(a.redis_startup_wait_secs),
                 change_log_len: a.redis_change_log_len.max(1),
+                member_timeout: Duration::from_millis(a.redis_member_timeout_ms.max(50)),
             },
         };
         let net = NetSettings::from_args(&a.net)?;

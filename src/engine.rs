@@ -15,11 +15,13 @@ use tokio::sync::{Mutex as AsyncMutex, MutexGuard, Notify};
 use crate::hlc::{Clock, Hlc, HlcClock};
 use crate::storage::{Record, RequestMark, Store, Swap, Write, Written};
 
+mod cache;
 pub mod command;
 mod error;
 mod expiry;
 pub mod feed;
 pub mod notify;
+mod owners;
 mod shared;
 mod transfer;
 pub mod watch;
@@ -119,6 +121,9 @@ pub struct Limits {
     pub observers: ObserverLimits,
     /// The change history watchers read (and resume from).
     pub feed: FeedLimits,
+    /// Bytes of recently seen records kept on shared storage, so that a write can skip its
+    /// read (see [`cache`]); 0: none.
+    pub record_cache_bytes: usize,
 }
 
 impl Default for Limits {
@@ -130,6 +135,7 @@ impl Default for Limits {
             scan_page: 1000,
             observers: ObserverLimits::default(),
             feed: FeedLimits::default(),
+            record_cache_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -160,6 +166,8 @@ struct Inner {
     expired: AtomicU64,
     /// The change log shared with other replicas, when the storage has one.
     shared: Option<shared::SharedLog>,
+    /// Records recently seen, on shared storage (writes start from them).
+    cache: Option<cache::RecordCache>,
 }
 
 /// A handle that does not keep the engine alive (for callbacks that may outlive the service,
@@ -203,6 +211,8 @@ impl Engine {
             None => (None, None, Observers::default()),
         };
         let observed = observers.key_count();
+        let cache = (shared.is_some() && limits.record_cache_bytes > 0)
+            .then(|| cache::RecordCache::new(limits.record_cache_bytes));
         let engine = Engine(Arc::new(Inner {
             store,
             hlc,
@@ -216,6 +226,7 @@ impl Engine {
             deadline_added: Notify::new(),
             expired: AtomicU64::new(0),
             shared,
+            cache,
         }));
         if let (Some(shared), Some(cursor)) = (engine.shared(), cursor) {
             shared.follow(&engine, cursor);
@@ -260,9 +271,19 @@ impl Engine {
 
     /// The notifications for KEYNOTIFY observers, in change order per key: the MQTT door takes
     /// this once (`None` afterwards). Changes to keys nobody observes are never queued.
+    /// On shared storage, taking it makes this replica one of those that send notifications.
     pub fn keynotify_feed(&self) -> Option<KeyNotifyReceiver> {
         let (tx, rx) = notify::keynotify_queue(&self.0.limits.observers);
-        self.0.keynotify.set(tx).ok().map(|()| rx)
+        self.0.keynotify.set(tx).ok()?;
+        if let Some(shared) = self.shared() {
+            shared.start_heartbeats(self);
+        }
+        Some(rx)
+    }
+
+    /// Round trips to the storage server so far, when it is remote (for measurements).
+    pub fn storage_round_trips(&self) -> Option<crate::storage::RoundTrips> {
+        self.0.store.backend().round_trips()
     }
 
     /// KEYNOTIFY notifications dropped so far because the door's queue was full.
@@ -345,27 +366,37 @@ impl Engine {
 
     /// Applies `swaps` with their `changes` (and the request's mark) in one storage write; once
     /// applied, the changes are published: here, or through the shared log (and read back).
+    /// Each change comes with the record it stores (`None`: a removal).
     async fn commit(
         &self,
         swaps: &[Swap],
         max_keys: Option<u64>,
-        changes: Vec<(Change, Option<u64>)>,
+        changes: Vec<(Change, Option<Record>)>,
         mark: Option<RequestMark>,
     ) -> Result<Written, EngineError> {
         let records: Vec<_> = match self.shared() {
-            Some(_) => changes.iter().map(|(c, d)| shared::record_of(c, *d)).collect(),
+            Some(_) => changes.iter().map(|(c, r)| shared::record_of(c, r.as_ref())).collect(),
             None => Vec::new(),
         };
         let write = Write {
             swaps,
+            checks: &[],
             max_keys,
             changes: &records,
             request: mark.as_ref(),
         };
         let written = self.0.store.backend().write(&write).await?;
         if let Written::Done { logged } = &written {
-            if changes.iter().any(|(_, deadline)| deadline.is_some()) {
+            if changes
+                .iter()
+                .any(|(_, r)| r.as_ref().is_some_and(|r| r.expires_at_ms.is_some()))
+            {
                 self.0.deadline_added.notify_one();
+            }
+            if let Some(cache) = &self.0.cache {
+                for (c, r) in &changes {
+                    cache.changed(&c.key, &c.version, r.as_ref());
+                }
             }
             match self.shared() {
                 Some(shared) => shared.wait_applied(*logged).await,
@@ -441,11 +472,15 @@ impl Engine {
         let request = request.filter(|_| self.shared().is_some()).map(|r| &r.id[..]);
         let backend = self.0.store.backend();
         let (rec, mark) = match request {
-            None if !value => (backend.get_head(key).await?, None),
+            // The record cache keeps whole records, so with one every read takes the value.
+            None if !value && self.0.cache.is_none() => (backend.get_head(key).await?, None),
             request => backend.get_marked(key, request).await?,
         };
         if let Some(outcome) = mark {
             return Ok(Loaded::Repeated(shared::decode_outcome(&outcome)?));
+        }
+        if let Some(cache) = &self.0.cache {
+            cache.read(key, rec.as_ref());
         }
         Ok(Loaded::Record(match rec {
             Some(r) if self.is_expired(&r) => {
@@ -515,7 +550,11 @@ impl Engine {
                         other => other.clone(),
                     },
                 };
-                tx.send(KeyNotification { change, observers });
+                tx.send(KeyNotification {
+                    change,
+                    observers,
+                    at: 0,
+                });
             }
         }
     }
@@ -609,19 +648,37 @@ impl Engine {
         let _guard = self.lock(&c.key).await;
         // Only NEX compares the stored value.
         let value = matches!(c.condition, SetCondition::IfAbsentOrEqual);
+        let mut fresh = false;
         for _ in 0..MAX_SWAP_ATTEMPTS {
-            let cur = match self.load_live_marked(&c.key, request, value).await? {
-                Loaded::Record(r) => r,
-                Loaded::Repeated(first) => return Ok(first),
+            let (cur, cached) = match self.start_write(&c.key, request, value, fresh).await? {
+                Start::Record { record, cached } => (record, cached),
+                Start::Repeated(first) => return Ok(first),
+                Start::Stale => {
+                    fresh = true;
+                    continue;
+                }
             };
-            let Some(new) = self.set_record(c, cur.as_ref())? else {
+            let decided = self.set_record(c, cur.as_ref());
+            // An answer that swaps nothing stands only if storage still holds what it was
+            // decided on.
+            if cached && !matches!(decided, Ok(Some(_))) {
+                match self.confirm(&c.key, cur.as_ref(), request).await? {
+                    Confirmed::Holds => {}
+                    Confirmed::Stale => {
+                        fresh = true;
+                        continue;
+                    }
+                    Confirmed::Repeated(first) => return Ok(first),
+                }
+            }
+            let Some(new) = decided? else {
                 return Ok(Response::new(Reply::NotApplied, cur.map(|r| r.version)));
             };
-            let (version, expires_at_ms) = (new.version.clone(), new.expires_at_ms);
+            let version = new.version.clone();
             let swap = Swap {
                 key: c.key.clone(),
                 expected: cur.map(|r| r.version),
-                new: Some(new),
+                new: Some(new.clone()),
             };
             let response = Response::new(Reply::Ok, Some(version.clone()));
             let change = Change {
@@ -634,14 +691,14 @@ impl Engine {
                 .commit(
                     std::slice::from_ref(&swap),
                     self.0.limits.max_keys,
-                    vec![(change, expires_at_ms)],
+                    vec![(change, Some(new))],
                     mark,
                 )
                 .await?
             {
                 Written::Done { .. } => return Ok(response),
                 Written::TooManyKeys => return Err(EngineError::QuotaExceeded),
-                Written::Conflict => continue,
+                Written::Conflict => fresh = true,
                 Written::Repeated(first) => return shared::decode_outcome(&first),
             }
         }
@@ -660,7 +717,11 @@ impl Engine {
         if key.is_empty() {
             return Err(EngineError::EmptyKey);
         }
-        match self.0.store.backend().get(key).await? {
+        let record = self.0.store.backend().get(key).await?;
+        if let Some(cache) = &self.0.cache {
+            cache.read(key, record.as_ref());
+        }
+        match record {
             None => Ok(None),
             Some(r) if self.is_expired(&r) => {
                 let _guard = self.lock(key).await;
@@ -770,7 +831,7 @@ impl Engine {
                     view.insert(op.key().clone(), (cur.as_ref().map(|r| r.version.clone()), cur));
                 }
             }
-            let mut changes: Vec<(Change, Option<u64>)> = Vec::with_capacity(ops.len());
+            let mut changes: Vec<(Change, Option<Record>)> = Vec::with_capacity(ops.len());
             let mut responses = Vec::with_capacity(ops.len());
             for op in ops {
                 let Some((_, cur)) = view.get_mut(op.key()) else {
@@ -781,14 +842,13 @@ impl Engine {
                         // Inside a transaction an unmet NX/NEX fails everything, like an ETag.
                         let new = self.set_record(s, cur.as_ref())?.ok_or(EngineError::VersionMismatch)?;
                         let version = new.version.clone();
-                        let deadline = new.expires_at_ms;
-                        *cur = Some(new);
+                        *cur = Some(new.clone());
                         let change = Change {
                             key: s.key.clone(),
                             version: version.clone(),
                             kind: ChangeKind::Set(s.value.clone()),
                         };
-                        changes.push((change, deadline));
+                        changes.push((change, Some(new)));
                         responses.push(Response::new(Reply::Ok, Some(version)));
                     }
                     TxOp::Del(d) => {
@@ -843,25 +903,57 @@ impl Engine {
         }
         self.check_skew(fencing.as_ref(), || EngineError::FencingTokenSkew)?;
         let _guard = self.lock(&key).await;
+        let mut fresh = false;
         for _ in 0..MAX_SWAP_ATTEMPTS {
-            let cur = match self.load_live_marked(&key, request, if_value.is_some()).await? {
-                Loaded::Record(r) => r,
-                Loaded::Repeated(first) => return Ok(first),
+            let (cur, cached) = match self.start_write(&key, request, if_value.is_some(), fresh).await? {
+                Start::Record { record, cached } => (record, cached),
+                Start::Repeated(first) => return Ok(first),
+                Start::Stale => {
+                    fresh = true;
+                    continue;
+                }
             };
-            if !Self::check_delete(cur.as_ref(), fencing.as_ref(), &condition)? {
-                return Ok(Response::new(Reply::Int(0), None));
+            let decided = Self::decide_delete(cur.as_ref(), fencing.as_ref(), &condition, if_value.as_ref());
+            if cached && !matches!(decided, Ok(None)) {
+                match self.confirm(&key, cur.as_ref(), request).await? {
+                    Confirmed::Holds => {}
+                    Confirmed::Stale => {
+                        fresh = true;
+                        continue;
+                    }
+                    Confirmed::Repeated(first) => return Ok(first),
+                }
+            }
+            if let Some(answer) = decided? {
+                return Ok(answer);
             }
             let Some(cur) = cur else { continue };
-            if if_value.as_ref().is_some_and(|v| *v != cur.value) {
-                return Ok(Response::new(Reply::NotApplied, Some(cur.version)));
-            }
             match self.remove(&key, &cur, ChangeKind::Delete, request).await? {
                 Removed::Done(version) => return Ok(Response::new(Reply::Int(1), Some(version))),
                 Removed::Repeated(first) => return Ok(first),
-                Removed::Lost => {}
+                Removed::Lost => fresh = true,
             }
         }
         Err(contended())
+    }
+
+    /// DEL/VDEL over the key's live record: the answer when nothing is to be deleted (or an
+    /// error), `None` when the record goes.
+    fn decide_delete(
+        cur: Option<&Record>,
+        fencing: Option<&Hlc>,
+        condition: &DelCondition,
+        if_value: Option<&Bytes>,
+    ) -> Result<Option<Response>, EngineError> {
+        if !Self::check_delete(cur, fencing, condition)? {
+            return Ok(Some(Response::new(Reply::Int(0), None)));
+        }
+        match cur {
+            Some(cur) if if_value.is_some_and(|v| *v != cur.value) => {
+                Ok(Some(Response::new(Reply::NotApplied, Some(cur.version.clone()))))
+            }
+            _ => Ok(None),
+        }
     }
 
     async fn keynotify(&self, c: KeyNotify) -> Result<Response, EngineError> {
@@ -922,6 +1014,8 @@ impl Engine {
         Ok(Response::new(Reply::Keys { keys: page.keys, token }, None))
     }
 }
+
+use cache::{Confirmed, Start};
 
 /// A key's live record, or the first outcome of a request applied before.
 enum Loaded {

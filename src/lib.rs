@@ -692,6 +692,8 @@ impl Running {
             #[cfg(feature = "embedded-broker")]
             MqttDoor::InBroker(i) => i.shutdown().await,
         }
+        // Replicas on shared storage: the others take this one's KEYNOTIFY observers over now.
+        self.engine.leave().await;
         #[cfg(feature = "embedded-broker")]
         if let Some(b) = self.broker {
             b.shutdown().await;

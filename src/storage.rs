@@ -80,6 +80,10 @@ pub enum Written {
 #[derive(Debug, Clone, Copy)]
 pub struct Write<'a> {
     pub swaps: &'a [Swap],
+    /// Keys that must still have these versions for anything to apply; nothing is written to
+    /// them. With no swaps, the write only confirms that a decision taken from a cached record
+    /// still holds. Only backends with a shared log take checks.
+    pub checks: &'a [Check],
     pub max_keys: Option<u64>,
     /// Appended to the shared change log, in this order, if the swaps apply.
     pub changes: &'a [ChangeRecord],
@@ -87,11 +91,20 @@ pub struct Write<'a> {
     pub request: Option<&'a RequestMark>,
 }
 
+/// A key's expected version, compared like a swap's and left as it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    pub key: Bytes,
+    /// `None`: the key must be absent.
+    pub expected: Option<Hlc>,
+}
+
 /// The mark a write request leaves so that a redelivery of it, to any replica, is not executed
 /// again: its id (unique per request, chosen by the door) and the engine's encoded outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestMark {
     pub id: Bytes,
+    /// Empty: look for an earlier mark only, store none (a write that changes nothing).
     pub outcome: Bytes,
     /// How long the mark is kept.
     pub ttl_ms: u64,
@@ -108,13 +121,24 @@ pub struct ChangeRecord {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChangeRecordKind {
-    /// A new value; its deadline, if any (so every replica's expiry driver learns of it).
+    /// A new value; its deadline, if any (so every replica's expiry driver learns of it), and
+    /// the fencing token the record keeps (so a replica's record cache holds the whole record).
     Set {
         value: Bytes,
         expires_at_ms: Option<u64>,
+        fencing: Option<Hlc>,
     },
     Delete,
     Expire,
+}
+
+/// Round trips to a storage server, by who waited for them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RoundTrips {
+    /// Calls a request (or the expiry driver) waited for: reads, writes, scans.
+    pub calls: u64,
+    /// Calls of the replica's own background work: reading the shared log, membership.
+    pub background: u64,
 }
 
 /// A page of keys in key order.
@@ -215,8 +239,11 @@ pub trait Backend: Send + Sync + 'static {
     async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError>;
 
     /// [`Backend::swap_many`] with the changes for the shared change log and the request's
-    /// mark, all in one atomic step. Without a shared log: the swaps only.
+    /// mark, all in one atomic step. Without a shared log: the swaps only (and no checks).
     async fn write(&self, w: &Write<'_>) -> Result<Written, StorageError> {
+        if !w.checks.is_empty() {
+            return Err(StorageError::Backend("this backend takes no version checks".into()));
+        }
         Ok(match self.swap_many(w.swaps, w.max_keys).await? {
             SwapOutcome::Done => Written::Done { logged: None },
             SwapOutcome::Conflict => Written::Conflict,
@@ -238,6 +265,12 @@ pub trait Backend: Send + Sync + 'static {
     /// The change log shared by every replica on this storage, if it has one. Then every change
     /// and every KEYNOTIFY registration goes through it, and each replica reads it back.
     fn change_log(&self) -> Option<Arc<dyn log::ChangeLog>> {
+        None
+    }
+
+    /// Round trips to a storage server so far (a pipeline counts once), for measurements;
+    /// `None` for a backend in this process.
+    fn round_trips(&self) -> Option<RoundTrips> {
         None
     }
 
@@ -295,12 +328,14 @@ pub enum StorageKind {
     /// On disk under `--data-dir`, surviving restarts and crashes (see [`durable`]).
     #[default]
     Durable,
-    /// A Redis or Valkey server shared by every replica (`redis://`, `rediss://`).
+    /// A Redis or Valkey server shared by every replica (`redis://`, `rediss://`), or the
+    /// primary Sentinel names (`redis+sentinel://`, `rediss+sentinel://`).
     Redis(RedisUrl),
 }
 
-/// A `redis://` or `rediss://` URL. Its password is never displayed: `Display` and `Debug`
-/// show `***` in its place, so configurations and errors can be logged.
+/// A `redis://`, `rediss://`, `redis+sentinel://` or `rediss+sentinel://` URL. Its password is
+/// never displayed: `Display` and `Debug` show `***` in its place, so configurations and
+/// errors can be logged.
 #[derive(Clone, PartialEq, Eq)]
 pub struct RedisUrl(String);
 
@@ -310,11 +345,22 @@ impl RedisUrl {
         &self.0
     }
 
+    fn scheme(&self) -> String {
+        self.0
+            .split_once("://")
+            .map(|(s, _)| s)
+            .unwrap_or("")
+            .to_ascii_lowercase()
+    }
+
     /// Whether the connection uses TLS.
     pub fn is_tls(&self) -> bool {
-        self.0
-            .get(..9)
-            .is_some_and(|scheme| scheme.eq_ignore_ascii_case("rediss://"))
+        matches!(self.scheme().as_str(), "rediss" | "rediss+sentinel")
+    }
+
+    /// Whether the URL names Sentinel nodes and a service rather than the server itself.
+    pub fn is_sentinel(&self) -> bool {
+        matches!(self.scheme().as_str(), "redis+sentinel" | "rediss+sentinel")
     }
 }
 
@@ -356,7 +402,10 @@ impl std::str::FromStr for StorageKind {
     type Err = ParseStorageKindError;
     fn from_str(s: &str) -> Result<StorageKind, ParseStorageKindError> {
         let lower = s.to_ascii_lowercase();
-        if lower.starts_with("redis://") || lower.starts_with("rediss://") {
+        if ["redis://", "rediss://", "redis+sentinel://", "rediss+sentinel://"]
+            .iter()
+            .any(|scheme| lower.starts_with(scheme))
+        {
             let url = RedisUrl(s.to_owned());
             return if cfg!(feature = "redis") {
                 Ok(StorageKind::Redis(url))
@@ -387,6 +436,9 @@ pub struct RedisOptions {
     pub startup_wait: std::time::Duration,
     /// About how many entries the shared change log keeps (Redis trims it approximately).
     pub change_log_len: u64,
+    /// A replica sending KEYNOTIFY notifications that has not renewed its membership for this
+    /// long is dropped, and another takes its observers over.
+    pub member_timeout: std::time::Duration,
 }
 
 impl Default for RedisOptions {
@@ -397,6 +449,7 @@ impl Default for RedisOptions {
             wait_replicas: 0,
             startup_wait: std::time::Duration::from_secs(60),
             change_log_len: 100_000,
+            member_timeout: std::time::Duration::from_secs(5),
         }
     }
 }

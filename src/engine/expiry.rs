@@ -47,7 +47,7 @@ impl Engine {
             guards.push(self.0.stripes[i].lock().await);
         }
         let mut swaps = Vec::with_capacity(due.len());
-        let mut changes: Vec<(Change, Option<u64>)> = Vec::with_capacity(due.len());
+        let mut changes: Vec<(Change, Option<crate::storage::Record>)> = Vec::with_capacity(due.len());
         for (key, _) in due {
             let Some(r) = self.0.store.backend().get(&key).await? else {
                 continue;

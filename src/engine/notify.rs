@@ -36,6 +36,10 @@ pub enum ChangeKind {
 pub struct KeyNotification {
     pub change: Change,
     pub observers: Vec<Arc<str>>,
+    /// Replicas on shared storage: the log position at which this replica took the
+    /// notification on (0 otherwise). Once the door has sent it, that position is recorded as
+    /// sent (see [`KeyNotifyReceiver::recv`]).
+    pub(crate) at: u64,
 }
 
 impl KeyNotification {
@@ -265,6 +269,26 @@ pub(crate) struct KeyNotifySender {
     bytes: Arc<AtomicUsize>,
     max_bytes: usize,
     dropped: AtomicU64,
+    marks: Arc<Marks>,
+}
+
+/// How far the queue got, by [`KeyNotification::at`]: the last position queued, and the last
+/// one the door finished sending. Both only grow: positions are queued in order.
+#[derive(Debug, Default)]
+pub(crate) struct Marks {
+    queued: AtomicU64,
+    sent: AtomicU64,
+}
+
+impl Marks {
+    /// The position up to which every notification queued was sent, given `applied`, the
+    /// last position whose notifications were all queued (read before calling): `applied`
+    /// when nothing waits, else the last position sent.
+    pub(crate) fn sent_through(&self, applied: u64) -> u64 {
+        let queued = self.queued.load(Ordering::SeqCst);
+        let sent = self.sent.load(Ordering::SeqCst);
+        if sent >= queued { applied } else { sent }
+    }
 }
 
 /// The door's end of the KEYNOTIFY queue.
@@ -272,19 +296,29 @@ pub(crate) struct KeyNotifySender {
 pub struct KeyNotifyReceiver {
     rx: mpsc::Receiver<KeyNotification>,
     bytes: Arc<AtomicUsize>,
+    marks: Arc<Marks>,
+    /// The position of the notification handed out last (sent once the door asks again).
+    handed: u64,
 }
 
 pub(crate) fn keynotify_queue(limits: &ObserverLimits) -> (KeyNotifySender, KeyNotifyReceiver) {
     let (tx, rx) = mpsc::channel(limits.queue_len.max(1));
     let bytes = Arc::new(AtomicUsize::new(0));
+    let marks = Arc::new(Marks::default());
     (
         KeyNotifySender {
             tx,
             bytes: bytes.clone(),
             max_bytes: limits.queue_bytes,
             dropped: AtomicU64::new(0),
+            marks: marks.clone(),
         },
-        KeyNotifyReceiver { rx, bytes },
+        KeyNotifyReceiver {
+            rx,
+            bytes,
+            marks,
+            handed: 0,
+        },
     )
 }
 
@@ -292,12 +326,16 @@ impl KeyNotifySender {
     /// Queues a notification, or drops it (counted, logged) when the queue is full.
     pub(crate) fn send(&self, n: KeyNotification) {
         let cost = n.cost();
+        let at = n.at;
         let held = self.bytes.fetch_add(cost, Ordering::Relaxed);
         let refused = if held + cost > self.max_bytes && held > 0 {
             true
         } else {
             self.tx.try_send(n).is_err()
         };
+        if !refused {
+            self.marks.queued.fetch_max(at, Ordering::SeqCst);
+        }
         if refused {
             self.bytes.fetch_sub(cost, Ordering::Relaxed);
             let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
@@ -314,20 +352,32 @@ impl KeyNotifySender {
     pub(crate) fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
+
+    pub(crate) fn marks(&self) -> &Marks {
+        &self.marks
+    }
 }
 
 impl KeyNotifyReceiver {
-    /// The next notification, in change order per key; `None` once the engine is gone.
+    /// The next notification, in change order per key; `None` once the engine is gone. Asking
+    /// for the next one says the previous one was sent: call it only once the previous
+    /// notification has been handed to the broker.
     pub async fn recv(&mut self) -> Option<KeyNotification> {
+        self.marks.sent.fetch_max(self.handed, Ordering::SeqCst);
         let n = self.rx.recv().await?;
-        self.bytes.fetch_sub(n.cost(), Ordering::Relaxed);
-        Some(n)
+        Some(self.took(n))
     }
 
     /// The next notification if one is waiting.
     pub fn try_recv(&mut self) -> Option<KeyNotification> {
+        self.marks.sent.fetch_max(self.handed, Ordering::SeqCst);
         let n = self.rx.try_recv().ok()?;
+        Some(self.took(n))
+    }
+
+    fn took(&mut self, n: KeyNotification) -> KeyNotification {
         self.bytes.fetch_sub(n.cost(), Ordering::Relaxed);
-        Some(n)
+        self.handed = n.at;
+        n
     }
 }

@@ -7,12 +7,13 @@
 //! - Watchers: the follower pushes every change into the local history; a write returns once the
 //!   follower has read it back (bounded by [`ChangeLog::patience`]), so the change is in this
 //!   replica's history when the writer hears of it, as with local storage.
-//! - KEYNOTIFY: the replica that applied a change (its origin) sends its notifications, to the
-//!   observers registered at that log position: one notification per change per observer.
+//! - KEYNOTIFY: each observing client has one owner at each log position, the same on every
+//!   replica, which sends its notifications in log order ([`super::owners`]).
+//! - Records: every change refreshes the replica's record cache ([`super::cache`]).
 //! - Expiry: a change that sets a deadline wakes every replica's expiry driver.
 //! - A gap (the log lost entries this replica had not read: trimmed while it was cut off, or a
-//!   Redis that lost its tail) ends every watcher's stream with `overflow`, and the registrations
-//!   are loaded again; nothing is skipped silently.
+//!   Redis that lost its tail) ends every watcher's stream with `overflow`, empties the record
+//!   cache, and the registrations and members are loaded again; nothing is skipped silently.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -20,12 +21,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::watch;
 
-use super::notify::{Observers, RegisterError};
+use super::notify::{KeyNotification, Observers, RegisterError};
+use super::owners::Routing;
 use super::{Change, ChangeKind, Engine, EngineError, Inner, KeyNotify, Reply, Response};
 use crate::storage::log::{
-    ChangeLog, LogBody, LogCursor, LogEntry, LogRead, ObserveOutcome, ObserverBounds, ObserverOp,
+    ChangeLog, LogBody, LogCursor, LogEntry, LogRead, MemberOp, ObserveOutcome, ObserverBounds, ObserverOp,
 };
-use crate::storage::{ChangeRecord, ChangeRecordKind};
+use crate::storage::{ChangeRecord, ChangeRecordKind, Record};
 
 /// Entries read per call.
 const READ_BATCH: usize = 512;
@@ -42,6 +44,12 @@ pub(super) struct SharedLog {
     pub(super) log: Arc<dyn ChangeLog>,
     applied: watch::Sender<Applied>,
     follower: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
+    /// Membership and who owes which notification ([`super::owners`]).
+    routing: std::sync::Mutex<Routing>,
+    /// The heartbeat task, once this replica sends notifications; `Some(None)` once it left.
+    heartbeat: std::sync::Mutex<Option<Option<tokio::task::AbortHandle>>>,
+    /// The progress last recorded in storage.
+    recorded: std::sync::atomic::AtomicU64,
 }
 
 impl Drop for SharedLog {
@@ -49,14 +57,16 @@ impl Drop for SharedLog {
         if let Some(h) = self.follower.lock().unwrap_or_else(|e| e.into_inner()).take() {
             h.abort();
         }
+        self.stop_heartbeats();
     }
 }
 
 impl SharedLog {
-    /// Reads the starting point (and the registrations as of it) before the engine serves.
+    /// Reads the starting point (and the registrations and members as of it) before the
+    /// engine serves.
     pub(super) async fn open(log: Arc<dyn ChangeLog>) -> Result<(SharedLog, LogCursor, Observers), EngineError> {
         let start = log.start().await?;
-        let observers = observers_from(start.registrations);
+        let (observers, routing) = registry_from(start.registrations, start.members);
         let applied = watch::Sender::new(Applied {
             gaps: 0,
             seq: start.cursor.seq(),
@@ -65,6 +75,9 @@ impl SharedLog {
             log,
             applied,
             follower: Default::default(),
+            routing: std::sync::Mutex::new(routing),
+            heartbeat: Default::default(),
+            recorded: Default::default(),
         };
         Ok((shared, start.cursor, observers))
     }
@@ -73,6 +86,49 @@ impl SharedLog {
     pub(super) fn follow(&self, engine: &Engine, cursor: LogCursor) {
         let task = tokio::spawn(follow(Arc::downgrade(&engine.0), self.log.clone(), cursor));
         *self.follower.lock().unwrap_or_else(|e| e.into_inner()) = Some(task.abort_handle());
+    }
+
+    pub(super) fn routing(&self) -> std::sync::MutexGuard<'_, Routing> {
+        self.routing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The last log position applied.
+    pub(super) fn applied_seq(&self) -> u64 {
+        self.applied.borrow().seq
+    }
+
+    pub(super) fn set_recorded(&self, progress: u64) {
+        self.recorded.store(progress, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub(super) fn recorded_progress(&self) -> u64 {
+        self.recorded.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Starts renewing this replica's membership (once).
+    pub(super) fn start_heartbeats(&self, engine: &Engine) {
+        let mut slot = self.heartbeat.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            let task = tokio::spawn(Engine::heartbeats(engine.downgrade()));
+            *slot = Some(Some(task.abort_handle()));
+        }
+    }
+
+    /// Whether this replica renews a membership (it sends notifications and has not left).
+    pub(super) fn heartbeats_running(&self) -> bool {
+        matches!(*self.heartbeat.lock().unwrap_or_else(|e| e.into_inner()), Some(Some(_)))
+    }
+
+    /// Stops renewing the membership; true if it was running.
+    pub(super) fn stop_heartbeats(&self) -> bool {
+        let mut slot = self.heartbeat.lock().unwrap_or_else(|e| e.into_inner());
+        match slot.replace(None) {
+            Some(Some(h)) => {
+                h.abort();
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Waits until this replica's history holds every change any replica had applied when
@@ -98,14 +154,16 @@ impl SharedLog {
     }
 }
 
-fn observers_from(registrations: Vec<crate::storage::log::Registration>) -> Observers {
+fn registry_from(registrations: Vec<crate::storage::log::Registration>, members: Vec<u64>) -> (Observers, Routing) {
     let mut observers = Observers::default();
+    let mut routing = Routing::new(members);
     for r in registrations {
+        routing.set_home(&r.client, r.home);
         for key in r.keys {
             let _ = observers.register(&r.client, r.session, &key, &unbounded());
         }
     }
-    observers
+    (observers, routing)
 }
 
 /// The registrations in the log were checked against the bounds where they were applied.
@@ -139,15 +197,31 @@ async fn follow(engine: Weak<Inner>, log: Arc<dyn ChangeLog>, mut cursor: LogCur
                     "the shared change log lost entries this replica had not read: watchers get overflow, registrations are reloaded"
                 );
                 engine.0.feed.gap();
+                if let Some(cache) = &engine.0.cache {
+                    cache.clear();
+                }
                 match log.start().await {
                     Ok(start) => {
-                        let observers = observers_from(start.registrations);
+                        let member = start.members.contains(&log.origin());
+                        let (observers, routing) = registry_from(start.registrations, start.members);
                         engine.with_observers(|o| *o = observers);
+                        if let Some(s) = engine.shared() {
+                            *s.routing() = routing;
+                        }
+                        // What it sent of the log it read, unless Redis lost that log (an empty
+                        // restart numbers entries from 1 again): then nothing of the new one.
+                        let sent = match start.cursor.seq() < cursor.seq() {
+                            true => 0,
+                            false => engine.notified_through(),
+                        };
                         cursor = start.cursor;
                         engine.set_applied(|a| {
                             a.gaps += 1;
                             a.seq = cursor.seq();
                         });
+                        if engine.shared().is_some_and(SharedLog::heartbeats_running) {
+                            rejoin(&engine, &log, member.then_some(sent), cursor.seq()).await;
+                        }
                     }
                     Err(e) => {
                         tracing::warn!(cause = %e, "reloading the shared registrations failed; retrying");
@@ -165,6 +239,28 @@ async fn follow(engine: Weak<Inner>, log: Arc<dyn ChangeLog>, mut cursor: LogCur
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }
         }
+    }
+}
+
+/// After a gap, this replica owned observers for changes it will never read (those between the
+/// gap and its reload): if the membership still names it (`sent`: its heartbeat renewed it
+/// before the follower noticed), it leaves, saying it sent up to `sent`, so that the others send
+/// what it owed past that (see `owners.rs`); then it joins again at once, not at the next
+/// heartbeat (until then no member would own observers registered meanwhile). A write through
+/// this replica is answered only once the follower applied it, so after this.
+async fn rejoin(engine: &Engine, log: &Arc<dyn ChangeLog>, sent: Option<u64>, at: u64) {
+    if let Some(sent) = sent
+        && let Err(e) = log.leave(sent).await
+    {
+        tracing::warn!(cause = %e, "leaving the members after a gap failed; the member timeout hands over");
+    }
+    match log.heartbeat(at).await {
+        Ok(progress) => {
+            if let Some(s) = engine.shared() {
+                s.routing().recorded(&progress);
+            }
+        }
+        Err(e) => tracing::warn!(cause = %e, "joining the members again failed; the next heartbeat retries"),
     }
 }
 
@@ -190,11 +286,11 @@ impl Engine {
                         ..
                     }
                 );
-                let change = change_of(record);
-                // The replica that applied the change notifies its observers, once.
-                if entry.origin == log.origin() {
-                    self.notify_observers(&change);
+                if let Some(cache) = &self.0.cache {
+                    cache.changed(&record.key, &record.version, stored_record(&record).as_ref());
                 }
+                let change = change_of(record);
+                self.route_notifications(log.origin(), entry.seq, &change);
                 self.0.feed.push(change);
                 if deadline {
                     self.0.deadline_added.notify_one();
@@ -202,19 +298,103 @@ impl Engine {
             }
             LogBody::Observe(op) => {
                 let limits = unbounded();
-                self.with_observers(|o| match op {
-                    ObserverOp::Register { client, session, key } => {
+                let (client, home) = self.with_observers(|o| match op {
+                    ObserverOp::Register {
+                        client,
+                        session,
+                        key,
+                        home,
+                    } => {
                         let _ = o.register(&client, session, &key, &limits);
+                        (client, Some(home))
                     }
                     ObserverOp::Unregister { client, key } => {
                         o.unregister(&client, &key);
+                        (client, None)
                     }
                     ObserverOp::DropClient { client, session } => {
                         o.drop_client(&client, session);
+                        (client, None)
                     }
                 });
+                // A client's home is that of its latest registration, and goes with the last.
+                if let Some(s) = self.shared() {
+                    match home {
+                        Some(home) => s.routing().set_home(&client, home),
+                        None if self.observers().keys_of(&client) == 0 => s.routing().set_home(&client, None),
+                        None => {}
+                    }
+                }
+            }
+            LogBody::Member(MemberOp::Join { member }) => {
+                if let Some(s) = self.shared() {
+                    s.routing().joined(member);
+                }
+            }
+            LogBody::Member(MemberOp::Leave { member, progress }) => {
+                let Some(s) = self.shared() else { return };
+                let mine = s.routing().left(member, progress, entry.seq, log.origin());
+                if !mine.is_empty() {
+                    tracing::info!(
+                        member,
+                        notifications = mine.len(),
+                        "a replica left: sending the KEYNOTIFY notifications it may not have sent"
+                    );
+                }
+                for (client, change) in mine {
+                    self.queue_notification(entry.seq, change, vec![client]);
+                }
             }
         }
+    }
+
+    /// The notifications of a change at log position `at`: this replica queues those it owns,
+    /// and keeps those other members owe in case they die.
+    fn route_notifications(&self, me: u64, at: u64, change: &Change) {
+        if self.0.observed_keys.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            return;
+        }
+        let observers = self.observers().of_key(&change.key);
+        if observers.is_empty() {
+            return;
+        }
+        let Some(shared) = self.shared() else { return };
+        let limits = &self.0.limits.observers;
+        let mut mine = Vec::new();
+        {
+            let mut routing = shared.routing();
+            for client in observers {
+                match routing.owner(&client) {
+                    Some(owner) if owner == me => mine.push(client),
+                    Some(owner) if !routing.is_home_bound(&client) => routing.owe_within(
+                        at,
+                        owner,
+                        client,
+                        change.clone(),
+                        (limits.queue_len, limits.queue_bytes),
+                    ),
+                    // Only its home reaches it, or no replica sends notifications yet.
+                    _ => {}
+                }
+            }
+        }
+        if !mine.is_empty() {
+            self.queue_notification(at, change.clone(), mine);
+        }
+    }
+
+    /// Queues notifications for the door (copies: they may wait, and must not pin buffers).
+    fn queue_notification(&self, at: u64, change: Change, observers: Vec<Arc<str>>) {
+        let Some(tx) = self.0.keynotify.get() else { return };
+        let change = Change {
+            key: Bytes::copy_from_slice(&change.key),
+            version: change.version.clone(),
+            kind: match &change.kind {
+                ChangeKind::Set(v) => ChangeKind::Set(Bytes::copy_from_slice(v)),
+                other => other.clone(),
+            },
+        };
+        tx.send(KeyNotification { change, observers, at });
     }
 
     /// KEYNOTIFY through the shared registrations.
@@ -230,10 +410,14 @@ impl Engine {
                 key: c.key,
             }
         } else {
+            // A broker session is known only for clients of this replica's embedded broker,
+            // and only this replica can reach those.
+            let home = c.session.map(|_| shared.log.origin());
             ObserverOp::Register {
                 client: c.client,
                 session: c.session,
                 key: c.key,
+                home,
             }
         };
         let (outcome, logged) = shared.log.observe(&op, bounds).await?;
@@ -322,19 +506,37 @@ fn change_of(r: ChangeRecord) -> Change {
     }
 }
 
-/// The log record of an engine change; `expires_at_ms` of a SET's new record.
-pub(super) fn record_of(change: &Change, expires_at_ms: Option<u64>) -> ChangeRecord {
+/// The log record of an engine change; `stored` is a SET's new record.
+pub(super) fn record_of(change: &Change, stored: Option<&Record>) -> ChangeRecord {
     ChangeRecord {
         key: change.key.clone(),
         version: change.version.clone(),
         kind: match &change.kind {
             ChangeKind::Set(v) => ChangeRecordKind::Set {
                 value: v.clone(),
-                expires_at_ms,
+                expires_at_ms: stored.and_then(|r| r.expires_at_ms),
+                fencing: stored.and_then(|r| r.fencing.clone()),
             },
             ChangeKind::Delete => ChangeRecordKind::Delete,
             ChangeKind::Expire => ChangeRecordKind::Expire,
         },
+    }
+}
+
+/// The record a logged change left stored (`None`: a removal).
+fn stored_record(r: &ChangeRecord) -> Option<Record> {
+    match &r.kind {
+        ChangeRecordKind::Set {
+            value,
+            expires_at_ms,
+            fencing,
+        } => Some(Record {
+            value: value.clone(),
+            version: r.version.clone(),
+            fencing: fencing.clone(),
+            expires_at_ms: *expires_at_ms,
+        }),
+        ChangeRecordKind::Delete | ChangeRecordKind::Expire => None,
     }
 }
 

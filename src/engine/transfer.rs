@@ -179,7 +179,7 @@ impl Engine {
                         version: r.version.clone(),
                         kind: ChangeKind::Set(r.value.clone()),
                     };
-                    Some((change, r.expires_at_ms))
+                    Some((change, Some(r.clone())))
                 })
                 .collect();
             match self.commit(&swaps, self.0.limits.max_keys, changes, None).await? {

@@ -310,7 +310,7 @@ pub async fn notifier(
             _ = stop.changed() => return,
             n = feed.recv() => n,
         };
-        let Some(KeyNotification { change, observers }) = n else {
+        let Some(KeyNotification { change, observers, .. }) = n else {
             return;
         };
         let payload = request::notify_payload(match &change.kind {

@@ -1,7 +1,9 @@
 //! The change log that replicas on shared storage (Redis) share: every change, in the order the
-//! swaps were applied, and every KEYNOTIFY registration change, in the same order. Each replica
-//! reads it back to fill its own watch history and its copy of the registrations, so all
-//! replicas see one sequence. Storage types only: the engine converts.
+//! swaps were applied, every KEYNOTIFY registration change and every change of the replicas
+//! that send notifications, in the same order. Each replica reads it back to fill its own
+//! watch history, its copy of the registrations and of the membership, so all replicas see one
+//! sequence and agree, at every position, on who notifies whom. Storage types only: the
+//! engine converts.
 
 use std::time::Duration;
 
@@ -24,6 +26,17 @@ pub struct LogEntry {
 pub enum LogBody {
     Change(ChangeRecord),
     Observe(ObserverOp),
+    Member(MemberOp),
+}
+
+/// A change of the replicas that send KEYNOTIFY notifications.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberOp {
+    /// The replica with this origin sends notifications from here on.
+    Join { member: u64 },
+    /// It stopped, or its membership lapsed (no renewal within the member timeout); `progress`
+    /// is the last position up to which it recorded every notification it owed as sent.
+    Leave { member: u64, progress: u64 },
 }
 
 /// A change of the KEYNOTIFY registrations, as applied (already checked against the bounds).
@@ -31,10 +44,13 @@ pub enum LogBody {
 pub enum ObserverOp {
     /// `client` (in broker session `session`, when known) observes `key`. A registration from
     /// another session of the same client first drops what the old session registered.
+    /// `home`: the only replica that can reach the client (the one whose embedded broker it is
+    /// connected to); `None`: any replica can (a shared external broker).
     Register {
         client: String,
         session: Option<u64>,
         key: Bytes,
+        home: Option<u64>,
     },
     Unregister {
         client: String,
@@ -52,6 +68,8 @@ pub enum ObserverOp {
 pub struct Registration {
     pub client: String,
     pub session: Option<u64>,
+    /// See [`ObserverOp::Register`].
+    pub home: Option<u64>,
     pub keys: Vec<Bytes>,
 }
 
@@ -73,11 +91,14 @@ impl LogCursor {
     }
 }
 
-/// A consistent starting point: the newest entry, and the registrations as of it.
+/// A consistent starting point: the newest entry, and the registrations and the members as of
+/// it.
 #[derive(Debug, Clone)]
 pub struct LogStart {
     pub cursor: LogCursor,
     pub registrations: Vec<Registration>,
+    /// The origins of the replicas that send notifications.
+    pub members: Vec<u64>,
 }
 
 /// What a read found.
@@ -132,6 +153,18 @@ pub trait ChangeLog: Send + Sync + 'static {
         op: &ObserverOp,
         bounds: ObserverBounds,
     ) -> Result<(ObserveOutcome, Option<u64>), StorageError>;
+
+    /// How often [`ChangeLog::heartbeat`] runs: well within the member timeout.
+    fn heartbeat_every(&self) -> Duration;
+
+    /// Renews this replica's membership (joining, logged, when it is not a member), records
+    /// `progress` (every notification it owes up to that position was sent), drops the members
+    /// whose membership lapsed (logged, with their last recorded progress), and returns the
+    /// recorded progress of every member.
+    async fn heartbeat(&self, progress: u64) -> Result<Vec<(u64, u64)>, StorageError>;
+
+    /// Leaves the membership (logged, with `progress`).
+    async fn leave(&self, progress: u64) -> Result<(), StorageError>;
 
     /// Records when clients were last seen (ms since the epoch; 0: only asking) and returns,
     /// for each, about the latest time any replica recorded (0: none), so that the KEYNOTIFY

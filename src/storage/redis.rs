@@ -44,25 +44,27 @@
 //! stuck. A write whose answer was lost (sent, then the connection dropped) may have been
 //! applied: the error says so, as any lost answer would.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::io::tcp::{TcpSettings, socket2};
-use redis::{Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisError, Script, ServerErrorKind, Value};
+use redis::aio::ConnectionManagerConfig;
+use redis::{Cmd, FromRedisValue, Script, Value};
 
 use super::log::ChangeLog;
 use super::{
-    Backend, ChangeRecordKind, KeyPage, Record, RedisOptions, RedisUrl, StorageError, Swap, SwapOutcome, Write, Written,
+    Backend, ChangeRecordKind, KeyPage, Record, RedisOptions, RedisUrl, RoundTrips, StorageError, Swap, SwapOutcome,
+    Write, Written,
 };
 use crate::hlc::Hlc;
 
 mod codec;
+mod connection;
 mod log;
 
 use codec::{Names, RECORD_FIELDS, decode_record, decode_version, encode_deadline, encode_version, score_ms};
+use connection::{Counters, Purpose, Slot, Target, storage_error};
 
 /// A Lua script and its SHA1 (for EVALSHA).
 struct LuaScript {
@@ -104,11 +106,11 @@ impl std::ops::Deref for RedisBackend {
 /// What the backend and its change log share: the connection, the names, the scripts.
 pub struct Shared {
     url: RedisUrl,
-    client: redis::Client,
+    target: Target,
     manager_config: ConnectionManagerConfig,
-    /// The connection in use, replaced after a call fails as unavailable (see
-    /// [`RedisBackend::connection`]).
-    connection: RwLock<Arc<Connection>>,
+    /// The connection in use (see [`Shared::connection`]).
+    slot: Slot,
+    counters: Counters,
     names: Names,
     timeout: Duration,
     wait_replicas: u32,
@@ -117,20 +119,18 @@ pub struct Shared {
     observe: LuaScript,
     start: LuaScript,
     seen_script: LuaScript,
+    members: LuaScript,
     /// Approximate most entries the change log keeps (`--redis-change-log-len`).
     log_len: u64,
     /// This process's id in the change log.
     origin: u64,
     /// Numbers the calls that append to the log (their entries' unique tags).
-    calls: std::sync::atomic::AtomicU64,
-    /// The connection the change log is read on (blocking reads must not hold up the others).
-    reader: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
-}
-
-struct Connection {
-    manager: ConnectionManager,
-    /// Counts replacements, so that many calls timing out together replace it once.
-    generation: u64,
+    tags: std::sync::atomic::AtomicU64,
+    /// A replica that has not renewed its membership for this long is dropped.
+    member_timeout: Duration,
+    /// The connection the change log is read on (blocking reads must not hold up the others),
+    /// with the generation of the main connection it was made for.
+    reader: tokio::sync::Mutex<Option<(redis::aio::MultiplexedConnection, u64)>>,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -143,32 +143,15 @@ impl RedisBackend {
     /// Connects, waits until Redis answers (up to `options.startup_wait`) and loads the scripts.
     pub async fn open(url: &RedisUrl, options: &RedisOptions) -> Result<RedisBackend, StorageError> {
         if url.is_tls() {
-            install_crypto_provider();
+            connection::install_crypto_provider();
         }
-        let info = url.expose().into_connection_info().map_err(|e| {
-            // The parser's message can quote the URL: name the URL ourselves, password hidden.
-            StorageError::Backend(format!(
-                "{url} is not a redis URL (redis://[user:password@]host:port[/db] or rediss://...): {:?}",
-                e.kind()
-            ))
-        })?;
-        let info = info.set_tcp_settings(tcp_settings(options.timeout));
-        let client = redis::Client::open(info).map_err(|e| StorageError::Backend(format!("{url}: {e}")))?;
-        // The manager's own bounds are the same as ours; it retries a lost connection a few
-        // times in the background, and we replace it after a failure (see `connection`).
-        let manager_config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(options.timeout))
-            .set_response_timeout(Some(options.timeout))
-            .set_min_delay(Duration::from_millis(20))
-            .set_max_delay(options.timeout)
-            .set_number_of_retries(4);
-        let manager = ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())
-            .map_err(|e| StorageError::Backend(format!("{url}: {e}")))?;
+        let target = Target::new(url, connection::tcp_settings(options.timeout))?;
         let backend = Shared {
             url: url.clone(),
-            client,
-            manager_config,
-            connection: RwLock::new(Arc::new(Connection { manager, generation: 0 })),
+            target,
+            manager_config: connection::manager_config(options.timeout),
+            slot: Slot::default(),
+            counters: Counters::default(),
             names: Names::new(&options.prefix),
             timeout: options.timeout,
             wait_replicas: options.wait_replicas,
@@ -177,9 +160,11 @@ impl RedisBackend {
             observe: LuaScript::new(include_str!("redis/observe.lua")),
             start: LuaScript::new(include_str!("redis/start.lua")),
             seen_script: LuaScript::new(log::SEEN_SCRIPT),
+            members: LuaScript::new(include_str!("redis/members.lua")),
             log_len: options.change_log_len.max(1),
             origin: log::random_origin(),
-            calls: Default::default(),
+            tags: Default::default(),
+            member_timeout: options.member_timeout,
             reader: Default::default(),
         };
         backend.wait_until_ready(options.startup_wait).await?;
@@ -190,15 +175,26 @@ impl RedisBackend {
             &backend.observe,
             &backend.start,
             &backend.seen_script,
+            &backend.members,
         ] {
-            backend.query::<String>(&script.load()).await.map_err(|e| match e {
-                StorageError::Backend(m) => StorageError::Backend(format!(
-                    "loading a script into {url} failed (stategate needs Redis 7 or Valkey 7.2 or later): {m}"
-                )),
-                other => other,
-            })?;
+            backend
+                .query::<String>(Purpose::Background, &script.load())
+                .await
+                .map_err(|e| match e {
+                    StorageError::Backend(m) => StorageError::Backend(format!(
+                        "loading a script into {url} failed (stategate needs Redis 7 or Valkey 7.2 or later): {m}"
+                    )),
+                    other => other,
+                })?;
         }
-        Ok(RedisBackend(Arc::new(backend)))
+        let backend = Arc::new(backend);
+        if url.is_sentinel() {
+            let every = options
+                .timeout
+                .clamp(Duration::from_millis(100), Duration::from_secs(1));
+            tokio::spawn(Shared::watch_primary(Arc::downgrade(&backend), every));
+        }
+        Ok(RedisBackend(backend))
     }
 }
 
@@ -207,7 +203,7 @@ impl Shared {
     async fn wait_until_ready(&self, patience: Duration) -> Result<(), StorageError> {
         let give_up = Instant::now() + patience;
         loop {
-            let error = match self.query::<String>(&redis::cmd("PING")).await {
+            let error = match self.query::<String>(Purpose::Background, &redis::cmd("PING")).await {
                 Ok(_) => return Ok(()),
                 Err(StorageError::Unavailable(why)) => why,
                 Err(other) => return Err(other),
@@ -223,76 +219,6 @@ impl Shared {
             tokio::time::sleep((give_up - now).min(Duration::from_millis(500))).await;
         }
     }
-
-    /// The connection to use. A call that fails as unavailable (timed out, refused, loading,
-    /// read-only...) replaces it, once per generation however many calls fail together: a
-    /// manager can stay stuck on a connection that died silently, or on a reconnection that
-    /// failed in a way it does not retry (a server still loading), and after a failover only a
-    /// new connection reaches the new primary. A fresh manager connects on its first call.
-    fn connection(&self) -> Arc<Connection> {
-        self.connection.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    fn replace_connection(&self, failed: u64) {
-        let mut current = self.connection.write().unwrap_or_else(|e| e.into_inner());
-        if current.generation != failed {
-            return;
-        }
-        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.manager_config.clone()) {
-            Ok(manager) => {
-                tracing::debug!(url = %self.url, generation = failed + 1, "new redis connection manager");
-                *current = Arc::new(Connection {
-                    manager,
-                    generation: failed + 1,
-                });
-            }
-            Err(e) => tracing::error!(url = %self.url, cause = %e, "cannot create a redis connection"),
-        }
-    }
-
-    /// Runs `call` on the current connection within the timeout.
-    async fn bounded<T, F, Fut>(&self, call: F) -> Result<T, StorageError>
-    where
-        F: FnOnce(ConnectionManager) -> Fut,
-        Fut: Future<Output = Result<T, StorageError>>,
-    {
-        let connection = self.connection();
-        let result = match tokio::time::timeout(self.timeout, call(connection.manager.clone())).await {
-            Ok(result) => result,
-            Err(_) => Err(StorageError::Unavailable(format!(
-                "no answer from redis within {:?}",
-                self.timeout
-            ))),
-        };
-        if let Err(StorageError::Unavailable(_)) = &result {
-            self.replace_connection(connection.generation);
-        }
-        result
-    }
-
-    async fn query<T: FromRedisValue + Send>(&self, cmd: &Cmd) -> Result<T, StorageError> {
-        self.bounded(|mut c| async move { cmd.query_async(&mut c).await.map_err(storage_error) })
-            .await
-    }
-
-    /// Runs a pipeline whose first command is `EVALSHA` of `script`; on `NOSCRIPT` loads the
-    /// script and runs it again (one bound for the whole exchange). Returns every reply.
-    async fn eval_pipeline(&self, script: &LuaScript, pipe: &redis::Pipeline) -> Result<Vec<Value>, StorageError> {
-        self.bounded(|mut c| async move {
-            match pipe.query_async::<Vec<Value>>(&mut c).await {
-                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    script
-                        .load()
-                        .query_async::<String>(&mut c)
-                        .await
-                        .map_err(storage_error)?;
-                    pipe.query_async(&mut c).await.map_err(storage_error)
-                }
-                other => other.map_err(storage_error),
-            }
-        })
-        .await
-    }
 }
 
 #[async_trait]
@@ -300,7 +226,7 @@ impl Backend for RedisBackend {
     async fn get(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {
         let mut cmd = redis::cmd("HMGET");
         cmd.arg(self.names.record(key)).arg(&RECORD_FIELDS[..]);
-        decode_record(self.query(&cmd).await?)
+        decode_record(self.query(Purpose::Call, &cmd).await?)
     }
 
     async fn get_marked(
@@ -316,7 +242,9 @@ impl Backend for RedisBackend {
         pipe.cmd("HMGET").arg(self.names.record(key)).arg(&RECORD_FIELDS[..]);
         pipe.cmd("GET").arg(self.names.mark(id));
         let (fields, mark): (Vec<Option<Bytes>>, Option<Bytes>) = self
-            .bounded(|mut c| async move { pipe.query_async(&mut c).await.map_err(storage_error) })
+            .bounded(Purpose::Call, |mut c| async move {
+                pipe.query_async(&mut c).await.map_err(storage_error)
+            })
             .await?;
         Ok((decode_record(fields)?, mark))
     }
@@ -324,6 +252,7 @@ impl Backend for RedisBackend {
     async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError> {
         let w = Write {
             swaps,
+            checks: &[],
             max_keys,
             changes: &[],
             request: None,
@@ -341,10 +270,13 @@ impl Backend for RedisBackend {
     }
 
     async fn write(&self, w: &Write<'_>) -> Result<Written, StorageError> {
-        if w.swaps.is_empty() {
+        if w.swaps.is_empty() && w.checks.is_empty() {
             return Ok(Written::Done { logged: None });
         }
-        let records: Vec<Vec<u8>> = w.swaps.iter().map(|s| self.names.record(&s.key)).collect();
+        let records: Vec<Vec<u8>> = (w.swaps.iter().map(|s| &s.key))
+            .chain(w.checks.iter().map(|c| &c.key))
+            .map(|k| self.names.record(k))
+            .collect();
         let mark = self.names.mark(w.request.map_or(&b""[..], |r| &r.id[..]));
         let mut keys: Vec<&[u8]> = vec![
             &self.names.index,
@@ -364,10 +296,15 @@ impl Backend for RedisBackend {
                 String::new()
             });
         match w.request {
-            Some(r) => eval.arg(&r.outcome[..]).arg(r.ttl_ms.max(1)),
-            None => eval.arg("").arg(""),
+            Some(r) if r.outcome.is_empty() => eval.arg("c").arg("").arg(""),
+            Some(r) => eval.arg("s").arg(&r.outcome[..]).arg(r.ttl_ms.max(1)),
+            None => eval.arg("").arg("").arg(""),
         };
-        eval.arg(self.origin).arg(self.call_tag()).arg(w.changes.len());
+        eval.arg(self.origin)
+            .arg(self.call_tag())
+            .arg(w.swaps.len())
+            .arg(w.checks.len())
+            .arg(w.changes.len());
         for s in w.swaps {
             let expected = s.expected.as_ref().map(encode_version).unwrap_or_default();
             eval.arg(&s.key[..]).arg(expected);
@@ -381,31 +318,44 @@ impl Backend for RedisBackend {
                 None => eval.arg("d").arg("").arg("").arg("").arg(""),
             };
         }
+        for c in w.checks {
+            eval.arg(c.expected.as_ref().map(encode_version).unwrap_or_default());
+        }
         for c in w.changes {
             eval.arg(&c.key[..]);
             match &c.kind {
-                ChangeRecordKind::Set { value, expires_at_ms } => eval
+                ChangeRecordKind::Set {
+                    value,
+                    expires_at_ms,
+                    fencing,
+                } => eval
                     .arg("s")
                     .arg(encode_version(&c.version))
                     .arg(&value[..])
-                    .arg(expires_at_ms.map(encode_deadline).unwrap_or_default()),
-                ChangeRecordKind::Delete => eval.arg("d").arg(encode_version(&c.version)).arg("").arg(""),
-                ChangeRecordKind::Expire => eval.arg("e").arg(encode_version(&c.version)).arg("").arg(""),
+                    .arg(expires_at_ms.map(encode_deadline).unwrap_or_default())
+                    .arg(fencing.as_ref().map(encode_version).unwrap_or_default()),
+                ChangeRecordKind::Delete => eval.arg("d").arg(encode_version(&c.version)).arg("").arg("").arg(""),
+                ChangeRecordKind::Expire => eval.arg("e").arg(encode_version(&c.version)).arg("").arg("").arg(""),
             };
         }
         let mut pipe = redis::pipe();
         pipe.add_command(eval);
-        if self.wait_replicas > 0 {
+        // Only a write needs WAIT; a confirmation changed nothing.
+        let wait = self.wait_replicas > 0 && !w.swaps.is_empty();
+        if wait {
             // WAIT must answer before our own bound does: give it half.
             let wait_ms = (self.timeout.as_millis() / 2).max(1) as u64;
             pipe.cmd("WAIT").arg(self.wait_replicas).arg(wait_ms);
         }
-        let replies = self.eval_pipeline(&self.swap, &pipe).await.map_err(|e| match e {
-            StorageError::Unavailable(m) => StorageError::Unavailable(format!(
-                "{m} (a write sent before the connection failed may have been applied)"
-            )),
-            other => other,
-        })?;
+        let replies = self
+            .eval_pipeline(Purpose::Call, &self.swap, &pipe)
+            .await
+            .map_err(|e| match e {
+                StorageError::Unavailable(m) => StorageError::Unavailable(format!(
+                    "{m} (a write sent before the connection failed may have been applied)"
+                )),
+                other => other,
+            })?;
         let mut replies = replies.into_iter();
         let answer: Result<(i64, Option<Value>), _> = match replies.next().map(Vec::<Value>::from_redis_value) {
             Some(Ok(v)) => {
@@ -434,7 +384,7 @@ impl Backend for RedisBackend {
             }
             other => return Err(StorageError::Backend(format!("the swap script answered {other:?}"))),
         };
-        if self.wait_replicas > 0 {
+        if wait {
             let acked = replies.next().map(i64::from_redis_value);
             match acked {
                 Some(Ok(n)) if n >= i64::from(self.wait_replicas) => {}
@@ -448,6 +398,10 @@ impl Backend for RedisBackend {
             }
         }
         Ok(written)
+    }
+
+    fn round_trips(&self) -> Option<RoundTrips> {
+        Some(self.counters.get())
     }
 
     fn change_log(&self) -> Option<Arc<dyn ChangeLog>> {
@@ -471,7 +425,7 @@ impl Backend for RedisBackend {
         eval.arg(lower).arg(ask);
         let mut pipe = redis::pipe();
         pipe.add_command(eval);
-        let reply = self.eval_pipeline(&self.scan, &pipe).await?;
+        let reply = self.eval_pipeline(Purpose::Call, &self.scan, &pipe).await?;
         let (keys, deadlines): (Vec<Bytes>, Vec<Option<f64>>) = reply
             .into_iter()
             .next()
@@ -508,7 +462,7 @@ impl Backend for RedisBackend {
             .arg("LIMIT")
             .arg(0)
             .arg(limit.min(i64::MAX as usize));
-        let keys: Vec<Bytes> = self.query(&due).await?;
+        let keys: Vec<Bytes> = self.query(Purpose::Call, &due).await?;
         if keys.is_empty() {
             return Ok(Vec::new());
         }
@@ -517,7 +471,9 @@ impl Backend for RedisBackend {
             versions.cmd("HGET").arg(self.names.record(key)).arg("ver");
         }
         let versions: Vec<Option<Bytes>> = self
-            .bounded(|mut c| async move { versions.query_async(&mut c).await.map_err(storage_error) })
+            .bounded(Purpose::Call, |mut c| async move {
+                versions.query_async(&mut c).await.map_err(storage_error)
+            })
             .await?;
         let mut out = Vec::with_capacity(keys.len());
         // A key deleted between the two calls is simply not listed.
@@ -532,68 +488,20 @@ impl Backend for RedisBackend {
     async fn next_deadline(&self) -> Result<Option<u64>, StorageError> {
         let mut cmd = redis::cmd("ZRANGE");
         cmd.arg(&self.names.deadlines).arg(0).arg(0).arg("WITHSCORES");
-        let first: Vec<(Bytes, f64)> = self.query(&cmd).await?;
+        let first: Vec<(Bytes, f64)> = self.query(Purpose::Background, &cmd).await?;
         Ok(first.first().map(|(_, score)| score_ms(*score)))
     }
 
     async fn len(&self) -> Result<u64, StorageError> {
-        self.query(redis::cmd("ZCARD").arg(&self.names.index)).await
+        self.query(Purpose::Call, redis::cmd("ZCARD").arg(&self.names.index))
+            .await
     }
 
     async fn max_version(&self) -> Result<Option<Hlc>, StorageError> {
         let mut cmd = redis::cmd("ZRANGE");
         cmd.arg(&self.names.max_version).arg(-1).arg(-1);
-        let highest: Vec<Bytes> = self.query(&cmd).await?;
+        let highest: Vec<Bytes> = self.query(Purpose::Background, &cmd).await?;
         highest.first().map(|v| decode_version(v)).transpose()
-    }
-}
-
-/// TCP_NODELAY (requests are small and latency-bound; redis 1.x leaves Nagle on), and a dead
-/// peer noticed by the kernel: unacknowledged data or unanswered keepalives for longer than
-/// the call bound (at least 1 s, so ordinary retransmissions do not count) close the socket,
-/// which makes the connection manager reconnect.
-fn tcp_settings(timeout: Duration) -> TcpSettings {
-    let patience = timeout.max(Duration::from_secs(1));
-    let keepalive = socket2::TcpKeepalive::new().with_time(patience).with_interval(patience);
-    let settings = TcpSettings::default().set_nodelay(true).set_keepalive(keepalive);
-    #[cfg(target_os = "linux")]
-    let settings = settings.set_user_timeout(patience);
-    settings
-}
-
-/// `rediss://`: redis-rs builds its rustls configuration with the process's default provider,
-/// the one `tls` installs for every TLS user.
-fn install_crypto_provider() {
-    crate::tls::install_provider();
-}
-
-/// A Redis failure as a storage error: what passes by itself (no connection, a server that is
-/// loading, busy, read-only during a failover) is `Unavailable`; out of memory is `Full`;
-/// anything else is a fault.
-fn storage_error(e: RedisError) -> StorageError {
-    // A pipeline's error carries the server's code inside: look there too.
-    let code = e.code().map(str::to_owned).or_else(|| {
-        e.clone()
-            .into_server_errors()
-            .and_then(|errors| errors.first().map(|(_, error)| error.code().to_owned()))
-    });
-    let passing = match e.kind() {
-        ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => true,
-        ErrorKind::Server(
-            ServerErrorKind::BusyLoading
-            | ServerErrorKind::TryAgain
-            | ServerErrorKind::ClusterDown
-            | ServerErrorKind::MasterDown
-            | ServerErrorKind::ReadOnly,
-        ) => true,
-        _ => matches!(code.as_deref(), Some("BUSY" | "NOREPLICAS")),
-    };
-    if passing {
-        StorageError::Unavailable(e.to_string())
-    } else if code.as_deref() == Some("OOM") {
-        StorageError::Full(e.to_string())
-    } else {
-        StorageError::Backend(e.to_string())
     }
 }
 

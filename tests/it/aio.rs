@@ -325,7 +325,7 @@ async fn await_not_applied(spy: &mut RawClient) {
 
 /// SET/GET/DEL/VDEL: values round-trip byte for byte, GET returns the version of the last SET,
 /// versions strictly increase, DEL/VDEL return the counts the SDK maps.
-async fn crud_versions(broker: Broker) {
+pub(crate) async fn crud_versions(broker: Broker) {
     let env = TestEnv::start(broker).await;
     let a = Sdk::connect(env.broker_port, "aio-crud").await;
     let key: &[u8] = b"crud/key\r\nwith crlf \x00\xff";
@@ -393,7 +393,7 @@ async fn crud_versions(broker: Broker) {
 }
 
 /// NX and NEX (SetCondition), PX, and NX/NEX over an expired key.
-async fn set_conditions(broker: Broker) {
+pub(crate) async fn set_conditions(broker: Broker) {
     let env = TestEnv::start(broker).await;
     let a = Sdk::connect(env.broker_port, "aio-cond").await;
 
@@ -464,7 +464,7 @@ async fn set_conditions(broker: Broker) {
 }
 
 /// Fencing tokens on SET, DEL and VDEL, mapped to the SDK's `ServiceError` variants.
-async fn fencing_tokens(broker: Broker) {
+pub(crate) async fn fencing_tokens(broker: Broker) {
     let env = TestEnv::start(broker).await;
     let a = Sdk::connect(env.broker_port, "aio-fence").await;
     let key: &[u8] = b"fenced";
@@ -560,7 +560,7 @@ async fn fencing_tokens(broker: Broker) {
 
 /// KEYNOTIFY: the exact notifications for SET, DEL, VDEL and expiry; none for operations not
 /// applied; several observers; unobserve stops them.
-async fn observe_notifications(broker: Broker) {
+pub(crate) async fn observe_notifications(broker: Broker) {
     let env = TestEnv::start(broker).await;
     let a = Sdk::connect(env.broker_port, "aio-obs-a").await;
     let b = Sdk::connect(env.broker_port, "aio-obs-b").await;
@@ -656,7 +656,7 @@ async fn observe_notifications(broker: Broker) {
 
 /// SCAN through the SDK's `list_keys` pager with a small page: every matching key exactly once,
 /// several pages, deleted keys never come back.
-async fn scan_pages(broker: Broker) {
+pub(crate) async fn scan_pages(broker: Broker) {
     let env = TestEnv::start_with(broker, |cfg| cfg.limits.scan_page = 10).await;
     let a = Sdk::connect(env.broker_port, "aio-scan").await;
 
@@ -756,7 +756,7 @@ async fn scan_pages(broker: Broker) {
 
 /// Lease: acquire, renew (fresh fencing token), a second holder is refused while held, release,
 /// then the second holder gets it; its token fences out the first holder's.
-async fn lease_lifecycle(broker: Broker) {
+pub(crate) async fn lease_lifecycle(broker: Broker) {
     let env = TestEnv::start(broker).await;
     let a = Sdk::connect(env.broker_port, "aio-lease-a").await;
     let b = Sdk::connect(env.broker_port, "aio-lease-b").await;
@@ -854,7 +854,7 @@ async fn lease_lifecycle(broker: Broker) {
 
 /// Lock: A holds it; B's `lock()` waits (its SET NEX is refused, seen by a spy); A unlocks;
 /// B's wait ends with the lock.
-async fn lock_release_handover(broker: Broker) {
+pub(crate) async fn lock_release_handover(broker: Broker) {
     let env = TestEnv::start(broker).await;
     let a = Sdk::connect(env.broker_port, "aio-lock-a").await;
     let b = Sdk::connect(env.broker_port, "aio-lock-b").await;
@@ -900,7 +900,7 @@ async fn lock_release_handover(broker: Broker) {
 /// Lock handover by expiry: A takes the lock with a short lease and never renews or unlocks;
 /// B's `lock()` is refused once, then gets the lock when A's lease runs out (the service's
 /// expiry DELETE notification wakes it).
-async fn lock_expiry_handover(broker: Broker) {
+pub(crate) async fn lock_expiry_handover(broker: Broker) {
     let env = TestEnv::start(broker).await;
     let a = Sdk::connect(env.broker_port, "aio-lockx-a").await;
     let b = Sdk::connect(env.broker_port, "aio-lockx-b").await;

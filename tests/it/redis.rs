@@ -19,7 +19,7 @@ pub(crate) mod server;
 use server::{Flavor, TestServer};
 
 /// The storage part of a configuration that points at `server`.
-fn redis_storage(server: &TestServer) -> stategate::storage::StorageConfig {
+pub(crate) fn redis_storage(server: &TestServer) -> stategate::storage::StorageConfig {
     let mut storage = Config::default().storage;
     storage.kind = server.url().parse::<StorageKind>().expect("a redis url");
     storage.redis.timeout = Duration::from_millis(500);

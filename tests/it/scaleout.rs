@@ -1,8 +1,9 @@
 //! Three replicas of the real binary on one Redis and one Mosquitto, requests spread by a
-//! shared subscription: a write through one is seen by watchers on the others with its
-//! version; KEYNOTIFY is honoured whichever replica serves each request; a replica killed
+//! shared subscription: a write through one is seen by an SSE stream and a gRPC Watch on the
+//! others with its version; KEYNOTIFY is honoured whichever replica serves each request; a replica killed
 //! with SIGKILL loses no acknowledged write and the survivors answer every new request; a
-//! register under concurrent SET/NX/VDEL/GET through every replica is linearizable.
+//! register under concurrent SET/NX/VDEL/GET through every replica is linearizable
+//! (`scaleout_register.rs`); Redis restarted under load is 503, then heals.
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -20,6 +21,7 @@ use tokio::sync::oneshot;
 use crate::support::{Mosquitto, WAIT, free_port, now_ts, unique_id};
 
 use crate::redis::server;
+use stategate::grpc::pb::statestore::v1 as npb;
 
 const INVOKE: &str = "statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke";
 
@@ -27,11 +29,12 @@ const INVOKE: &str = "statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command
 struct Replica {
     child: std::process::Child,
     http: String,
+    grpc: String,
 }
 
 impl Replica {
     async fn start(redis: u16, mqtt: u16, n: usize, dir: &std::path::Path) -> Replica {
-        let port = free_port();
+        let (port, grpc) = (free_port(), free_port());
         let log = dir.join(format!("replica-{n}.log"));
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_stategate"))
             .args(["--storage", &format!("redis://127.0.0.1:{redis}")])
@@ -44,7 +47,8 @@ impl Replica {
                 "--mqtt-client-id",
                 &format!("stategate-{n}"),
             ])
-            .args(["--http-listen", &format!("127.0.0.1:{port}"), "--grpc-listen", "off"])
+            .args(["--http-listen", &format!("127.0.0.1:{port}")])
+            .args(["--grpc-listen", &format!("127.0.0.1:{grpc}")])
             .env("RUST_LOG", "stategate=info")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -65,7 +69,8 @@ impl Replica {
             // Polling a child process: no event to await.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Replica { child, http }
+        let grpc = format!("http://127.0.0.1:{grpc}");
+        Replica { child, http, grpc }
     }
 
     fn state(&self) -> String {
@@ -90,7 +95,7 @@ type Answer = (u16, Bytes, Option<String>);
 type Pending = Arc<Mutex<HashMap<Bytes, oneshot::Sender<Answer>>>>;
 
 /// A state store client over MQTT whose requests may go unanswered (a replica died).
-struct Client {
+pub(crate) struct Client {
     mqtt: AsyncClient,
     id: String,
     pending: Pending,
@@ -100,7 +105,7 @@ struct Client {
 }
 
 impl Client {
-    async fn connect(port: u16) -> Client {
+    pub(crate) async fn connect(port: u16) -> Client {
         let id = unique_id("scaleout");
         let mut o = MqttOptions::new(id.clone(), "127.0.0.1", port);
         o.set_keep_alive(Duration::from_secs(30));
@@ -191,7 +196,7 @@ impl Client {
         answer
     }
 
-    async fn ok(&self, args: &[&[u8]]) -> (Bytes, Option<String>) {
+    pub(crate) async fn ok(&self, args: &[&[u8]]) -> (Bytes, Option<String>) {
         let (stat, payload, ts) = self.request(args, WAIT).await.expect("an answer");
         assert_eq!(stat, 200, "{args:?}");
         (payload, ts)
@@ -205,15 +210,17 @@ impl Client {
     }
 }
 
-struct Cluster {
-    _redis: server::TestServer,
+pub(crate) struct Cluster {
+    redis: server::TestServer,
     redis_port: u16,
-    mosquitto: Mosquitto,
+    pub(crate) mosquitto: Mosquitto,
     replicas: Vec<Replica>,
     _dir: tempfile::TempDir,
 }
 
-async fn cluster(n: usize) -> Cluster {
+pub(crate) async fn cluster(n: usize) -> Cluster {
+    // reqwest's TLS takes the process's provider; no service runs in this process to install it.
+    stategate::tls::install_provider();
     let redis = server::TestServer::start(server::Flavor::Redis);
     let mosquitto = Mosquitto::start().await;
     let dir = tempfile::tempdir().unwrap();
@@ -223,7 +230,7 @@ async fn cluster(n: usize) -> Cluster {
     }
     Cluster {
         redis_port: redis.port,
-        _redis: redis,
+        redis,
         mosquitto,
         replicas,
         _dir: dir,
@@ -235,14 +242,25 @@ async fn three_replicas_share_changes_notifications_and_survive_a_kill() {
     let mut c = cluster(3).await;
     let http = reqwest::Client::new();
 
-    // An SSE watcher on replica 1; a write through replica 0 reaches it with its version,
-    // which replica 2 serves as the ETag.
+    // An SSE watcher on replica 1 and a gRPC Watch on replica 2; a write through replica 0
+    // reaches both with its version, which replica 2 serves as the ETag.
     let sse = http
         .get(format!("{}/v1.0-alpha1/state/statestore/subscribe", c.replicas[1].http))
         .send()
         .await
         .unwrap();
     let mut events = sse.bytes_stream();
+    let mut grpc = npb::state_store_client::StateStoreClient::connect(c.replicas[2].grpc.clone())
+        .await
+        .expect("connect to replica 2's gRPC door");
+    let mut watch = grpc
+        .watch(npb::WatchRequest {
+            keys: vec![b"shared".to_vec()],
+            ..Default::default()
+        })
+        .await
+        .expect("Watch")
+        .into_inner();
     let r = http
         .post(c.replicas[0].state())
         .json(&json!([{"key": "shared", "value": 1}]))
@@ -270,6 +288,22 @@ async fn three_replicas_share_changes_notifications_and_survive_a_kill() {
     }
     assert!(seen.contains(&format!("id: {etag}")), "{seen}");
     assert!(seen.contains("event: set"), "{seen}");
+    let event = tokio::time::timeout(WAIT, watch.message())
+        .await
+        .expect("a Watch event from replica 2")
+        .expect("the Watch stream")
+        .expect("an event, not the end");
+    assert_eq!(
+        (
+            event.key.as_slice(),
+            event.kind(),
+            event.version.as_str(),
+            event.value.as_slice()
+        ),
+        (&b"shared"[..], npb::watch_event::Kind::Set, etag.as_str(), &b"1"[..]),
+        "{event:?}"
+    );
+    drop(watch);
 
     // KEYNOTIFY through the shared subscription; changes through each replica notify once,
     // in version order; a STOP (served by whichever replica) ends them.
@@ -366,154 +400,118 @@ async fn three_replicas_share_changes_notifications_and_survive_a_kill() {
     }
 }
 
-/// One operation of the register's history: what was asked, what came back, and when.
-#[derive(Debug, Clone)]
-struct Op {
-    call: Instant,
-    ret: Instant,
-    kind: Kind,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-enum Kind {
-    Set(u32),
-    /// SET NX: applied or not.
-    SetNx(u32, bool),
-    /// VDEL v: deleted or not.
-    VDel(u32, bool),
-    Get(Option<u32>),
-}
-
-/// Applies `op` to the register `state`; `None` when the outcome is impossible there.
-fn step(state: Option<u32>, op: &Kind) -> Option<Option<u32>> {
-    match *op {
-        Kind::Set(v) => Some(Some(v)),
-        Kind::SetNx(v, applied) => match (state, applied) {
-            (None, true) => Some(Some(v)),
-            (Some(_), false) => Some(state),
-            _ => None,
-        },
-        Kind::VDel(v, deleted) => match (state == Some(v), deleted) {
-            (true, true) => Some(None),
-            (false, false) => Some(state),
-            _ => None,
-        },
-        Kind::Get(seen) => (seen == state).then_some(state),
-    }
-}
-
-/// Wing and Gong's search: is there an order of the operations, each placed between its call
-/// and its return, in which every outcome is the register's? Depth-first over the operations
-/// that may come next (those called before every unplaced operation returned), with the states
-/// already explored at each set of placed operations remembered.
-fn linearizable(history: &[Op]) -> bool {
-    fn search(
-        history: &[Op],
-        placed: &mut Vec<bool>,
-        state: Option<u32>,
-        seen: &mut std::collections::HashSet<(Vec<bool>, Option<u32>)>,
-    ) -> bool {
-        if placed.iter().all(|p| *p) {
-            return true;
-        }
-        if !seen.insert((placed.clone(), state)) {
-            return false;
-        }
-        let earliest_return = history
-            .iter()
-            .zip(placed.iter())
-            .filter(|(_, p)| !**p)
-            .map(|(o, _)| o.ret)
-            .min()
-            .expect("an unplaced operation");
-        for i in 0..history.len() {
-            if placed[i] || history[i].call > earliest_return {
-                continue;
-            }
-            if let Some(next) = step(state, &history[i].kind) {
-                placed[i] = true;
-                if search(history, placed, next, seen) {
-                    return true;
-                }
-                placed[i] = false;
-            }
-        }
-        false
-    }
-    search(history, &mut vec![false; history.len()], None, &mut Default::default())
-}
-
-#[test]
-fn the_checker_refuses_a_stale_read() {
-    let t0 = Instant::now();
-    let at = |ms: u64| t0 + Duration::from_millis(ms);
-    let op = |call, ret, kind| Op {
-        call: at(call),
-        ret: at(ret),
-        kind,
-    };
-    // SET 1 returned before GET started: the GET must see 1.
-    assert!(!linearizable(&[op(0, 1, Kind::Set(1)), op(2, 3, Kind::Get(None))]));
-    assert!(linearizable(&[op(0, 3, Kind::Set(1)), op(1, 2, Kind::Get(None))]));
-    assert!(!linearizable(&[
-        op(0, 1, Kind::SetNx(1, true)),
-        op(2, 3, Kind::SetNx(2, true))
-    ]));
-    assert!(linearizable(&[
-        op(0, 1, Kind::SetNx(1, true)),
-        op(2, 5, Kind::VDel(1, true)),
-        op(3, 4, Kind::SetNx(2, false))
-    ]));
-}
-
+/// Redis killed and started again (empty) while clients write through MQTT and HTTP on every
+/// replica: while it is down every request is answered 503 (none hangs, none gets another
+/// error); once it is back every replica serves again, KEYNOTIFY included, without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_register_is_linearizable_across_replicas() {
-    let c = cluster(2).await;
-    let mut clients = Vec::new();
-    for _ in 0..3 {
-        clients.push(Arc::new(Client::connect(c.mosquitto.port).await));
-    }
-    let history = Arc::new(Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for (n, client) in clients.iter().enumerate() {
-        let (client, history) = (client.clone(), history.clone());
-        tasks.push(tokio::spawn(async move {
-            for i in 0..12u32 {
-                let v = n as u32 * 100 + i;
-                let vs = v.to_string();
-                let call = Instant::now();
-                let (payload, _) = match i % 4 {
-                    0 => client.ok(&[b"SET", b"reg", vs.as_bytes()]).await,
-                    1 => client.ok(&[b"SET", b"reg", vs.as_bytes(), b"NX"]).await,
-                    2 => client.ok(&[b"GET", b"reg"]).await,
-                    _ => {
-                        let prev = (v - 3).to_string();
-                        client.ok(&[b"VDEL", b"reg", prev.as_bytes()]).await
+async fn a_redis_restart_under_load_is_503_then_heals_on_every_replica() {
+    let mut c = cluster(3).await;
+    let http = reqwest::Client::builder().timeout(WAIT).build().unwrap();
+    let mqtt = Arc::new(Client::connect(c.mosquitto.port).await);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Statuses seen by the load, by phase (0: up, 1: down, 2: back).
+    let phase = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen: Arc<Mutex<[Vec<u16>; 3]>> = Default::default();
+    let mut load = Vec::new();
+    let load_tasks = 4;
+    for n in 0..load_tasks {
+        let (mqtt, http, stop, phase, seen) = (mqtt.clone(), http.clone(), stop.clone(), phase.clone(), seen.clone());
+        let state = c.replicas[n % 3].state();
+        load.push(tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                i += 1;
+                let key = format!("load-{n}-{i}");
+                let at = phase.load(std::sync::atomic::Ordering::SeqCst);
+                let status = if n < 2 {
+                    // Within the bound: an unanswered request is a failure, not a 0 status.
+                    match mqtt.request(&[b"SET", key.as_bytes(), b"v"], WAIT).await {
+                        Some((stat, _, _)) => stat,
+                        None => 0,
                     }
+                } else {
+                    http.post(&state)
+                        .json(&json!([{"key": key, "value": i}]))
+                        .send()
+                        .await
+                        .map_or(0, |r| r.status().as_u16())
                 };
-                let kind = match i % 4 {
-                    0 => Kind::Set(v),
-                    1 => Kind::SetNx(v, &payload[..] == b"+OK\r\n"),
-                    2 => Kind::Get(match &payload[..] {
-                        b"$-1\r\n" | b"_\r\n" => None,
-                        p => {
-                            let text = String::from_utf8_lossy(p);
-                            Some(text.rsplit("\r\n").nth(1).unwrap().parse().unwrap())
-                        }
-                    }),
-                    _ => Kind::VDel(v - 3, &payload[..] == b":1\r\n"),
-                };
-                history.lock().unwrap().push(Op {
-                    call,
-                    ret: Instant::now(),
-                    kind,
-                });
+                seen.lock().unwrap()[at].push(status);
             }
         }));
     }
-    for t in tasks {
+    let count = |p: usize, status: u16| seen.lock().unwrap()[p].iter().filter(|s| **s == status).count();
+    until("writes while Redis is up", || count(0, 200) + count(0, 204) >= 20).await;
+
+    c.redis.kill();
+    phase.store(1, std::sync::atomic::Ordering::SeqCst);
+    until("503s while Redis is down", || count(1, 503) >= 20).await;
+
+    // Requests sent from now on may meet Redis up; those sent before it came back (at most one
+    // per load task still in flight) may succeed too.
+    phase.store(2, std::sync::atomic::Ordering::SeqCst);
+    c.redis.restart();
+    // Every replica writes again through HTTP.
+    for r in &c.replicas {
+        let give_up = Instant::now() + WAIT;
+        loop {
+            let status = http
+                .post(r.state())
+                .json(&json!([{"key": "after", "value": 1}]))
+                .send()
+                .await
+                .unwrap()
+                .status();
+            if status == 204 {
+                break;
+            }
+            assert_eq!(status, 503);
+            assert!(Instant::now() < give_up, "{} did not recover within {WAIT:?}", r.http);
+            // Polling for an outside process to come back: no event to await.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    until("writes after Redis is back", || count(2, 200) + count(2, 204) >= 20).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for t in load {
         t.await.unwrap();
     }
-    let history = history.lock().unwrap().clone();
-    assert!(linearizable(&history), "not linearizable: {history:#?}");
+    let seen = seen.lock().unwrap().clone();
+    for (p, statuses) in seen.iter().enumerate() {
+        let odd: Vec<_> = statuses.iter().filter(|s| ![200, 204, 503].contains(*s)).collect();
+        assert!(odd.is_empty(), "phase {p}: unexpected answers (0: none) {odd:?}");
+    }
+    // Every request sent while Redis was down got 503, except those still in flight when it
+    // came back (at most one per load task).
+    assert!(
+        seen[1].iter().filter(|s| **s != 503).count() <= load_tasks,
+        "while Redis was down: {:?}",
+        seen[1]
+    );
+
+    // Registrations and the change log start again from an empty Redis: KEYNOTIFY through the
+    // shared subscription, a change through each replica, one notification each.
+    let mut client = Client::connect(c.mosquitto.port).await;
+    client.ok(&[b"KEYNOTIFY", b"healed"]).await;
+    for r in &c.replicas {
+        let resp = http
+            .post(r.state())
+            .json(&json!([{"key": "healed", "value": 1}]))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 204);
+        let (topic, _) = client.note().await;
+        assert!(topic.ends_with(&hex::encode_upper("healed")), "{topic}");
+    }
+}
+
+/// Waits until `done`, at most `WAIT`.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    let give_up = Instant::now() + WAIT;
+    while !done() {
+        assert!(Instant::now() < give_up, "{what}: not within {WAIT:?}");
+        // Waiting for the load tasks' answers to accumulate: no single event marks it.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

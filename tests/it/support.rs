@@ -112,6 +112,9 @@ pub enum Broker {
     Embedded,
     /// The embedded broker with `--mqtt-client-path`: stategate's own MQTT client over loopback.
     EmbeddedClientPath,
+    /// Three services on one redis-server, serving through one Mosquitto's shared subscription
+    /// (see `scaleout_aio`); the [`TestEnv`]'s service is the first of them.
+    RedisReplicas,
 }
 
 /// Which storage the service runs on.
@@ -134,6 +137,8 @@ pub struct TestEnv {
     data: Option<tempfile::TempDir>,
     /// The service's clock (and its durable store's): real time plus what the test added.
     clock: Arc<ShiftedClock>,
+    /// With [`Broker::RedisReplicas`]: Redis and the other replicas.
+    replicas: Option<crate::scaleout_aio::Replicas>,
 }
 
 /// Wall-clock time plus an offset the test moves forward: clients that stamp their requests
@@ -186,7 +191,7 @@ impl TestEnv {
             Storage::Shared(store) => (store, None),
         };
         let mosquitto = match broker {
-            Broker::Mosquitto => {
+            Broker::Mosquitto | Broker::RedisReplicas => {
                 let m = Mosquitto::start().await;
                 config.broker = BrokerChoice::External {
                     host: "127.0.0.1".into(),
@@ -203,6 +208,13 @@ impl TestEnv {
             }
         };
         tweak(&mut config);
+        let (store, replicas) = match broker {
+            Broker::RedisReplicas => {
+                let (replicas, store) = crate::scaleout_aio::Replicas::start(&mut config, &clock).await;
+                (store, Some(replicas))
+            }
+            _ => (store, None),
+        };
         let running = stategate::start_with_clock(config, store, clock.clone())
             .await
             .expect("service starts");
@@ -213,6 +225,7 @@ impl TestEnv {
             _mosquitto: mosquitto,
             data,
             clock,
+            replicas,
         }
     }
 
@@ -221,6 +234,9 @@ impl TestEnv {
     pub fn advance(&self, ms: u64) {
         self.clock.offset_ms.fetch_add(ms, std::sync::atomic::Ordering::SeqCst);
         self.engine().wake_expiry();
+        if let Some(r) = &self.replicas {
+            r.wake_expiry();
+        }
     }
 
     /// Base URL of the HTTP door, e.g. `http://127.0.0.1:41234`.
@@ -256,6 +272,9 @@ impl TestEnv {
 
     /// [`TestEnv::stop`], handing over the durable store's directory (`None` on memory).
     pub async fn stop_keeping_data(mut self) -> Option<tempfile::TempDir> {
+        if let Some(r) = self.replicas.take() {
+            r.stop(self.service.as_ref().map(|s| s.engine())).await;
+        }
         let Some(s) = self.service.take() else {
             return self.data.take();
         };

@@ -1,8 +1,10 @@
 //! Replicas on one Redis (engine/shared.rs): two engines on the same store, as two processes
 //! would be. Each change reaches both histories once, in log order; KEYNOTIFY registrations
-//! made through one replica are honoured by the other, and the replica that applied a change
-//! notifies; a request repeated on the other replica is not executed twice; a log that lost
-//! entries ends the watchers' streams.
+//! made through one replica are honoured by the other, one replica sends every notification of
+//! a client in log order, and when it dies or leaves another sends what it had not; a request
+//! repeated on the other replica is not executed twice; a log that lost entries ends the
+//! watchers' streams; a write costs one round trip from the record cache, and a stale cache
+//! never decides an answer.
 
 use std::time::Duration;
 
@@ -17,6 +19,7 @@ async fn replica(server: &TestServer, node: &str, limits: Limits) -> Fx {
     let options = RedisOptions {
         prefix: "shared-test:".into(),
         timeout: Duration::from_secs(5),
+        member_timeout: Duration::from_millis(300),
         ..Default::default()
     };
     let store = Store::new(crate::storage::redis::RedisBackend::open(&url, &options).await.unwrap());
@@ -84,37 +87,171 @@ async fn every_change_reaches_every_replica_once_in_order() {
     a.no_changes();
 }
 
+/// Waits until every engine's log has `n` members that send notifications.
+async fn members_settle(engines: &[&Engine], n: usize) {
+    let patience = std::time::Instant::now() + Duration::from_secs(10);
+    while engines
+        .iter()
+        .any(|e| e.shared().unwrap().routing().members().len() != n)
+    {
+        assert!(std::time::Instant::now() < patience, "the members did not settle");
+        // Polling state the heartbeats change in the background: nothing to await.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn note(rx: &mut KeyNotifyReceiver) -> KeyNotification {
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("a notification in time")
+        .expect("the engine runs")
+}
+
 #[tokio::test]
-async fn keynotify_registered_on_one_replica_is_served_by_the_one_that_changes_the_key() {
+async fn one_replica_sends_every_notification_of_a_client_in_log_order() {
     let server = TestServer::start(Flavor::Valkey);
     let a = replica(&server, "a", Limits::default()).await;
     let b = replica(&server, "b", Limits::default()).await;
     let mut a_notes = a.engine.keynotify_feed().unwrap();
     let mut b_notes = b.engine.keynotify_feed().unwrap();
+    members_settle(&[&a.engine, &b.engine], 2).await;
+    // A client behind a shared broker (no session): either replica can reach it.
     a.run(&["KEYNOTIFY", "k"], client("dev")).await.unwrap();
-    // B's change comes after the registration in the log, and B reads the log in order.
-    b.ok(&["SET", "k", "1"]).await;
-    let n = tokio::time::timeout(Duration::from_secs(10), b_notes.recv())
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(n.change.key, bs("k"));
-    assert_eq!(n.observers, vec![Arc::<str>::from("dev")]);
-    assert!(
-        a_notes.try_recv().is_none(),
-        "only the replica that applied a change notifies"
-    );
-    assert_eq!(b.engine.observers_of(b"k"), vec![Arc::<str>::from("dev")]);
+    let mut versions = Vec::new();
+    for i in 0..6 {
+        let writer = if i % 2 == 0 { &a } else { &b };
+        versions.push(writer.ok(&["SET", "k", &i.to_string()]).await.version.unwrap());
+    }
+    // Both agree who owns "dev"; only the owner sends, in version order, both replicas' changes.
+    let owner = a.engine.shared().unwrap().routing().owner("dev");
+    assert_eq!(owner, b.engine.shared().unwrap().routing().owner("dev"));
+    let a_origin = a.engine.shared().unwrap().log.origin();
+    let (owner_notes, other_notes) = if owner == Some(a_origin) {
+        (&mut a_notes, &mut b_notes)
+    } else {
+        (&mut b_notes, &mut a_notes)
+    };
+    for v in &versions {
+        let n = note(owner_notes).await;
+        assert_eq!(
+            (&n.change.version, &n.observers[..]),
+            (v, &[Arc::<str>::from("dev")][..])
+        );
+    }
+    assert!(other_notes.try_recv().is_none(), "only the owner notifies");
 
     // STOP through B; a change through A notifies nobody.
     let stop = b.run(&["KEYNOTIFY", "k", "STOP"], client("dev")).await.unwrap();
     assert_eq!(stop.reply, Reply::Ok);
     a.ok(&["SET", "k", "2"]).await;
+    b.ok(&["SET", "k", "3"]).await;
     assert!(a.engine.observers_of(b"k").is_empty());
     assert!(a_notes.try_recv().is_none() && b_notes.try_recv().is_none());
     // A STOP of nothing is 0 on either replica.
     let again = a.run(&["KEYNOTIFY", "k", "STOP"], client("dev")).await.unwrap();
     assert_eq!(again.reply, Reply::Int(0));
+}
+
+#[tokio::test]
+async fn a_client_of_an_embedded_broker_is_notified_by_its_home_replica() {
+    let server = TestServer::start(Flavor::Redis);
+    let a = replica(&server, "a", Limits::default()).await;
+    let b = replica(&server, "b", Limits::default()).await;
+    let mut a_notes = a.engine.keynotify_feed().unwrap();
+    let mut b_notes = b.engine.keynotify_feed().unwrap();
+    members_settle(&[&a.engine, &b.engine], 2).await;
+    // Registered through B's embedded broker (a session): only B reaches the client.
+    for n in 0..8 {
+        b.run(&["KEYNOTIFY", "k"], session(&format!("dev{n}"), 1))
+            .await
+            .unwrap();
+    }
+    let v = a.ok(&["SET", "k", "1"]).await.version.unwrap();
+    let n = note(&mut b_notes).await;
+    assert_eq!(n.change.version, v);
+    assert_eq!(n.observers.len(), 8);
+    assert!(a_notes.try_recv().is_none());
+}
+
+#[tokio::test]
+async fn when_the_sender_dies_another_sends_what_it_had_not() {
+    let server = TestServer::start(Flavor::Redis);
+    let a = replica(&server, "a", Limits::default()).await;
+    let b = replica(&server, "b", Limits::default()).await;
+    let c = replica(&server, "c", Limits::default()).await;
+    let mut notes: Vec<KeyNotifyReceiver> = [&a, &b, &c]
+        .iter()
+        .map(|f| f.engine.keynotify_feed().unwrap())
+        .collect();
+    members_settle(&[&a.engine, &b.engine, &c.engine], 3).await;
+    // A client that A owns.
+    let a_origin = a.engine.shared().unwrap().log.origin();
+    let owned_by_a = (0..100)
+        .map(|i| format!("client-{i}"))
+        .find(|c| a.engine.shared().unwrap().routing().owner(c) == Some(a_origin))
+        .unwrap();
+    b.run(&["KEYNOTIFY", "k"], client(&owned_by_a)).await.unwrap();
+    let mut versions = Vec::new();
+    for i in 0..3 {
+        versions.push(b.ok(&["SET", "k", &i.to_string()]).await.version.unwrap());
+    }
+    // A took them on but its door never sent them (its receiver is never read); then A dies
+    // without leaving.
+    let first = note(&mut notes[0]).await;
+    assert_eq!(first.change.version, versions[0]);
+    drop(a);
+    let _dead_queue = notes.remove(0);
+    // After the member timeout one of B and C drops A, and A's new owner sends all three
+    // (the first again: A's record of what it sent lags a heartbeat, so nothing is lost).
+    let (mut got, mut from) = (Vec::new(), None);
+    while got.len() < 3 {
+        let [b_notes, c_notes] = &mut notes[..] else {
+            panic!("two survivors")
+        };
+        let (n, i) = tokio::select! {
+            n = note(b_notes) => (n, 0),
+            n = note(c_notes) => (n, 1),
+        };
+        assert!(from.is_none_or(|f| f == i), "one new owner sends them");
+        from = Some(i);
+        got.push(n.change.version);
+    }
+    assert_eq!(got, versions);
+    // From then on the new owner sends, once.
+    let v = b.ok(&["SET", "k", "after"]).await.version.unwrap();
+    let owner = from.unwrap();
+    assert_eq!(note(&mut notes[owner]).await.change.version, v);
+    assert!(notes[1 - owner].try_recv().is_none());
+    drop(c);
+}
+
+#[tokio::test]
+async fn a_replica_that_leaves_hands_its_clients_over_at_once() {
+    let server = TestServer::start(Flavor::Valkey);
+    let a = replica(&server, "a", Limits::default()).await;
+    let b = replica(&server, "b", Limits::default()).await;
+    let mut a_notes = a.engine.keynotify_feed().unwrap();
+    let mut b_notes = b.engine.keynotify_feed().unwrap();
+    members_settle(&[&a.engine, &b.engine], 2).await;
+    let a_origin = a.engine.shared().unwrap().log.origin();
+    let owned_by_a = (0..100)
+        .map(|i| format!("client-{i}"))
+        .find(|c| a.engine.shared().unwrap().routing().owner(c) == Some(a_origin))
+        .unwrap();
+    b.run(&["KEYNOTIFY", "k"], client(&owned_by_a)).await.unwrap();
+    let v1 = b.ok(&["SET", "k", "1"]).await.version.unwrap();
+    assert_eq!(note(&mut a_notes).await.change.version, v1);
+    a.engine.leave().await;
+    // B owns the client from A's leave entry on; a member timeout would be 300 ms, a leave
+    // acts at once: B's next change is B's to send.
+    let v2 = b.ok(&["SET", "k", "2"]).await.version.unwrap();
+    let mut got = Vec::new();
+    while got.last() != Some(&v2) {
+        got.push(note(&mut b_notes).await.change.version);
+    }
+    // What A handed over within its last heartbeat may come again; nothing is missing.
+    assert!(got.iter().all(|v| *v == v1 || *v == v2), "{got:?}");
+    assert!(a_notes.try_recv().is_none());
 }
 
 #[tokio::test]
@@ -243,4 +380,108 @@ async fn an_expired_key_is_removed_once_whichever_replica_notices() {
         assert_eq!(kinds[1], ChangeKind::Expire);
         f.no_changes();
     }
+}
+
+/// Round trips the engine's storage made so far.
+fn round_trips(f: &Fx) -> u64 {
+    f.engine.storage_round_trips().unwrap().calls
+}
+
+/// Rewrites `key`'s record behind every replica's back (no log entry: caches stay stale).
+async fn behind_the_back(server: &TestServer, key: &str, value: Option<&str>, ms: u64) {
+    let redis = redis::Client::open(server.url()).unwrap();
+    let mut c = redis.get_multiplexed_async_connection().await.unwrap();
+    let record = format!("shared-test:r:{key}");
+    let mut pipe = redis::pipe();
+    match value {
+        Some(v) => {
+            let version = format!("{ms:020}:{:010}:elsewhere", 0);
+            pipe.cmd("HSET").arg(&record).arg("v").arg(v).arg("ver").arg(version);
+            pipe.cmd("ZADD").arg("shared-test:keys").arg(0).arg(key);
+        }
+        None => {
+            pipe.cmd("DEL").arg(&record);
+            pipe.cmd("ZREM").arg("shared-test:keys").arg(key);
+        }
+    }
+    let _: () = pipe.query_async(&mut c).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_write_from_the_record_cache_costs_one_round_trip() {
+    let server = TestServer::start(Flavor::Redis);
+    let a = replica(&server, "a", Limits::default()).await;
+    // A first write reads the key (its mark too, in one round trip), then swaps: two.
+    let rt = round_trips(&a);
+    a.ok(&["SET", "k", "1"]).await;
+    assert_eq!(round_trips(&a) - rt, 2);
+    // Every later write and answer starts from the cache: one each.
+    for args in [
+        &["SET", "k", "2"][..],
+        &["SET", "k", "3", "NX"],
+        &["SET", "k", "3", "NEX"],
+        &["VDEL", "k", "other"],
+        &["GET", "k"],
+        &["VDEL", "k", "3"],
+        &["DEL", "k"],
+        &["SET", "k", "4", "NX"],
+        &["DEL", "k"],
+    ] {
+        let rt = round_trips(&a);
+        a.ok(args).await;
+        assert_eq!(round_trips(&a) - rt, 1, "{args:?}");
+    }
+    // A request id rides along in the same round trip.
+    let rt = round_trips(&a);
+    let set = parse(&["SET", "k", "5"], ts(T0)).unwrap();
+    a.engine.execute_request(set, Some(&rid("one-trip"))).await.unwrap();
+    assert_eq!(round_trips(&a) - rt, 1);
+    // Off: every write reads first.
+    let limits = Limits {
+        record_cache_bytes: 0,
+        ..Limits::default()
+    };
+    let b = replica(&server, "b", limits).await;
+    let rt = round_trips(&b);
+    b.ok(&["SET", "k", "6"]).await;
+    b.ok(&["SET", "k", "7"]).await;
+    assert_eq!(round_trips(&b) - rt, 4);
+}
+
+#[tokio::test]
+async fn a_stale_record_cache_never_decides_an_answer() {
+    let server = TestServer::start(Flavor::Valkey);
+    let a = replica(&server, "a", Limits::default()).await;
+    a.ok(&["SET", "k", "old"]).await;
+    a.ok(&["SET", "gone", "x"]).await;
+    // Changed behind A's back: its cache still says "old", "gone" present, "new" absent.
+    behind_the_back(&server, "k", Some("new"), T0 + 1000).await;
+    behind_the_back(&server, "gone", None, 0).await;
+    behind_the_back(&server, "new", Some("v"), T0 + 1000).await;
+    // Each answer the cache would get wrong is checked against storage, then redone.
+    let r = a.ok(&["VDEL", "k", "new"]).await;
+    assert_eq!(r.reply, Reply::Int(1), "VDEL of the stored value deletes");
+    let r = a.ok(&["SET", "gone", "y", "NX"]).await;
+    assert_eq!(r.reply, Reply::Ok, "NX on a key deleted meanwhile is applied");
+    let r = a.ok(&["DEL", "new"]).await;
+    assert_eq!(r.reply, Reply::Int(1), "DEL of a key created meanwhile deletes");
+    behind_the_back(&server, "k", Some("later"), T0 + 2000).await;
+    let r = a.ok(&["SET", "k", "mine"]).await;
+    assert_eq!(r.reply, Reply::Ok);
+    assert!(
+        r.version.unwrap() > Hlc::new(T0 + 2000, 0, "elsewhere"),
+        "after the stored version"
+    );
+    assert_eq!(a.get("k").await.reply, Reply::Value(bs("mine")));
+    // A stale NX refusal is confirmed first, and a stale refusal that storage confirms stands.
+    behind_the_back(&server, "k", None, 0).await;
+    let r = a.ok(&["SET", "k", "nx", "NX"]).await;
+    assert_eq!(r.reply, Reply::Ok, "NX on a key deleted meanwhile is applied");
+    let r = a.ok(&["SET", "k", "again", "NX"]).await;
+    assert_eq!(r.reply, Reply::NotApplied);
+    // A repeated request is answered with its first outcome even when the cache decides.
+    let set = || parse(&["SET", "lock", "me", "NX"], ts(T0)).unwrap();
+    let first = a.engine.execute_request(set(), Some(&rid("r1"))).await.unwrap();
+    let again = a.engine.execute_request(set(), Some(&rid("r1"))).await.unwrap();
+    assert_eq!(again, first);
 }

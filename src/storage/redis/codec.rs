@@ -29,6 +29,13 @@ pub struct Names {
     pub observer_count: Vec<u8>,
     /// HASH client -> ms since the epoch: when a replica last saw the client.
     pub seen: Vec<u8>,
+    /// HASH client -> origin: the only replica that can reach the client, when only one can.
+    pub homes: Vec<u8>,
+    /// HASH origin -> ms of Redis's clock: the replicas that send notifications, and when
+    /// each last renewed its membership.
+    pub members: Vec<u8>,
+    /// HASH origin -> log position up to which the member sent what it owed.
+    pub progress: Vec<u8>,
     observer_prefix: Vec<u8>,
     mark_prefix: Vec<u8>,
 }
@@ -46,6 +53,9 @@ impl Names {
             observers: with("obs"),
             observer_count: with("obscount"),
             seen: with("seen"),
+            homes: with("obshome"),
+            members: with("members"),
+            progress: with("progress"),
             observer_prefix: with("o:"),
             mark_prefix: with("q:"),
         }

@@ -3,8 +3,9 @@
 //!
 //! Entries (stream fields): `n` sequence number (consecutive), `u` a tag unique to the entry,
 //! `o` the origin replica, `t` the kind: `s` set (`k` key, `v` version, `x` value, `e`
-//! deadline), `d` delete and `e` expire (`k`, `v`), `r` register (`c` client, `s` session,
-//! `k`), `u` unregister (`c`, `k`), `D` drop a client (`c`, `s`).
+//! deadline, `f` fencing token), `d` delete and `e` expire (`k`, `v`), `r` register (`c`
+//! client, `s` session, `k`, `h` home replica), `u` unregister (`c`, `k`), `D` drop a client
+//! (`c`, `s`), `J` a member joined (`m` its origin), `L` a member left (`m`, `p` its progress).
 //!
 //! A reader never skips an entry silently: every read also fetches the last sequence number
 //! and the entry it read last. Numbers that do not follow on, a last entry that is gone or now
@@ -20,9 +21,10 @@ use bytes::Bytes;
 use redis::{FromRedisValue, Value};
 
 use super::codec::decode_version;
+use super::connection::Purpose;
 use super::{Shared, storage_error};
 use crate::storage::log::{
-    ChangeLog, LogBody, LogCursor, LogEntry, LogRead, LogStart, ObserveOutcome, ObserverBounds, ObserverOp,
+    ChangeLog, LogBody, LogCursor, LogEntry, LogRead, LogStart, MemberOp, ObserveOutcome, ObserverBounds, ObserverOp,
     Registration,
 };
 use crate::storage::{ChangeRecord, ChangeRecordKind, StorageError};
@@ -46,14 +48,16 @@ pub(super) fn random_origin() -> u64 {
 impl Shared {
     /// A tag no other call (of any replica) uses: the origin and a per-process counter.
     pub(super) fn call_tag(&self) -> String {
-        format!("{:x}:{:x}", self.origin, self.calls.fetch_add(1, Ordering::Relaxed))
+        format!("{:x}:{:x}", self.origin, self.tags.fetch_add(1, Ordering::Relaxed))
     }
 
     /// Redis Cluster is not supported (every write touches the store's key index, so the whole
     /// store would live in one slot): refuse it at startup with a clear message rather than
     /// failing each call with MOVED or CROSSSLOT.
     pub(super) async fn refuse_cluster(&self) -> Result<(), StorageError> {
-        let info: String = self.query(redis::cmd("INFO").arg("cluster")).await?;
+        let info: String = self
+            .query(Purpose::Background, redis::cmd("INFO").arg("cluster"))
+            .await?;
         if info.lines().any(|l| l.trim() == "cluster_enabled:1") {
             return Err(StorageError::Backend(format!(
                 "{} is a Redis Cluster node; stategate needs a standalone Redis or Valkey (with replicas and Sentinel for failover: redis+sentinel://)",
@@ -63,23 +67,31 @@ impl Shared {
         Ok(())
     }
 
-    /// The reading connection (its own, since reads block), connected when needed.
+    /// The reading connection (its own, since reads block), connected when needed, to the
+    /// primary the main connection uses (a new one after a failover).
     async fn reader(&self) -> Result<redis::aio::MultiplexedConnection, StorageError> {
         let mut slot = self.reader.lock().await;
-        if let Some(c) = slot.as_ref() {
+        if let Some((c, generation)) = slot.as_ref()
+            && *generation == self.generation()
+        {
             return Ok(c.clone());
         }
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.timeout))
             .set_response_timeout(Some(READ_BLOCK + self.timeout));
-        let c = tokio::time::timeout(
-            self.timeout,
-            self.client.get_multiplexed_async_connection_with_config(&config),
-        )
-        .await
-        .map_err(|_| StorageError::Unavailable(format!("no connection to redis within {:?}", self.timeout)))?
-        .map_err(storage_error)?;
-        *slot = Some(c.clone());
+        let connect = async {
+            let main = self.connection().await?;
+            let c = main
+                .client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+                .map_err(storage_error)?;
+            Ok::<_, StorageError>((c, main.generation))
+        };
+        let (c, generation) = tokio::time::timeout(self.timeout, connect)
+            .await
+            .map_err(|_| StorageError::Unavailable(format!("no connection to redis within {:?}", self.timeout)))??;
+        *slot = Some((c.clone(), generation));
         Ok(c)
     }
 
@@ -101,15 +113,32 @@ impl ChangeLog for RedisLog {
         self.0.timeout * 2
     }
 
+    fn heartbeat_every(&self) -> Duration {
+        (self.0.member_timeout / 5).max(Duration::from_millis(10))
+    }
+
     async fn start(&self) -> Result<LogStart, StorageError> {
         let s = &self.0;
-        let mut eval = s.start.evalsha(&[&s.names.log, &s.names.log_seq, &s.names.observers]);
+        let mut eval = s.start.evalsha(&[
+            &s.names.log,
+            &s.names.log_seq,
+            &s.names.observers,
+            &s.names.members,
+            &s.names.homes,
+        ]);
         eval.arg(s.names.observer_prefix());
         let mut pipe = redis::pipe();
         pipe.add_command(eval);
-        let reply = s.eval_pipeline(&s.start, &pipe).await?;
+        let reply = s.eval_pipeline(Purpose::Background, &s.start, &pipe).await?;
         let bad = |what: &str| StorageError::Backend(format!("the start script answered {what}"));
-        let (id, seq, tag, regs): (Bytes, u64, Bytes, Vec<(String, String, Vec<Bytes>)>) = reply
+        type Started = (
+            Bytes,
+            u64,
+            Bytes,
+            Vec<(String, String, String, Vec<Bytes>)>,
+            Vec<String>,
+        );
+        let (id, seq, tag, regs, members): Started = reply
             .into_iter()
             .next()
             .map(FromRedisValue::from_redis_value)
@@ -118,22 +147,39 @@ impl ChangeLog for RedisLog {
             .ok_or_else(|| bad("nothing"))?;
         let registrations = regs
             .into_iter()
-            .map(|(client, session, keys)| Registration {
+            .map(|(client, session, home, keys)| Registration {
                 client,
                 session: session.parse().ok(),
+                home: home.parse().ok(),
                 keys,
             })
             .collect();
+        let members = members
+            .iter()
+            .map(|m| m.parse().map_err(|_| bad(&format!("member {m:?}"))))
+            .collect::<Result<_, _>>()?;
         Ok(LogStart {
             cursor: LogCursor { id, seq, tag },
             registrations,
+            members,
         })
+    }
+
+    async fn heartbeat(&self, progress: u64) -> Result<Vec<(u64, u64)>, StorageError> {
+        let reply = self.members_call("h", progress).await?;
+        let pairs: Vec<(u64, u64)> = FromRedisValue::from_redis_value(reply)
+            .map_err(|e| StorageError::Backend(format!("the members script answered {e}")))?;
+        Ok(pairs)
+    }
+
+    async fn leave(&self, progress: u64) -> Result<(), StorageError> {
+        self.members_call("l", progress).await.map(|_| ())
     }
 
     async fn head(&self) -> Result<u64, StorageError> {
         let s = &self.0;
         // The counter is bumped by the same script that appends, so it is never behind.
-        let seq: Option<u64> = s.query(redis::cmd("GET").arg(&s.names.log_seq)).await?;
+        let seq: Option<u64> = s.query(Purpose::Call, redis::cmd("GET").arg(&s.names.log_seq)).await?;
         Ok(seq.unwrap_or(0))
     }
 
@@ -152,6 +198,7 @@ impl ChangeLog for RedisLog {
             .arg("STREAMS")
             .arg(&s.names.log)
             .arg(from);
+        s.counters.add(Purpose::Background, 1);
         let replies: Vec<Value> = match pipe.query_async(&mut conn).await {
             Ok(r) => r,
             Err(e) => {
@@ -203,10 +250,15 @@ impl ChangeLog for RedisLog {
         bounds: ObserverBounds,
     ) -> Result<(ObserveOutcome, Option<u64>), StorageError> {
         let s = &self.0;
-        let (code, client, session, key): (&str, &str, Option<u64>, &[u8]) = match op {
-            ObserverOp::Register { client, session, key } => ("r", client, *session, key),
-            ObserverOp::Unregister { client, key } => ("u", client, None, key),
-            ObserverOp::DropClient { client, session } => ("d", client, *session, b""),
+        let (code, client, session, key, home): (&str, &str, Option<u64>, &[u8], Option<u64>) = match op {
+            ObserverOp::Register {
+                client,
+                session,
+                key,
+                home,
+            } => ("r", client, *session, key, *home),
+            ObserverOp::Unregister { client, key } => ("u", client, None, key, None),
+            ObserverOp::DropClient { client, session } => ("d", client, *session, b"", None),
         };
         let set = s.names.observed_by(client);
         let mut eval = s.observe.evalsha(&[
@@ -216,6 +268,7 @@ impl ChangeLog for RedisLog {
             &s.names.log,
             &s.names.log_seq,
             &s.names.seen,
+            &s.names.homes,
         ]);
         eval.arg(code)
             .arg(client)
@@ -225,10 +278,11 @@ impl ChangeLog for RedisLog {
             .arg(bounds.total)
             .arg(s.log_len)
             .arg(s.origin)
-            .arg(s.call_tag());
+            .arg(s.call_tag())
+            .arg(home.map(|h| h.to_string()).unwrap_or_default());
         let mut pipe = redis::pipe();
         pipe.add_command(eval);
-        let reply = s.eval_pipeline(&s.observe, &pipe).await?;
+        let reply = s.eval_pipeline(Purpose::Call, &s.observe, &pipe).await?;
         let (outcome, last): (i64, u64) = reply
             .into_iter()
             .next()
@@ -259,7 +313,7 @@ impl ChangeLog for RedisLog {
         }
         let mut pipe = redis::pipe();
         pipe.add_command(eval);
-        let reply = s.eval_pipeline(&s.seen_script, &pipe).await?;
+        let reply = s.eval_pipeline(Purpose::Background, &s.seen_script, &pipe).await?;
         let times: Vec<u64> = reply
             .into_iter()
             .next()
@@ -271,6 +325,29 @@ impl ChangeLog for RedisLog {
             return Err(StorageError::Backend("the seen script answered a short list".into()));
         }
         Ok(times)
+    }
+}
+
+impl RedisLog {
+    /// One call of `redis/members.lua`: `op` `h` (heartbeat) or `l` (leave).
+    async fn members_call(&self, op: &str, progress: u64) -> Result<Value, StorageError> {
+        let s = &self.0;
+        let mut eval = s
+            .members
+            .evalsha(&[&s.names.members, &s.names.progress, &s.names.log, &s.names.log_seq]);
+        eval.arg(op)
+            .arg(s.origin)
+            .arg(progress)
+            .arg(s.member_timeout.as_millis() as u64)
+            .arg(s.log_len)
+            .arg(s.call_tag());
+        let mut pipe = redis::pipe();
+        pipe.add_command(eval);
+        let reply = s.eval_pipeline(Purpose::Background, &s.members, &pipe).await?;
+        reply
+            .into_iter()
+            .next()
+            .ok_or_else(|| StorageError::Backend("the members script answered nothing".into()))
     }
 }
 
@@ -362,6 +439,7 @@ fn decode_entry(fields: &[(Bytes, Bytes)]) -> Result<LogEntry, StorageError> {
         b"s" => change(ChangeRecordKind::Set {
             value: field(fields, b"x").cloned().unwrap_or_default(),
             expires_at_ms: field(fields, b"e").map(|_| number(b"e")).transpose()?,
+            fencing: field(fields, b"f").map(|f| decode_version(f)).transpose()?,
         })?,
         b"d" => change(ChangeRecordKind::Delete)?,
         b"e" => change(ChangeRecordKind::Expire)?,
@@ -369,6 +447,7 @@ fn decode_entry(fields: &[(Bytes, Bytes)]) -> Result<LogEntry, StorageError> {
             client: text(b"c")?,
             session: session(),
             key: bytes(b"k")?,
+            home: field(fields, b"h").and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()),
         }),
         b"u" => LogBody::Observe(ObserverOp::Unregister {
             client: text(b"c")?,
@@ -377,6 +456,11 @@ fn decode_entry(fields: &[(Bytes, Bytes)]) -> Result<LogEntry, StorageError> {
         b"D" => LogBody::Observe(ObserverOp::DropClient {
             client: text(b"c")?,
             session: session(),
+        }),
+        b"J" => LogBody::Member(MemberOp::Join { member: number(b"m")? }),
+        b"L" => LogBody::Member(MemberOp::Leave {
+            member: number(b"m")?,
+            progress: number(b"p")?,
         }),
         other => return Err(bad(&format!("kind {:?}", String::from_utf8_lossy(other)))),
     };
@@ -418,7 +502,8 @@ mod tests {
                 version: Hlc::new(5, 1, "n"),
                 kind: ChangeRecordKind::Set {
                     value: Bytes::from_static(b"val"),
-                    expires_at_ms: Some(99)
+                    expires_at_ms: Some(99),
+                    fencing: None,
                 },
             })
         );

@@ -8,10 +8,12 @@
 -- KEYS[3] the keys this client observes (SET)
 -- KEYS[4] change log (STREAM), KEYS[5] its last sequence number (STRING)
 -- KEYS[6] when replicas last saw each client (HASH)
+-- KEYS[7] the only replica that can reach each client, when only one can (HASH client -> origin)
 -- ARGV[1] 'r' register, 'u' unregister, 'd' drop the client
 -- ARGV[2] client, ARGV[3] session ('' = unknown), ARGV[4] key
 -- ARGV[5] most keys per client, ARGV[6] most registrations in all
 -- ARGV[7] approximate most log entries kept, ARGV[8] origin, ARGV[9] a tag unique to this call
+-- ARGV[10] the client's home replica ('' = any replica can reach it)
 --
 -- Returns {outcome, sequence number of the last entry logged (0: none)}; outcome 0 applied,
 -- 1 nothing to do, 2 the client has too many keys, 3 the registry is full (a registration
@@ -40,6 +42,7 @@ local function drop(only)
   redis.call('HDEL', clients, client)
   redis.call('DECRBY', count, n)
   redis.call('HDEL', KEYS[6], client)
+  redis.call('HDEL', KEYS[7], client)
   append('D', {'s', only})
   return true
 end
@@ -49,6 +52,7 @@ redis.call('HLEN', clients)
 redis.call('SCARD', keys)
 redis.call('XLEN', log)
 redis.call('HLEN', KEYS[6])
+redis.call('HLEN', KEYS[7])
 
 if op == 'r' then
   local current = redis.call('HGET', clients, client)
@@ -68,13 +72,21 @@ if op == 'r' then
   end
   redis.call('SADD', keys, key)
   redis.call('HSET', clients, client, session)
+  if ARGV[10] ~= '' then
+    redis.call('HSET', KEYS[7], client, ARGV[10])
+  else
+    redis.call('HDEL', KEYS[7], client)
+  end
   redis.call('INCR', count)
-  append('r', {'s', session, 'k', key})
+  append('r', {'s', session, 'k', key, 'h', ARGV[10]})
   return {0, last}
 elseif op == 'u' then
   if redis.call('SREM', keys, key) == 0 then return {1, 0} end
   redis.call('DECR', count)
-  if redis.call('SCARD', keys) == 0 then redis.call('HDEL', clients, client) end
+  if redis.call('SCARD', keys) == 0 then
+    redis.call('HDEL', clients, client)
+    redis.call('HDEL', KEYS[7], client)
+  end
   append('u', {'k', key})
   return {0, last}
 elseif op == 'd' then

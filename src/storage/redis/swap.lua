@@ -2,7 +2,9 @@
 -- stategate's conditional swap (src/storage/redis.rs describes the layout): apply every
 -- (key, expected version, new record or delete) or none, append the changes to the shared
 -- change log, and leave the request's mark. No state store rule lives here: the engine decided
--- every record; this only compares versions and request ids, counts keys and writes.
+-- every record; this only compares versions and request ids, counts keys and writes. With
+-- checks and no swaps it writes nothing: it confirms that the versions a decision was taken
+-- on (from a replica's record cache) are still the stored ones, and that the request is new.
 --
 -- All or nothing: every check, and every call that could fail (a key of the wrong type, a
 -- number that does not parse), runs before the first write, so the script never stops
@@ -14,29 +16,36 @@
 -- KEYS[3] highest version ever written (ZSET, one member, score 0)
 -- KEYS[4] change log (STREAM), KEYS[5] its last sequence number (STRING)
 -- KEYS[6] the request's mark (STRING, with a TTL)
--- KEYS[6 + i] the record hash of swap i
+-- KEYS[6 + i] the record hash of swap i, then KEYS[6 + swaps + j] that of check j
 -- ARGV[1] most keys after the swap ('' = no limit)
 -- ARGV[2] approximate most log entries kept ('' = write no log)
--- ARGV[3] the request's outcome to store ('' = no request), ARGV[4] how long to keep it, ms
--- ARGV[5] origin (the writing replica), ARGV[6] a tag unique to this call
--- ARGV[7] number of changes
--- then 7 per swap i, from ARGV[8 + 7 * (i - 1)]: key, expected version ('' = must be absent),
--- 'p' (put) or 'd' (delete), value, version, fencing token ('' = none), deadline ('' = none)
--- then 5 per change: key, 's' (set) 'd' (delete) or 'e' (expire), version, value, deadline
+-- ARGV[3] the request: '' none, 'c' look for its mark only, 's' look and store the outcome
+-- ARGV[4] the outcome to store, ARGV[5] how long to keep it, ms
+-- ARGV[6] origin (the writing replica), ARGV[7] a tag unique to this call
+-- ARGV[8] number of swaps, ARGV[9] number of checks, ARGV[10] number of changes
+-- then 7 per swap i: key, expected version ('' = must be absent), 'p' (put) or 'd' (delete),
+-- value, version, fencing token ('' = none), deadline ('' = none)
+-- then 1 per check: expected version ('' = must be absent)
+-- then 6 per change: key, 's' (set) 'd' (delete) or 'e' (expire), version, value, deadline,
+-- fencing token
 --
 -- Returns {0, sequence number of the last change logged (0: none)}, {1} conflict (a stored
 -- version differs), {2} too many keys, {3, outcome} the request was applied before.
 
-local swaps = #KEYS - 6
+local swaps, checks, changes = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+if not swaps or not checks or not changes or #KEYS ~= 6 + swaps + checks then
+  return redis.error_reply('ERR stategate swap: bad counts')
+end
 local index, deadlines, highest = KEYS[1], KEYS[2], KEYS[3]
 local log, logseq, mark = KEYS[4], KEYS[5], KEYS[6]
-local S = 8
+local S = 11
+local C = S + 7 * swaps
 
 -- A redelivered request: its first execution stands; apply nothing.
 if ARGV[3] ~= '' then
   local stored = redis.call('GET', mark)
   if stored then return {3, stored} end
-  if not tonumber(ARGV[4]) then
+  if ARGV[3] == 's' and not tonumber(ARGV[5]) then
     return redis.error_reply('ERR stategate swap: bad request ttl')
   end
 end
@@ -64,13 +73,24 @@ for i = 1, swaps do
     added = added - 1
   end
 end
+for j = 1, checks do
+  local stored = redis.call('HGET', KEYS[6 + swaps + j], 'ver')
+  local expected = ARGV[C + j - 1]
+  if expected == '' then
+    if stored then return {1} end
+  elseif stored ~= expected then
+    return {1}
+  end
+end
 if ARGV[1] ~= '' and added > 0 and count + added > tonumber(ARGV[1]) then
   return {2}
 end
-local changes = tonumber(ARGV[7])
+if swaps == 0 then
+  return {0, 0}
+end
 if ARGV[2] ~= '' then
   redis.call('XLEN', log)
-  if not tonumber(ARGV[2]) or not changes then
+  if not tonumber(ARGV[2]) then
     return redis.error_reply('ERR stategate swap: bad log arguments')
   end
   local seq = redis.call('GET', logseq)
@@ -113,11 +133,11 @@ redis.call('ZREMRANGEBYRANK', highest, 0, -2)
 -- other way round, and the log's order is the order of the swaps.
 local last = 0
 if ARGV[2] ~= '' then
-  local c = S + 7 * swaps
+  local c = C + checks
   for j = 1, changes do
-    local b = c + 5 * (j - 1)
+    local b = c + 6 * (j - 1)
     last = redis.call('INCR', logseq)
-    local entry = {'n', last, 'u', ARGV[6] .. '.' .. j, 'o', ARGV[5], 't', ARGV[b + 1], 'k', ARGV[b],
+    local entry = {'n', last, 'u', ARGV[7] .. '.' .. j, 'o', ARGV[6], 't', ARGV[b + 1], 'k', ARGV[b],
       'v', ARGV[b + 2]}
     if ARGV[b + 1] == 's' then
       entry[#entry + 1] = 'x'
@@ -126,11 +146,15 @@ if ARGV[2] ~= '' then
         entry[#entry + 1] = 'e'
         entry[#entry + 1] = ARGV[b + 4]
       end
+      if ARGV[b + 5] ~= '' then
+        entry[#entry + 1] = 'f'
+        entry[#entry + 1] = ARGV[b + 5]
+      end
     end
     redis.call('XADD', log, 'MAXLEN', '~', ARGV[2], '*', unpack(entry))
   end
 end
-if ARGV[3] ~= '' then
-  redis.call('SET', mark, ARGV[3], 'PX', ARGV[4])
+if ARGV[3] == 's' then
+  redis.call('SET', mark, ARGV[4], 'PX', ARGV[5])
 end
 return {0, last}

@@ -22,6 +22,7 @@ fn options(prefix: &str) -> RedisOptions {
         wait_replicas: 0,
         change_log_len: 1000,
         startup_wait: Duration::from_secs(10),
+        member_timeout: Duration::from_secs(5),
     }
 }
 
