@@ -109,6 +109,8 @@ pub struct Running {
     certs: Option<Arc<tls::CertReloader>>,
     cert_watcher: Option<tokio::task::JoinHandle<()>>,
     limits: DoorLimits,
+    /// Dapr configuration subscriptions (both doors'), ended at shutdown.
+    subscriptions: Arc<dapr::configuration::Subscriptions>,
 }
 
 /// What the HTTP and gRPC doors count, for tests and the status route.
@@ -491,6 +493,7 @@ pub async fn start_observed(
         certs,
         cert_watcher,
         limits,
+        subscriptions: config.http.subscriptions.clone(),
     })
 }
 
@@ -671,6 +674,8 @@ impl Running {
     pub async fn shutdown(self) {
         let deadline = tokio::time::Instant::now() + self.grace;
         let _ = self.stop.send(true);
+        // Configuration subscriptions end like change streams do (their streams follow them).
+        self.subscriptions.close_all();
         let door = self.mqtt_door().clone();
         if let Some(w) = self.cert_watcher {
             let _ = w.await;

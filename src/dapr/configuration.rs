@@ -194,6 +194,15 @@ impl Subscriptions {
         }
     }
 
+    /// Ends every subscription (the service is stopping); returns how many there were.
+    pub fn close_all(&self) -> usize {
+        let all: Vec<_> = self.live().drain().collect();
+        for (_, stop) in &all {
+            stop.notify_one();
+        }
+        all.len()
+    }
+
     /// Subscriptions open now.
     pub fn len(&self) -> usize {
         self.live().len()

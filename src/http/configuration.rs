@@ -204,15 +204,11 @@ pub async fn subscribe_configuration(
         }
     });
     // The subscription lives as long as the stream (as does its slot of the caller's stream
-    // limit); unsubscribe ends it, and so does the service stopping (graceful shutdown waits
-    // for open streams).
-    let obs = st.obs.clone();
+    // limit); unsubscribe ends it, and so does the service stopping (`Running::shutdown`
+    // closes every subscription).
     let stream = futures_util::stream::once(async move { first })
         .chain(futures_util::StreamExt::take_until(events, async move {
-            tokio::select! {
-                _ = subscription.stopped() => {}
-                _ = obs.stopped() => {}
-            }
+            subscription.stopped().await
         }))
         .map(move |e| {
             let _open = &slot;

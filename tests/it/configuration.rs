@@ -201,3 +201,47 @@ async fn http_get_and_the_sse_subscription() {
     );
     env.stop().await;
 }
+
+/// Stopping the service ends configuration subscriptions on both doors (as it ends change
+/// streams), so shutdown does not wait out its grace period for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_end_when_the_service_stops() {
+    use stategate::grpc::pb::dapr::proto::runtime::v1 as rpb;
+    // A grace period far longer than the test waits: only ended streams let `stop` return.
+    let env = TestEnv::start_with(Broker::Embedded, |c| {
+        c.ops.shutdown_grace = std::time::Duration::from_secs(600)
+    })
+    .await;
+    let mut sse = reqwest::get(format!("{}/v1.0/configuration/{STORE}/subscribe?key=k1", env.http()))
+        .await
+        .unwrap();
+    assert_eq!(sse.status(), 200);
+    let first = within("the subscribe event", sse.chunk()).await.unwrap().expect("open");
+    assert!(String::from_utf8_lossy(&first).contains("subscribe"));
+    let mut d = rpb::dapr_client::DaprClient::connect(env.grpc()).await.unwrap();
+    let mut grpc = d
+        .subscribe_configuration(rpb::SubscribeConfigurationRequest {
+            store_name: STORE.into(),
+            keys: vec!["k1".into()],
+            metadata: Default::default(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let id = within("the first message", grpc.message())
+        .await
+        .unwrap()
+        .expect("open")
+        .id;
+    assert!(!id.is_empty());
+    within("the service to stop", env.stop()).await;
+    while within("the SSE stream to end", sse.chunk())
+        .await
+        .unwrap_or(None)
+        .is_some()
+    {}
+    assert!(
+        !matches!(within("the gRPC stream to end", grpc.message()).await, Ok(Some(_))),
+        "no message after the stop"
+    );
+}
