@@ -21,8 +21,11 @@ mod error;
 mod expiry;
 pub mod feed;
 pub mod notify;
+mod observing;
 mod owners;
+mod reads;
 mod shared;
+mod transact;
 mod transfer;
 pub mod watch;
 
@@ -33,7 +36,7 @@ pub use notify::{Change, ChangeKind, KeyNotification, KeyNotifyReceiver, Observe
 pub use transfer::ImportReport;
 
 use feed::Feed;
-use notify::{KeyNotifySender, Observers, RegisterError};
+use notify::{KeyNotifySender, Observers};
 
 /// How far ahead of the service clock a request timestamp or fencing token may be.
 pub const MAX_CLOCK_SKEW_MS: u64 = 60_000;
@@ -269,77 +272,9 @@ impl Engine {
         self.0.feed.held()
     }
 
-    /// The notifications for KEYNOTIFY observers, in change order per key: the MQTT door takes
-    /// this once (`None` afterwards). Changes to keys nobody observes are never queued.
-    /// On shared storage, taking it makes this replica one of those that send notifications.
-    pub fn keynotify_feed(&self) -> Option<KeyNotifyReceiver> {
-        let (tx, rx) = notify::keynotify_queue(&self.0.limits.observers);
-        self.0.keynotify.set(tx).ok()?;
-        if let Some(shared) = self.shared() {
-            shared.start_heartbeats(self);
-        }
-        Some(rx)
-    }
-
     /// Round trips to the storage server so far, when it is remote (for measurements).
     pub fn storage_round_trips(&self) -> Option<crate::storage::RoundTrips> {
         self.0.store.backend().round_trips()
-    }
-
-    /// KEYNOTIFY notifications dropped so far because the door's queue was full.
-    pub fn keynotify_dropped(&self) -> u64 {
-        self.0.keynotify.get().map_or(0, KeyNotifySender::dropped)
-    }
-
-    /// The client ids observing `key` (KEYNOTIFY).
-    pub fn observers_of(&self, key: &[u8]) -> Vec<Arc<str>> {
-        self.observers().of_key(key)
-    }
-
-    /// Drops every KEYNOTIFY registration of a client (it disconnected). With `session`, only
-    /// registrations made in that broker session (a late report of an old connection's end
-    /// leaves a newer session's registrations alone).
-    pub async fn drop_client(&self, client: &str, session: Option<u64>) -> usize {
-        match self.shared() {
-            Some(shared) => self.drop_client_shared(shared, client, session).await,
-            None => self.with_observers(|o| o.drop_client(client, session)),
-        }
-    }
-
-    /// KEYNOTIFY registrations of all clients.
-    pub fn registrations(&self) -> usize {
-        self.observers().total()
-    }
-
-    /// Runs a change of the registry and keeps the count of observed keys current.
-    fn with_observers<T>(&self, f: impl FnOnce(&mut Observers) -> T) -> T {
-        let mut obs = self.observers();
-        let out = f(&mut obs);
-        self.0.observed_keys.store(obs.key_count(), Ordering::Relaxed);
-        out
-    }
-
-    /// Records that a client is alive (it sent a request).
-    pub fn touch_client(&self, client: &str) {
-        self.observers().touch(client)
-    }
-
-    /// Drops the registrations of clients idle past the configured limit.
-    pub async fn sweep_idle_observers(&self) -> usize {
-        match (self.0.limits.observers.idle, self.shared()) {
-            (Some(idle), Some(shared)) => self.sweep_idle_shared(shared, idle).await,
-            (Some(idle), None) => self.with_observers(|o| o.sweep_idle(idle)),
-            (None, _) => 0,
-        }
-    }
-
-    /// Number of clients with at least one registration.
-    pub fn observing_clients(&self) -> usize {
-        self.observers().client_count()
-    }
-
-    fn observers(&self) -> std::sync::MutexGuard<'_, Observers> {
-        self.0.observers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Executes one command.
@@ -534,31 +469,6 @@ impl Engine {
         self.0.feed.push(change);
     }
 
-    /// Queues the KEYNOTIFY notifications of a change, for the observers of its key.
-    fn notify_observers(&self, change: &Change) {
-        if self.0.observed_keys.load(Ordering::Relaxed) > 0
-            && let Some(tx) = self.0.keynotify.get()
-        {
-            let observers = self.observers().of_key(&change.key);
-            if !observers.is_empty() {
-                // Copies: the notification may wait, and must not pin the request's buffer.
-                let change = Change {
-                    key: Bytes::copy_from_slice(&change.key),
-                    version: change.version.clone(),
-                    kind: match &change.kind {
-                        ChangeKind::Set(v) => ChangeKind::Set(Bytes::copy_from_slice(v)),
-                        other => other.clone(),
-                    },
-                };
-                tx.send(KeyNotification {
-                    change,
-                    observers,
-                    at: 0,
-                });
-            }
-        }
-    }
-
     async fn set(&self, c: Set, request: Option<&RequestId>) -> Result<Response, EngineError> {
         match self.set_once(&c, request).await {
             Err(EngineError::QuotaExceeded) if self.make_room().await? => self.set_once(&c, request).await,
@@ -712,184 +622,6 @@ impl Engine {
         })
     }
 
-    /// Reads a live key (GET with its expiry deadline). An expired key is removed and absent.
-    pub async fn read(&self, key: &Bytes) -> Result<Option<Entry>, EngineError> {
-        if key.is_empty() {
-            return Err(EngineError::EmptyKey);
-        }
-        let record = self.0.store.backend().get(key).await?;
-        if let Some(cache) = &self.0.cache {
-            cache.read(key, record.as_ref());
-        }
-        match record {
-            None => Ok(None),
-            Some(r) if self.is_expired(&r) => {
-                let _guard = self.lock(key).await;
-                match self.load_live(key).await {
-                    // The key is absent either way; a full disk only delays its removal (the
-                    // expiry driver retries), and reads go on while writes are refused.
-                    Ok(_) | Err(EngineError::StorageFull) => Ok(None),
-                    Err(e) => Err(e),
-                }
-            }
-            Some(r) => Ok(Some(Entry {
-                value: r.value,
-                version: r.version,
-                expires_at_ms: r.expires_at_ms,
-                fencing: r.fencing,
-            })),
-        }
-    }
-
-    /// Keys removed so far because their deadline passed.
-    pub fn expired_count(&self) -> u64 {
-        self.0.expired.load(Ordering::Relaxed)
-    }
-
-    /// Bytes of the stored values, where the storage keeps count.
-    pub async fn value_bytes(&self) -> Result<Option<u64>, EngineError> {
-        Ok(self.0.store.backend().value_bytes().await?)
-    }
-
-    /// Whether the storage takes writes right now (readiness, metrics).
-    pub fn storage_health(&self) -> crate::storage::StorageHealth {
-        self.0.store.backend().health()
-    }
-
-    /// The storage's health as it changes (`None`: it never does).
-    pub fn storage_health_changes(&self) -> Option<tokio::sync::watch::Receiver<crate::storage::StorageHealth>> {
-        self.0.store.backend().health_changes()
-    }
-
-    /// Whether the storage can take an online backup ([`Engine::backup`]).
-    pub fn can_backup(&self) -> bool {
-        self.0.store.backend().online_backup().is_some()
-    }
-
-    /// An online backup of the storage (blocks the thread; run it on a blocking one). Fails
-    /// with a storage error when the backend has none ([`Engine::can_backup`]).
-    pub fn backup(&self, sink: &mut dyn crate::storage::BackupSink) -> Result<crate::storage::BackupInfo, EngineError> {
-        match self.0.store.backend().online_backup() {
-            Some(b) => Ok(b.backup(sink)?),
-            None => Err(EngineError::Storage(crate::storage::StorageError::Backend(
-                "this storage has no online backup (durable only; use export)".into(),
-            ))),
-        }
-    }
-
-    /// Number of keys stored, across every store (keys expired but not yet swept included).
-    pub async fn key_count(&self) -> Result<u64, EngineError> {
-        Ok(self.0.store.backend().len().await?)
-    }
-
-    /// Keys strictly after `after` that start with `prefix`, in byte order, examining at most
-    /// `examine` keys (the Dapr query API pages over these).
-    pub async fn keys_with_prefix(
-        &self,
-        prefix: &[u8],
-        after: Option<&[u8]>,
-        examine: usize,
-    ) -> Result<crate::storage::KeyPage, EngineError> {
-        let now = self.0.hlc.wall_ms();
-        let keep = |k: &[u8]| k.starts_with(prefix);
-        Ok(self.0.store.backend().scan(after, examine.max(1), now, &keep).await?)
-    }
-
-    /// Applies every operation in order, or none. A condition that is not met (an ETag, NX)
-    /// fails the whole transaction with [`EngineError::VersionMismatch`]; deleting a missing
-    /// key succeeds. Returns one response per operation; observers are told of every change.
-    pub async fn transact(&self, ops: Vec<TxOp>) -> Result<Vec<Response>, EngineError> {
-        match self.transact_once(&ops).await {
-            Err(EngineError::QuotaExceeded) if self.make_room().await? => self.transact_once(&ops).await,
-            other => other,
-        }
-    }
-
-    async fn transact_once(&self, ops: &[TxOp]) -> Result<Vec<Response>, EngineError> {
-        let l = &self.0.limits;
-        for op in ops {
-            match op {
-                TxOp::Set(s) => self.check_set(s)?,
-                TxOp::Del(d) if d.key.is_empty() => return Err(EngineError::EmptyKey),
-                TxOp::Del(d) => self.check_skew(d.fencing.as_ref(), || EngineError::FencingTokenSkew)?,
-            }
-        }
-        // Lock every stripe involved, in index order, so two transactions cannot deadlock.
-        let mut stripes: Vec<usize> = ops.iter().map(|op| self.stripe(op.key())).collect();
-        stripes.sort_unstable();
-        stripes.dedup();
-        let mut _guards = Vec::with_capacity(stripes.len());
-        for i in stripes {
-            _guards.push(self.0.stripes[i].lock().await);
-        }
-        'attempt: for _ in 0..MAX_SWAP_ATTEMPTS {
-            // key -> (version read, current record in this transaction's view)
-            let mut view: std::collections::HashMap<Bytes, (Option<Hlc>, Option<Record>)> = Default::default();
-            for op in ops {
-                if !view.contains_key(op.key()) {
-                    let cur = self.load_live(op.key()).await?;
-                    view.insert(op.key().clone(), (cur.as_ref().map(|r| r.version.clone()), cur));
-                }
-            }
-            let mut changes: Vec<(Change, Option<Record>)> = Vec::with_capacity(ops.len());
-            let mut responses = Vec::with_capacity(ops.len());
-            for op in ops {
-                let Some((_, cur)) = view.get_mut(op.key()) else {
-                    continue 'attempt;
-                };
-                match op {
-                    TxOp::Set(s) => {
-                        // Inside a transaction an unmet NX/NEX fails everything, like an ETag.
-                        let new = self.set_record(s, cur.as_ref())?.ok_or(EngineError::VersionMismatch)?;
-                        let version = new.version.clone();
-                        *cur = Some(new.clone());
-                        let change = Change {
-                            key: s.key.clone(),
-                            version: version.clone(),
-                            kind: ChangeKind::Set(s.value.clone()),
-                        };
-                        changes.push((change, Some(new)));
-                        responses.push(Response::new(Reply::Ok, Some(version)));
-                    }
-                    TxOp::Del(d) => {
-                        if !Self::check_delete(cur.as_ref(), d.fencing.as_ref(), &d.condition)? {
-                            responses.push(Response::new(Reply::Int(0), None));
-                            continue;
-                        }
-                        let Some(r) = cur.take() else {
-                            continue 'attempt;
-                        };
-                        let version = self.0.hlc.next_after(&[&r.version]);
-                        let change = Change {
-                            key: d.key.clone(),
-                            version: version.clone(),
-                            kind: ChangeKind::Delete,
-                        };
-                        changes.push((change, None));
-                        responses.push(Response::new(Reply::Int(1), Some(version)));
-                    }
-                }
-            }
-            let swaps: Vec<Swap> = view
-                .into_iter()
-                .filter(|(_, (read, cur))| read.as_ref() != cur.as_ref().map(|r| &r.version))
-                .map(|(key, (expected, new))| Swap { key, expected, new })
-                .collect();
-            let outcome = if swaps.is_empty() {
-                Written::Done { logged: None }
-            } else {
-                self.commit(&swaps, l.max_keys, changes, None).await?
-            };
-            match outcome {
-                Written::Done { .. } => return Ok(responses),
-                Written::TooManyKeys => return Err(EngineError::QuotaExceeded),
-                Written::Conflict => continue,
-                Written::Repeated(_) => return Err(contended()),
-            }
-        }
-        Err(contended())
-    }
-
     async fn delete(
         &self,
         key: Bytes,
@@ -955,64 +687,6 @@ impl Engine {
             _ => Ok(None),
         }
     }
-
-    async fn keynotify(&self, c: KeyNotify) -> Result<Response, EngineError> {
-        if c.key.is_empty() {
-            return Err(EngineError::EmptyKey);
-        }
-        if !c.stop && c.key.len() > self.0.limits.max_key_bytes {
-            return Err(EngineError::TooLarge);
-        }
-        if let Some(shared) = self.shared() {
-            return self.keynotify_shared(shared, c).await;
-        }
-        if c.stop {
-            let reply = if self.with_observers(|o| o.unregister(&c.client, &c.key)) {
-                Reply::Ok
-            } else {
-                Reply::Int(0)
-            };
-            return Ok(Response::new(reply, None));
-        }
-        let limits = &self.0.limits.observers;
-        match self.with_observers(|o| o.register(&c.client, c.session, &c.key, limits)) {
-            Ok(()) => Ok(Response::new(Reply::Ok, None)),
-            Err(why) => Err(self.refused_registration(why)),
-        }
-    }
-
-    fn refused_registration(&self, why: RegisterError) -> EngineError {
-        if why == RegisterError::RegistryFull {
-            let limit = self.0.limits.observers.total;
-            tracing::warn!(limit, "KEYNOTIFY registry full: registration refused");
-        }
-        EngineError::QuotaExceeded
-    }
-
-    async fn scan(&self, c: Scan) -> Result<Response, EngineError> {
-        let pattern = std::str::from_utf8(&c.pattern).map_err(|_| EngineError::Syntax)?;
-        let pattern = glob::Pattern::new(pattern).map_err(|_| EngineError::Syntax)?;
-        let after = match &c.token {
-            Some(t) => Some(decode_token(t)?),
-            None => None,
-        };
-        let now = self.0.hlc.wall_ms();
-        let keep = |k: &[u8]| {
-            let matches = match std::str::from_utf8(k) {
-                Ok(s) => pattern.matches(s),
-                Err(_) => pattern.matches(&String::from_utf8_lossy(k)),
-            };
-            matches && c.filter.as_ref().is_none_or(|f| f.keeps(k))
-        };
-        let page = self
-            .0
-            .store
-            .backend()
-            .scan(after.as_deref(), self.0.limits.scan_page.max(1), now, &keep)
-            .await?;
-        let token = page.resume_after.map(|k| encode_token(&k));
-        Ok(Response::new(Reply::Keys { keys: page.keys, token }, None))
-    }
 }
 
 use cache::{Confirmed, Start};
@@ -1036,18 +710,6 @@ fn contended() -> EngineError {
     EngineError::Storage(crate::storage::StorageError::Backend(
         "the key kept changing under a conditional swap".into(),
     ))
-}
-
-/// SCAN continuation tokens: upper-case hex of the last key examined. Opaque to clients.
-fn encode_token(key: &[u8]) -> Bytes {
-    Bytes::from(hex::encode_upper(key))
-}
-
-fn decode_token(token: &[u8]) -> Result<Vec<u8>, EngineError> {
-    match hex::decode(token) {
-        Ok(key) if !key.is_empty() => Ok(key),
-        _ => Err(EngineError::Syntax),
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,128 @@
+//! Reads that are not commands: a key's entry, SCAN pages, prefix listings, counts, the
+//! storage's health and online backup.
+
+use bytes::Bytes;
+
+use super::*;
+
+impl Engine {
+    /// Reads a live key (GET with its expiry deadline). An expired key is removed and absent.
+    pub async fn read(&self, key: &Bytes) -> Result<Option<Entry>, EngineError> {
+        if key.is_empty() {
+            return Err(EngineError::EmptyKey);
+        }
+        let record = self.0.store.backend().get(key).await?;
+        if let Some(cache) = &self.0.cache {
+            cache.read(key, record.as_ref());
+        }
+        match record {
+            None => Ok(None),
+            Some(r) if self.is_expired(&r) => {
+                let _guard = self.lock(key).await;
+                match self.load_live(key).await {
+                    // The key is absent either way; a full disk only delays its removal (the
+                    // expiry driver retries), and reads go on while writes are refused.
+                    Ok(_) | Err(EngineError::StorageFull) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            }
+            Some(r) => Ok(Some(Entry {
+                value: r.value,
+                version: r.version,
+                expires_at_ms: r.expires_at_ms,
+                fencing: r.fencing,
+            })),
+        }
+    }
+
+    /// Keys removed so far because their deadline passed.
+    pub fn expired_count(&self) -> u64 {
+        self.0.expired.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of the stored values, where the storage keeps count.
+    pub async fn value_bytes(&self) -> Result<Option<u64>, EngineError> {
+        Ok(self.0.store.backend().value_bytes().await?)
+    }
+
+    /// Whether the storage takes writes right now (readiness, metrics).
+    pub fn storage_health(&self) -> crate::storage::StorageHealth {
+        self.0.store.backend().health()
+    }
+
+    /// The storage's health as it changes (`None`: it never does).
+    pub fn storage_health_changes(&self) -> Option<tokio::sync::watch::Receiver<crate::storage::StorageHealth>> {
+        self.0.store.backend().health_changes()
+    }
+
+    /// Whether the storage can take an online backup ([`Engine::backup`]).
+    pub fn can_backup(&self) -> bool {
+        self.0.store.backend().online_backup().is_some()
+    }
+
+    /// An online backup of the storage (blocks the thread; run it on a blocking one). Fails
+    /// with a storage error when the backend has none ([`Engine::can_backup`]).
+    pub fn backup(&self, sink: &mut dyn crate::storage::BackupSink) -> Result<crate::storage::BackupInfo, EngineError> {
+        match self.0.store.backend().online_backup() {
+            Some(b) => Ok(b.backup(sink)?),
+            None => Err(EngineError::Storage(crate::storage::StorageError::Backend(
+                "this storage has no online backup (durable only; use export)".into(),
+            ))),
+        }
+    }
+
+    /// Number of keys stored, across every store (keys expired but not yet swept included).
+    pub async fn key_count(&self) -> Result<u64, EngineError> {
+        Ok(self.0.store.backend().len().await?)
+    }
+
+    /// Keys strictly after `after` that start with `prefix`, in byte order, examining at most
+    /// `examine` keys (the Dapr query API pages over these).
+    pub async fn keys_with_prefix(
+        &self,
+        prefix: &[u8],
+        after: Option<&[u8]>,
+        examine: usize,
+    ) -> Result<crate::storage::KeyPage, EngineError> {
+        let now = self.0.hlc.wall_ms();
+        let keep = |k: &[u8]| k.starts_with(prefix);
+        Ok(self.0.store.backend().scan(after, examine.max(1), now, &keep).await?)
+    }
+
+    pub(super) async fn scan(&self, c: Scan) -> Result<Response, EngineError> {
+        let pattern = std::str::from_utf8(&c.pattern).map_err(|_| EngineError::Syntax)?;
+        let pattern = glob::Pattern::new(pattern).map_err(|_| EngineError::Syntax)?;
+        let after = match &c.token {
+            Some(t) => Some(decode_token(t)?),
+            None => None,
+        };
+        let now = self.0.hlc.wall_ms();
+        let keep = |k: &[u8]| {
+            let matches = match std::str::from_utf8(k) {
+                Ok(s) => pattern.matches(s),
+                Err(_) => pattern.matches(&String::from_utf8_lossy(k)),
+            };
+            matches && c.filter.as_ref().is_none_or(|f| f.keeps(k))
+        };
+        let page = self
+            .0
+            .store
+            .backend()
+            .scan(after.as_deref(), self.0.limits.scan_page.max(1), now, &keep)
+            .await?;
+        let token = page.resume_after.map(|k| encode_token(&k));
+        Ok(Response::new(Reply::Keys { keys: page.keys, token }, None))
+    }
+}
+
+/// SCAN continuation tokens: upper-case hex of the last key examined. Opaque to clients.
+fn encode_token(key: &[u8]) -> Bytes {
+    Bytes::from(hex::encode_upper(key))
+}
+
+fn decode_token(token: &[u8]) -> Result<Vec<u8>, EngineError> {
+    match hex::decode(token) {
+        Ok(key) if !key.is_empty() => Ok(key),
+        _ => Err(EngineError::Syntax),
+    }
+}
