@@ -5,9 +5,7 @@
 
 use std::collections::HashMap;
 
-use base64::Engine as _;
 use bytes::Bytes;
-use serde_json::value::RawValue;
 
 use crate::access::{self, Grant, Op};
 use crate::engine::watch::{Selector, WatchSpec};
@@ -15,8 +13,15 @@ use crate::engine::{Del, DelCondition, Engine, EngineError, Entry, KeyFilter, Re
 use crate::hlc::Hlc;
 
 pub mod configuration;
+mod json;
 pub mod lock;
 pub mod query;
+mod stores;
+
+pub use json::{
+    base64_json, check_decodes, compact_json, content_type_of, decode_value, is_json, stored_value, value_to_json,
+};
+pub use stores::{KeyPrefix, StoreSpec, Stores};
 
 /// The separator Dapr puts between a key prefix and a key.
 pub const PREFIX_SEPARATOR: &str = "||";
@@ -24,170 +29,6 @@ pub const PREFIX_SEPARATOR: &str = "||";
 pub const FEATURES: [&str; 4] = ["ETAG", "TRANSACTIONAL", "TTL", "QUERY_API"];
 /// Item metadata naming how a non-JSON value is encoded inside a JSON document.
 pub const ENCODING_METADATA: &str = "contentEncoding";
-
-/// How a store maps Dapr keys to engine keys.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeyPrefix {
-    /// The key as given (shared with MQTT clients).
-    None,
-    /// `<store name>||key`.
-    Name,
-    /// `<literal>||key`.
-    Literal(String),
-    /// Keys arrive already prefixed (daprd applies its own `appid||` prefix before calling a
-    /// pluggable component), so `||` is allowed and nothing is added.
-    Raw,
-}
-
-/// One named store.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoreSpec {
-    pub name: String,
-    pub prefix: KeyPrefix,
-}
-
-impl std::str::FromStr for StoreSpec {
-    type Err = String;
-
-    /// `name` or `name=none|name|<literal prefix>`.
-    fn from_str(s: &str) -> Result<StoreSpec, String> {
-        let (name, prefix) = match s.split_once('=') {
-            None => (s, KeyPrefix::None),
-            Some((n, "none")) => (n, KeyPrefix::None),
-            Some((n, "name")) => (n, KeyPrefix::Name),
-            Some((n, lit)) if !lit.is_empty() && !lit.contains(PREFIX_SEPARATOR) => {
-                (n, KeyPrefix::Literal(lit.to_owned()))
-            }
-            Some(_) => {
-                return Err(format!(
-                    "store {s:?}: prefix must be none, name or a literal without ||"
-                ));
-            }
-        };
-        if name.is_empty() || name.contains('/') {
-            return Err(format!("store {s:?}: the name must be non-empty and have no '/'"));
-        }
-        Ok(StoreSpec {
-            name: name.to_owned(),
-            prefix,
-        })
-    }
-}
-
-/// The configured stores.
-#[derive(Debug, Clone)]
-pub struct Stores(Vec<StoreSpec>);
-
-impl Default for Stores {
-    fn default() -> Stores {
-        Stores(vec![StoreSpec {
-            name: "statestore".into(),
-            prefix: KeyPrefix::None,
-        }])
-    }
-}
-
-impl Stores {
-    pub fn new(specs: Vec<StoreSpec>) -> Stores {
-        Stores(specs)
-    }
-
-    /// One store without a key prefix.
-    pub fn named(name: &str) -> Stores {
-        Stores(vec![StoreSpec {
-            name: name.to_owned(),
-            prefix: KeyPrefix::None,
-        }])
-    }
-
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.0.iter().map(|s| s.name.as_str())
-    }
-
-    /// A state store by name.
-    pub fn get(&self, name: &str) -> Result<&StoreSpec, DaprError> {
-        self.get_kind(name, "state")
-    }
-
-    /// A store of building block `kind` (`lock`, `configuration`, ...) by name.
-    pub fn get_kind(&self, name: &str, kind: &'static str) -> Result<&StoreSpec, DaprError> {
-        self.0
-            .iter()
-            .find(|s| s.name == name)
-            .ok_or_else(|| DaprError::StoreNotFound {
-                kind,
-                name: name.to_owned(),
-            })
-    }
-}
-
-impl StoreSpec {
-    /// The store the pluggable component API serves: keys as daprd sends them.
-    pub fn raw(name: &str) -> StoreSpec {
-        StoreSpec {
-            name: name.to_owned(),
-            prefix: KeyPrefix::Raw,
-        }
-    }
-
-    fn prefix_str(&self) -> Option<String> {
-        match &self.prefix {
-            KeyPrefix::None | KeyPrefix::Raw => None,
-            KeyPrefix::Name => Some(format!("{}{PREFIX_SEPARATOR}", self.name)),
-            KeyPrefix::Literal(l) => Some(format!("{l}{PREFIX_SEPARATOR}")),
-        }
-    }
-
-    /// The engine key for a Dapr key. Empty keys and keys containing `||` are malformed.
-    pub fn engine_key(&self, key: &str) -> Result<Bytes, DaprError> {
-        if key.is_empty() {
-            return Err(DaprError::Malformed("the key is missing or empty".into()));
-        }
-        if self.prefix != KeyPrefix::Raw && key.contains(PREFIX_SEPARATOR) {
-            return Err(DaprError::Malformed(format!(
-                "input key/keyPrefix '{key}' can't contain '||'"
-            )));
-        }
-        Ok(match self.prefix_str() {
-            None => Bytes::copy_from_slice(key.as_bytes()),
-            Some(p) => Bytes::from(format!("{p}{key}")),
-        })
-    }
-
-    /// The engine-key prefix of every key of this store (empty for `none`).
-    pub fn key_prefix(&self) -> Vec<u8> {
-        self.prefix_str().map(String::into_bytes).unwrap_or_default()
-    }
-
-    /// Whether an engine key belongs to this store: a store without a prefix does not see the
-    /// keys of prefixed stores (they contain `||`, which it cannot address).
-    pub fn owns(&self, engine_key: &[u8]) -> bool {
-        match &self.prefix {
-            KeyPrefix::Raw => true,
-            KeyPrefix::None => !engine_key.windows(2).any(|w| w == PREFIX_SEPARATOR.as_bytes()),
-            KeyPrefix::Name | KeyPrefix::Literal(_) => engine_key.starts_with(&self.key_prefix()),
-        }
-    }
-
-    /// The Dapr key of an engine key of this store (lossy for non-UTF-8 keys).
-    pub fn dapr_key(&self, engine_key: &[u8]) -> String {
-        let p = self.key_prefix();
-        String::from_utf8_lossy(engine_key.strip_prefix(&p[..]).unwrap_or(engine_key)).into_owned()
-    }
-
-    /// A watch of this store's keys: `keys` (engine keys) and keys whose Dapr name matches one
-    /// of `patterns`; every key of the store when both are empty.
-    pub fn watch(&self, keys: Vec<Bytes>, patterns: &[String]) -> Result<WatchSpec, DaprError> {
-        let selector = Selector::new(keys, patterns).map_err(DaprError::Malformed)?;
-        let only = selector.only_keys();
-        let store = self.clone();
-        Ok(WatchSpec {
-            wanted: KeyFilter::new(move |k| store.owns(k) && selector.wants(k, || store.dapr_key(k).into())),
-            prefix: Bytes::from(self.key_prefix()),
-            only,
-        })
-    }
-}
 
 /// What went wrong with a Dapr request. Each door maps it (with the operation) to its codes.
 #[derive(Debug, thiserror::Error)]
@@ -271,123 +112,6 @@ pub fn merge_request_metadata(item: &mut HashMap<String, String>, request: &Hash
     for (k, v) in request {
         item.insert(k.clone(), v.clone());
     }
-}
-
-/// Whether stored bytes are a JSON document.
-pub fn is_json(value: &[u8]) -> bool {
-    serde_json::from_slice::<serde::de::IgnoredAny>(value).is_ok()
-}
-
-/// The content type of stored bytes, as reads report it.
-pub fn content_type_of(value: &[u8]) -> &'static str {
-    if is_json(value) {
-        "application/json"
-    } else {
-        "application/octet-stream"
-    }
-}
-
-/// The bytes to store for a value that arrived as bytes (gRPC): verbatim, unless metadata
-/// `contentType` says JSON, in which case it must be JSON and is stored compacted (as HTTP
-/// stores JSON values).
-pub fn stored_value(value: Vec<u8>, metadata: &HashMap<String, String>) -> Result<Bytes, DaprError> {
-    let json = metadata
-        .get("contentType")
-        .is_some_and(|c| c.split(';').next().is_some_and(|m| m.trim() == "application/json"));
-    if !json {
-        return Ok(Bytes::from(value));
-    }
-    let raw: &RawValue = serde_json::from_slice(&value)
-        .map_err(|e| DaprError::Malformed(format!("contentType is application/json but the value is not: {e}")))?;
-    check_decodes(raw.get())?;
-    Ok(Bytes::from(compact_json(raw.get())))
-}
-
-/// Refuses JSON that does not decode into values, as daprd refuses it (Go decodes a saved value
-/// before storing it): a number outside the range of a double (`1e400`), a string escape that
-/// is not Unicode (a lone surrogate, `"\ud800"`). Such text would be stored, yet no one who
-/// decodes JSON could read it (the query engine included). Nothing is kept: numbers in range
-/// keep their text, every digit, whatever their precision. `json` must be syntactically valid.
-pub fn check_decodes(json: &str) -> Result<(), DaprError> {
-    serde_json::from_str::<Decodes>(json)
-        .map(|_| ())
-        .map_err(|e| DaprError::Malformed(format!("the value does not decode: {e}")))
-}
-
-/// Decodes every scalar of a JSON document (validating it) and keeps nothing.
-struct Decodes;
-
-impl<'de> serde::Deserialize<'de> for Decodes {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Decodes, D::Error> {
-        d.deserialize_any(DecodesVisitor)
-    }
-}
-
-struct DecodesVisitor;
-
-impl<'de> serde::de::Visitor<'de> for DecodesVisitor {
-    type Value = Decodes;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<Decodes, E> {
-        Ok(Decodes)
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<Decodes, E> {
-        Ok(Decodes)
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<Decodes, E> {
-        Ok(Decodes)
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<Decodes, E> {
-        Ok(Decodes)
-    }
-    fn visit_str<E>(self, _: &str) -> Result<Decodes, E> {
-        Ok(Decodes)
-    }
-    fn visit_unit<E>(self) -> Result<Decodes, E> {
-        Ok(Decodes)
-    }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Decodes, A::Error> {
-        while seq.next_element::<Decodes>()?.is_some() {}
-        Ok(Decodes)
-    }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Decodes, A::Error> {
-        while map.next_entry::<Decodes, Decodes>()?.is_some() {}
-        Ok(Decodes)
-    }
-}
-
-/// JSON text without the whitespace between its tokens; everything else (numbers, string
-/// escapes, key order) exactly as given. `json` must be valid JSON (a parsed [`RawValue`]).
-/// Re-serialising a parsed document instead would change numbers: a double can come back with
-/// another last digit, and integers past 2^64 as doubles.
-pub fn compact_json(json: &str) -> String {
-    let mut out = String::with_capacity(json.len());
-    let (mut in_string, mut escaped) = (false, false);
-    for c in json.chars() {
-        if in_string {
-            out.push(c);
-            match c {
-                _ if escaped => escaped = false,
-                '\\' => escaped = true,
-                '"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match c {
-            ' ' | '\t' | '\n' | '\r' => {}
-            '"' => {
-                in_string = true;
-                out.push(c);
-            }
-            _ => out.push(c),
-        }
-    }
-    out
 }
 
 /// One key of a bulk get, in request order.
@@ -795,54 +519,6 @@ pub async fn transact(
     )?;
     engine.transact(ops).await.map_err(mismatch)?;
     Ok(())
-}
-
-/// The bytes a save item stores. A stategate extension, the mirror of how reads carry non-JSON
-/// values: with item metadata `contentEncoding: base64`, the item's value is a JSON string
-/// holding the base64 (standard alphabet, padded) of the bytes to store, so a Dapr-shaped save
-/// can store any bytes exactly. Without it the value is stored as given.
-pub fn decode_value(value: &Bytes, metadata: &HashMap<String, String>) -> Result<Bytes, DaprError> {
-    let Some(encoding) = metadata.get(ENCODING_METADATA) else {
-        return Ok(value.clone());
-    };
-    if !encoding.eq_ignore_ascii_case("base64") {
-        return Err(DaprError::Malformed(format!(
-            "unsupported metadata '{ENCODING_METADATA}' {encoding:?} (only base64)"
-        )));
-    }
-    let text: String = serde_json::from_slice(value).map_err(|_| {
-        DaprError::Malformed(format!(
-            "metadata '{ENCODING_METADATA}' is base64 but the value is not a JSON string"
-        ))
-    })?;
-    base64::engine::general_purpose::STANDARD
-        .decode(text.as_bytes())
-        .map(Bytes::from)
-        .map_err(|e| {
-            DaprError::Malformed(format!(
-                "metadata '{ENCODING_METADATA}' is base64 but the value is not valid base64: {e}"
-            ))
-        })
-}
-
-/// A value placed inside a JSON document (bulk get, query, events): JSON values as their stored
-/// text (never re-parsed, so numbers keep every digit); anything else as a base64 string,
-/// flagged by item metadata `contentEncoding: base64`.
-pub fn value_to_json(value: &[u8]) -> (Box<RawValue>, Option<(&'static str, &'static str)>) {
-    let json = std::str::from_utf8(value)
-        .ok()
-        .and_then(|text| serde_json::from_str::<Box<RawValue>>(text).ok());
-    match json {
-        Some(raw) => (raw, None),
-        None => (base64_json(value), Some((ENCODING_METADATA, "base64"))),
-    }
-}
-
-/// Bytes as a JSON string of their base64.
-pub fn base64_json(value: &[u8]) -> Box<RawValue> {
-    let text = format!("\"{}\"", base64::engine::general_purpose::STANDARD.encode(value));
-    // Base64 has no character that needs escaping in a JSON string.
-    RawValue::from_string(text).unwrap_or_else(|_| Box::<RawValue>::default())
 }
 
 /// RFC 3339 (UTC) of a deadline in ms since the epoch, for `ttlExpireTime`.

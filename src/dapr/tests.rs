@@ -1,6 +1,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use base64::Engine as _;
+
 use super::*;
 use crate::engine::Limits;
 use crate::hlc::ManualClock;
