@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use rumqttc::Outgoing;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
@@ -85,9 +86,13 @@ async fn requests_are_consumed_with_puback_0x10() {
         ..Default::default()
     };
     let mut published = false;
-    let (mut ack, mut answer) = (None, None);
+    // Packet ids in the order the client sent its publishes (the request, then the fence),
+    // and the broker's PUBACK of each: the loop polls until both went out and were acked
+    // (the fence is sent only while the event loop is polled).
+    let (mut sent, mut acks) = (Vec::new(), std::collections::HashMap::new());
+    let mut answer = None;
     let deadline = tokio::time::Instant::now() + WAIT;
-    while ack.is_none() || answer.is_none() {
+    while sent.len() < 2 || acks.len() < 2 || answer.is_none() {
         let ev = tokio::time::timeout_at(deadline, events.poll())
             .await
             .expect("in time")
@@ -105,12 +110,16 @@ async fn requests_are_consumed_with_puback_0x10() {
                     .await
                     .unwrap();
             }
-            Event::Incoming(Packet::PubAck(a)) if ack.is_none() => ack = Some(a.reason),
+            Event::Outgoing(Outgoing::Publish(pkid)) => sent.push(pkid),
+            Event::Incoming(Packet::PubAck(a)) => {
+                acks.insert(a.pkid, a.reason);
+            }
             Event::Incoming(Packet::Publish(p)) => answer = Some(p.payload),
             _ => {}
         }
     }
-    assert_eq!(ack, Some(PubAckReason::NoMatchingSubscribers));
+    assert_eq!(acks.get(&sent[0]), Some(&PubAckReason::NoMatchingSubscribers));
+    assert_eq!(acks.get(&sent[1]), Some(&PubAckReason::Success), "the fence was routed");
     assert_eq!(answer.as_deref(), Some(&b"+OK\r\n"[..]));
     let first = spy.next().await;
     assert_eq!(
