@@ -44,9 +44,9 @@ impl Drop for Taken {
 }
 
 impl Capacity {
-    /// `max` slots (at least one).
+    /// `max` slots (at least one; at most what a semaphore can count, about 2^61).
     pub fn new(max: usize) -> Capacity {
-        let max = max.max(1);
+        let max = bounded(max);
         Capacity {
             sem: Arc::new(Semaphore::new(max)),
             max: AtomicUsize::new(max),
@@ -76,19 +76,19 @@ impl Capacity {
         live.saturating_sub(self.sem.available_permits())
     }
 
-    /// Changes the size to `max` (at least one).
+    /// Changes the size to `max` (bounded as in [`Capacity::new`]).
     pub fn resize(&self, max: usize) {
-        let max = max.max(1);
+        let max = bounded(max);
         let _guard = self.resizing.lock().unwrap_or_else(|e| e.into_inner());
         let old = self.max.swap(max, Ordering::AcqRel);
         if max > old {
             // Cancel debt first: a slot still to be retired may as well stay.
             let mut grow = max - old;
-            let cancelled = self
+            let owed = self
                 .debt
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| Some(d - d.min(grow)))
                 .unwrap_or(0);
-            grow -= cancelled.min(grow);
+            grow -= owed.min(grow);
             self.sem.add_permits(grow);
         } else if max < old {
             let shrink = old - max;
@@ -96,6 +96,11 @@ impl Capacity {
             self.debt.fetch_add(shrink - gone, Ordering::AcqRel);
         }
     }
+}
+
+/// A configured size as a semaphore can hold it (tokio panics past `MAX_PERMITS`).
+fn bounded(max: usize) -> usize {
+    max.clamp(1, Semaphore::MAX_PERMITS)
 }
 
 impl Default for Capacity {
@@ -140,5 +145,15 @@ mod tests {
         let all: Vec<Taken> = (0..4).map(|_| c.try_take().unwrap()).collect();
         assert!(c.try_take().is_none());
         drop(all);
+    }
+
+    #[test]
+    fn absurd_sizes_are_bounded_not_a_panic() {
+        let c = Capacity::new(usize::MAX);
+        c.resize(usize::MAX);
+        c.resize(0);
+        assert_eq!(c.max(), 1);
+        c.resize(usize::MAX);
+        assert!(c.try_take().is_some());
     }
 }

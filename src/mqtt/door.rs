@@ -121,7 +121,7 @@ impl Door {
                 limits.response_cache_entries,
                 limits.response_cache_bytes,
             ),
-            inflight: Arc::new(Semaphore::new(limits.max_inflight.max(1))),
+            inflight: Arc::new(Semaphore::new(limits.max_inflight.clamp(1, Semaphore::MAX_PERMITS))),
             inflight_units: Arc::new(Semaphore::new(units)),
             per_caller: Arc::new(Mutex::new(HashMap::new())),
             refused_busy: AtomicU64::new(0),

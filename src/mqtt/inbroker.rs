@@ -86,7 +86,7 @@ impl ServeRequests {
     fn connection(&self, token: u64, limit: usize) -> Arc<Semaphore> {
         let mut map = self.connections.lock().unwrap_or_else(|e| e.into_inner());
         map.entry(token)
-            .or_insert_with(|| Arc::new(Semaphore::new(limit.max(1))))
+            .or_insert_with(|| Arc::new(Semaphore::new(limit.clamp(1, Semaphore::MAX_PERMITS))))
             .clone()
     }
 }
