@@ -29,8 +29,48 @@ impl Default for LimitSettings {
     }
 }
 
-/// Open streams per principal.
-type StreamCounts = Arc<Mutex<HashMap<String, usize>>>;
+/// How many of something each key holds at once (open streams per principal, MQTT requests
+/// in flight per caller), each count bounded when it is taken.
+#[derive(Debug, Clone, Default)]
+pub struct PerKeyCounts(Arc<Mutex<HashMap<String, usize>>>);
+
+/// One taken unit of a [`PerKeyCounts`], given back when dropped.
+#[derive(Debug)]
+pub struct PerKeySlot {
+    counts: PerKeyCounts,
+    key: String,
+}
+
+impl PerKeyCounts {
+    /// Counts one more for `key`, unless it holds `max` already.
+    pub fn try_take(&self, key: &str, max: usize) -> Option<PerKeySlot> {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = map.entry(key.to_owned()).or_insert(0);
+        if *n >= max {
+            if *n == 0 {
+                map.remove(key);
+            }
+            return None;
+        }
+        *n += 1;
+        Some(PerKeySlot {
+            counts: self.clone(),
+            key: key.to_owned(),
+        })
+    }
+}
+
+impl Drop for PerKeySlot {
+    fn drop(&mut self) {
+        let mut map = self.counts.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = map.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.key);
+            }
+        }
+    }
+}
 
 /// Checks between two sweeps of idle buckets.
 const SWEEP_EVERY: u64 = 4096;
@@ -44,7 +84,7 @@ pub struct Limits {
     /// What `rate` was made from (to replace it only when it changes: a new limiter starts
     /// every bucket full).
     applied: Mutex<LimitSettings>,
-    streams: StreamCounts,
+    streams: PerKeyCounts,
     refused: AtomicU64,
 }
 
@@ -57,24 +97,7 @@ impl std::fmt::Debug for Limits {
 }
 
 /// An open stream, counted against its principal until dropped.
-#[derive(Debug)]
-pub struct StreamSlot {
-    streams: Option<(StreamCounts, String)>,
-}
-
-impl Drop for StreamSlot {
-    fn drop(&mut self) {
-        if let Some((map, key)) = self.streams.take() {
-            let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(n) = map.get_mut(&key) {
-                *n -= 1;
-                if *n == 0 {
-                    map.remove(&key);
-                }
-            }
-        }
-    }
-}
+pub type StreamSlot = PerKeySlot;
 
 impl Limits {
     pub fn new(s: &LimitSettings) -> Limits {
@@ -87,7 +110,7 @@ impl Limits {
                 burst: None,
                 max_streams: None,
             }),
-            streams: Arc::default(),
+            streams: PerKeyCounts::default(),
             refused: AtomicU64::new(0),
         };
         limits.apply(s);
@@ -132,17 +155,11 @@ impl Limits {
     /// Counts a new stream for `key`; `None` when it holds the most it may.
     pub fn open_stream(&self, key: &str) -> Option<StreamSlot> {
         // Counted even when unlimited, so that a limit put in force later counts them.
-        let max = self.max_streams.load(Ordering::Relaxed);
-        let mut map = self.streams.lock().unwrap_or_else(|e| e.into_inner());
-        let n = map.entry(key.to_owned()).or_insert(0);
-        if *n >= max {
+        let slot = self.streams.try_take(key, self.max_streams.load(Ordering::Relaxed));
+        if slot.is_none() {
             self.refused.fetch_add(1, Ordering::Relaxed);
-            return None;
         }
-        *n += 1;
-        Some(StreamSlot {
-            streams: Some((self.streams.clone(), key.to_owned())),
-        })
+        slot
     }
 
     /// Requests and streams refused so far.

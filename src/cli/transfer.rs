@@ -252,10 +252,16 @@ fn request(client: &reqwest::Client, method: Method, url: String, token: Option<
     }
 }
 
-async fn export_http(base: &str, token: Option<&str>, timeout: Duration, sink: &mut Sink) -> Result<u64, CliError> {
+/// GET of an admin route (`export`, `backup`) whose body streams; an error answer as an error.
+async fn get_admin(
+    base: &str,
+    route: &str,
+    token: Option<&str>,
+    timeout: Duration,
+) -> Result<reqwest::Response, CliError> {
     let client = client(timeout)?;
-    let url = format!("{base}/v1.0-alpha1/stategate/export");
-    let mut resp = request(&client, Method::GET, url, token)
+    let url = format!("{base}/v1.0-alpha1/stategate/{route}");
+    let resp = request(&client, Method::GET, url, token)
         .send()
         .await
         .map_err(|e| transport(e, base, timeout))?;
@@ -263,6 +269,11 @@ async fn export_http(base: &str, token: Option<&str>, timeout: Duration, sink: &
         let (status, message) = error_of(resp).await;
         return Err(status_error(status, &message));
     }
+    Ok(resp)
+}
+
+async fn export_http(base: &str, token: Option<&str>, timeout: Duration, sink: &mut Sink) -> Result<u64, CliError> {
+    let mut resp = get_admin(base, "export", token, timeout).await?;
     let (mut lines, mut last) = (0u64, b'\n');
     while let Some(chunk) = resp.chunk().await.map_err(|e| transport(e, base, timeout))? {
         lines += chunk.iter().filter(|&&b| b == b'\n').count() as u64;
@@ -483,16 +494,7 @@ async fn receive_backup(
     timeout: Duration,
     out: &mut BackupDir,
 ) -> Result<(u64, u64), CliError> {
-    let client = client(timeout)?;
-    let url = format!("{base}/v1.0-alpha1/stategate/backup");
-    let mut resp = request(&client, Method::GET, url, token)
-        .send()
-        .await
-        .map_err(|e| transport(e, base, timeout))?;
-    if resp.status() != StatusCode::OK {
-        let (status, message) = error_of(resp).await;
-        return Err(status_error(status, &message));
-    }
+    let mut resp = get_admin(base, "backup", token, timeout).await?;
     let cut_short = || CliError::unavailable("the backup was cut short: the copy is incomplete and was removed");
     let mut buf: Vec<u8> = Vec::new();
     loop {

@@ -103,7 +103,7 @@ pub fn parse_broker_url(url: &str) -> Result<BrokerUrl, ConfigError> {
 }
 
 /// `%XX` escapes decoded (a password may hold `@`, `:` or `/`); `None` if malformed.
-fn percent_decode(s: &str) -> Option<String> {
+pub(crate) fn percent_decode(s: &str) -> Option<String> {
     let mut out = Vec::with_capacity(s.len());
     let mut bytes = s.bytes();
     while let Some(b) = bytes.next() {

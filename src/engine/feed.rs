@@ -125,14 +125,7 @@ impl Feed {
         if !self.keeps_history() && self.readers.load(Ordering::Relaxed) == 0 {
             return;
         }
-        let change = Change {
-            key: bytes::Bytes::copy_from_slice(&change.key),
-            version: change.version,
-            kind: match change.kind {
-                ChangeKind::Set(v) => ChangeKind::Set(bytes::Bytes::copy_from_slice(&v)),
-                other => other,
-            },
-        };
+        let change = change.detached();
         let cost = FeedEvent::cost(&change);
         let now = Instant::now();
         {

@@ -21,6 +21,21 @@ pub struct Change {
     pub kind: ChangeKind,
 }
 
+impl Change {
+    /// The change with its key and value in buffers of their own: what outlives the request
+    /// (history, notification queues) must not pin the network buffer they were sliced from.
+    pub fn detached(&self) -> Change {
+        Change {
+            key: Bytes::copy_from_slice(&self.key),
+            version: self.version.clone(),
+            kind: match &self.kind {
+                ChangeKind::Set(v) => ChangeKind::Set(Bytes::copy_from_slice(v)),
+                other => other.clone(),
+            },
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChangeKind {
     /// A SET was applied; the new value.

@@ -82,15 +82,8 @@ impl Engine {
         {
             let observers = self.observers().of_key(&change.key);
             if !observers.is_empty() {
-                // Copies: the notification may wait, and must not pin the request's buffer.
-                let change = Change {
-                    key: Bytes::copy_from_slice(&change.key),
-                    version: change.version.clone(),
-                    kind: match &change.kind {
-                        ChangeKind::Set(v) => ChangeKind::Set(Bytes::copy_from_slice(v)),
-                        other => other.clone(),
-                    },
-                };
+                // The notification may wait: it must not pin the request's buffer.
+                let change = change.detached();
                 tx.send(KeyNotification {
                     change,
                     observers,

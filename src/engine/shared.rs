@@ -342,7 +342,7 @@ impl Engine {
                     );
                 }
                 for (client, change) in mine {
-                    self.queue_notification(entry.seq, change, vec![client]);
+                    self.queue_notification(entry.seq, &change, vec![client]);
                 }
             }
         }
@@ -379,22 +379,18 @@ impl Engine {
             }
         }
         if !mine.is_empty() {
-            self.queue_notification(at, change.clone(), mine);
+            self.queue_notification(at, change, mine);
         }
     }
 
     /// Queues notifications for the door (copies: they may wait, and must not pin buffers).
-    fn queue_notification(&self, at: u64, change: Change, observers: Vec<Arc<str>>) {
+    fn queue_notification(&self, at: u64, change: &Change, observers: Vec<Arc<str>>) {
         let Some(tx) = self.0.keynotify.get() else { return };
-        let change = Change {
-            key: Bytes::copy_from_slice(&change.key),
-            version: change.version.clone(),
-            kind: match &change.kind {
-                ChangeKind::Set(v) => ChangeKind::Set(Bytes::copy_from_slice(v)),
-                other => other.clone(),
-            },
-        };
-        tx.send(KeyNotification { change, observers, at });
+        tx.send(KeyNotification {
+            change: change.detached(),
+            observers,
+            at,
+        });
     }
 
     /// KEYNOTIFY through the shared registrations.

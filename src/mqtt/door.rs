@@ -4,9 +4,8 @@
 //! PUBLISH into a [`Request`], asks [`Door::admit`], runs [`Door::serve`] and publishes what
 //! comes back through its [`Sink`].
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -19,6 +18,7 @@ use super::request::{
     self, Caller, Outgoing, PROP_PROTOCOL_VERSION, PROP_SOURCE_ID, PROP_TIMESTAMP, PROTOCOL_VERSION, Request,
 };
 use crate::access::Access;
+use crate::access::limits::{PerKeyCounts, PerKeySlot};
 use crate::engine::{ChangeKind, Engine, KeyNotification, KeyNotifyReceiver, RequestId};
 
 /// Where a transport publishes answers and notifications.
@@ -69,7 +69,8 @@ pub struct Door {
     dedup: Dedup,
     inflight: Arc<Semaphore>,
     inflight_units: Arc<Semaphore>,
-    per_caller: PerCaller,
+    /// Requests in flight per caller.
+    per_caller: PerKeyCounts,
     refused_busy: AtomicU64,
     metrics: crate::metrics::Metrics,
     /// Set at shutdown: nothing more is admitted.
@@ -84,29 +85,12 @@ impl std::fmt::Debug for Door {
     }
 }
 
-/// Requests in flight per caller.
-type PerCaller = Arc<Mutex<HashMap<String, usize>>>;
-
 /// A request let in: holds its share of the limits until dropped.
 #[derive(Debug)]
 pub struct Admitted {
     _count: OwnedSemaphorePermit,
     _bytes: OwnedSemaphorePermit,
-    caller: Option<(PerCaller, String)>,
-}
-
-impl Drop for Admitted {
-    fn drop(&mut self) {
-        if let Some((map, key)) = self.caller.take() {
-            let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(n) = map.get_mut(&key) {
-                *n -= 1;
-                if *n == 0 {
-                    map.remove(&key);
-                }
-            }
-        }
-    }
+    _caller: Option<PerKeySlot>,
 }
 
 impl Door {
@@ -123,7 +107,7 @@ impl Door {
             ),
             inflight: Arc::new(Semaphore::new(limits.max_inflight.clamp(1, Semaphore::MAX_PERMITS))),
             inflight_units: Arc::new(Semaphore::new(units)),
-            per_caller: Arc::new(Mutex::new(HashMap::new())),
+            per_caller: PerKeyCounts::default(),
             refused_busy: AtomicU64::new(0),
             metrics: crate::metrics::Metrics::disabled(),
             closed: Default::default(),
@@ -199,20 +183,12 @@ impl Door {
         let bytes = self.inflight_units.clone().try_acquire_many_owned(units).ok()?;
         let caller = match caller {
             None => None,
-            Some(key) => {
-                let mut map = self.per_caller.lock().unwrap_or_else(|e| e.into_inner());
-                let n = map.entry(key.to_owned()).or_insert(0);
-                if *n >= self.limits.max_inflight_per_caller {
-                    return None;
-                }
-                *n += 1;
-                Some((self.per_caller.clone(), key.to_owned()))
-            }
+            Some(key) => Some(self.per_caller.try_take(key, self.limits.max_inflight_per_caller)?),
         };
         Some(Admitted {
             _count: count,
             _bytes: bytes,
-            caller,
+            _caller: caller,
         })
     }
 

@@ -14,6 +14,7 @@ use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
 use redis::{Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisError, ServerErrorKind, Value};
 
 use super::{LuaScript, Shared};
+use crate::config::percent_decode;
 use crate::storage::{RedisUrl, RoundTrips, StorageError};
 
 /// Where the primary is. One per backend, so the variants' sizes do not matter.
@@ -430,20 +431,6 @@ fn split_host_port(s: &str) -> Option<(&str, Option<u16>)> {
     }
     let port = port.map(str::parse).transpose().ok()?;
     Some((host, port))
-}
-
-fn percent_decode(s: &str) -> Option<String> {
-    let mut out = Vec::with_capacity(s.len());
-    let mut bytes = s.bytes();
-    while let Some(b) = bytes.next() {
-        if b == b'%' {
-            let hex = [bytes.next()?, bytes.next()?];
-            out.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
-        } else {
-            out.push(b);
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// TCP_NODELAY (requests are small and latency-bound; redis 1.x leaves Nagle on), and a dead
