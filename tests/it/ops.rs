@@ -297,7 +297,7 @@ impl Service {
             http,
             stderr: Some(collector),
         };
-        service.wait_ready();
+        blocking(|| service.wait_ready());
         service
     }
 
@@ -338,13 +338,15 @@ impl Service {
     /// Waits for the exit (bounded) and returns its code and stderr.
     fn wait(mut self) -> (Option<i32>, String) {
         let give_up = Instant::now() + WAIT;
-        let status = loop {
-            if let Some(s) = self.child.try_wait().expect("try_wait") {
-                break s;
+        let status = blocking(|| {
+            loop {
+                if let Some(s) = self.child.try_wait().expect("try_wait") {
+                    break s;
+                }
+                assert!(Instant::now() < give_up, "stategate did not exit within {WAIT:?}");
+                std::thread::sleep(Duration::from_millis(20));
             }
-            assert!(Instant::now() < give_up, "stategate did not exit within {WAIT:?}");
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        });
         let err = self
             .stderr
             .take()
@@ -478,6 +480,15 @@ async fn json_logs_parse_line_by_line_and_text_logs_have_no_colour_off_a_termina
     assert!(err.contains("INFO") && !err.contains('\x1b'), "{err:?}");
 }
 
+/// Runs `f`, which blocks on an outside process or a plain socket, without holding up the
+/// runtime's other tasks when called from an async test (multi-thread runtime).
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// Reads an HTTP/1.1 response head (status line and headers) from a raw stream.
 fn read_head(r: &mut BufReader<TcpStream>) -> String {
     let mut head = String::new();
@@ -517,7 +528,10 @@ async fn sigterm_during_load_answers_every_request_in_flight_and_exits_0() {
     )
     .unwrap();
     let mut reader = BufReader::new(raw.try_clone().unwrap());
-    assert!(read_head(&mut reader).starts_with("HTTP/1.1 100"), "no 100 Continue");
+    assert!(
+        blocking(|| read_head(&mut reader)).starts_with("HTTP/1.1 100"),
+        "no 100 Continue"
+    );
 
     // Load on other connections while the signal arrives: each worker has been answered at
     // least once before the signal is sent.
@@ -566,7 +580,7 @@ async fn sigterm_during_load_answers_every_request_in_flight_and_exits_0() {
     assert!(text.contains("event: shutdown"), "{text}");
     // The request in flight completes after the signal.
     raw.write_all(body).unwrap();
-    let head = read_head(&mut reader);
+    let head = blocking(|| read_head(&mut reader));
     assert!(head.starts_with("HTTP/1.1 204"), "{head}");
     for l in load {
         assert!(l.await.unwrap() > 0);
