@@ -117,8 +117,11 @@ pub fn new_request_id() -> String {
 /// The middleware: span, request id, metrics.
 pub async fn observe(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
     let started = Instant::now();
-    let route = req.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned());
-    let cmd = route.as_deref().and_then(|r| route_cmd(req.method(), r));
+    // Read from the borrowed route: nothing is copied per request.
+    let (cmd, keyed) = match req.extensions().get::<MatchedPath>().map(MatchedPath::as_str) {
+        Some(r) => (route_cmd(req.method(), r), r.ends_with("{key}")),
+        None => (None, false),
+    };
     let given = req
         .headers()
         .get(REQUEST_ID)
@@ -132,9 +135,9 @@ pub async fn observe(State(st): State<AppState>, mut req: Request, next: Next) -
             v
         }
     };
-    let key_len = match route.as_deref() {
-        Some(r) if r.ends_with("{key}") => req.uri().path().rsplit('/').next().map_or(0, str::len),
-        _ => 0,
+    let key_len = match keyed {
+        true => req.uri().path().rsplit('/').next().map_or(0, str::len),
+        false => 0,
     };
     let span = tracing::info_span!(
         "request",
