@@ -7,6 +7,7 @@ mod configuration;
 mod console;
 mod dapr_conformance;
 mod dapr_json;
+mod daprd;
 mod deploy;
 mod disk_full;
 mod durability;

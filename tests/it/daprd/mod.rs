@@ -1,0 +1,262 @@
+//! The real Dapr runtime in front of stategate: daprd, placement and scheduler built from
+//! dapr's published Go module by `scripts/go-peers` (into `$STATEGATE_DAPR_DIR`), Dapr's own
+//! state conformance suite compiled into `$STATEGATE_GO_BIN`, each started here on free
+//! loopback ports. A missing binary is a failure that says how to build it, never a skip.
+
+mod conformance;
+mod sdk;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::AsyncBufReadExt;
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+
+use crate::support::free_port;
+
+/// daprd's start (components, actors, placement) is slower than our own servers'.
+pub const START: Duration = Duration::from_secs(60);
+
+fn env_dir(var: &str) -> PathBuf {
+    match std::env::var_os(var) {
+        Some(d) => PathBuf::from(d),
+        None => panic!(
+            "{var} is not set: run the tests with ./scripts/test, which builds daprd and the Go peers \
+             (scripts/go-peers) and exports it"
+        ),
+    }
+}
+
+/// A binary built by `scripts/go-peers`: daprd, placement, scheduler (in `STATEGATE_DAPR_DIR`)
+/// or a Go test binary such as `conformance.test` (in `STATEGATE_GO_BIN`).
+pub fn go_binary(name: &str) -> PathBuf {
+    let var = if name.ends_with(".test") {
+        "STATEGATE_GO_BIN"
+    } else {
+        "STATEGATE_DAPR_DIR"
+    };
+    let path = env_dir(var).join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: run ./scripts/go-peers (./scripts/test runs it)",
+        path.display()
+    );
+    path
+}
+
+/// The deploy folder whose component file the tests use, as a user would.
+pub fn deploy_dapr() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/dapr")
+}
+
+/// A child process whose output (stdout and stderr, interleaved by line) is kept for the
+/// failure message and watched for a readiness line.
+pub struct Proc {
+    name: String,
+    child: Child,
+    log: Arc<Mutex<Vec<String>>>,
+    lines: watch::Receiver<usize>,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, cmd: &mut Command) -> Proc {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{name}: cannot start {cmd:?}: {e}"));
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (count_tx, lines) = watch::channel(0usize);
+        let count_tx = Arc::new(count_tx);
+        for stream in [
+            Box::new(child.stdout.take().expect("stdout")) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+            Box::new(child.stderr.take().expect("stderr")),
+        ] {
+            let log = log.clone();
+            let count_tx = count_tx.clone();
+            tokio::spawn(async move {
+                let mut lines = tokio::io::BufReader::new(stream).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let n = {
+                        let mut log = log.lock().unwrap();
+                        log.push(line);
+                        log.len()
+                    };
+                    count_tx.send_replace(n);
+                }
+            });
+        }
+        Proc {
+            name: name.to_owned(),
+            child,
+            log,
+            lines,
+        }
+    }
+
+    /// Everything the process printed so far.
+    pub fn output(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    /// Waits until a line of output satisfies `pred` (searching from the start), or fails with
+    /// the output when `limit` passes or the process exits first.
+    pub async fn wait_for_line(&mut self, what: &str, limit: Duration, pred: impl Fn(&str) -> bool) {
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut seen = 0;
+        loop {
+            {
+                let log = self.log.lock().unwrap();
+                if log[seen..].iter().any(|l| pred(l)) {
+                    return;
+                }
+                seen = log.len();
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                // Let the readers drain what is left before reporting.
+                let _ = tokio::time::timeout(Duration::from_millis(500), self.lines.changed()).await;
+                panic!("{}: exited ({status}) before {what}; output:\n{}", self.name, self.output());
+            }
+            match tokio::time::timeout_at(deadline, self.lines.changed()).await {
+                Ok(_) => {}
+                Err(_) => panic!(
+                    "{}: no {what} within {limit:?}; output:\n{}",
+                    self.name,
+                    self.output()
+                ),
+            }
+        }
+    }
+
+    /// Ends the process (SIGKILL) and waits for it.
+    pub async fn kill(&mut self) {
+        let _ = self.child.kill().await;
+    }
+
+    /// Asks the process to stop (SIGTERM) and waits for it up to `limit`, then kills it.
+    pub async fn terminate(&mut self, limit: Duration) {
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill")
+                .arg("-TERM")
+                .arg(pid.to_string())
+                .status();
+        }
+        if tokio::time::timeout(limit, self.child.wait()).await.is_err() {
+            self.kill().await;
+        }
+    }
+}
+
+/// Dapr's actor placement service on free ports (in-memory raft, no TLS, no metrics).
+pub struct Placement {
+    pub port: u16,
+    proc: Proc,
+}
+
+impl Placement {
+    pub async fn start() -> Placement {
+        let port = free_port();
+        let raft = free_port();
+        let healthz = free_port();
+        let mut proc = Proc::spawn(
+            "placement",
+            Command::new(go_binary("placement"))
+                .arg("--port")
+                .arg(port.to_string())
+                .args(["--listen-address", "127.0.0.1"])
+                .arg("--healthz-port")
+                .arg(healthz.to_string())
+                .args(["--healthz-listen-address", "127.0.0.1"])
+                .arg("--initial-cluster")
+                .arg(format!("dapr-placement-0=127.0.0.1:{raft}"))
+                .args(["--enable-metrics=false", "--log-level", "info"]),
+        );
+        proc.wait_for_line("placement's leadership", START, |l| {
+            l.contains("cluster leadership acquired")
+        })
+        .await;
+        Placement { port, proc }
+    }
+
+    pub fn output(&self) -> String {
+        self.proc.output()
+    }
+}
+
+/// What a daprd is started with.
+pub struct DaprdOptions {
+    pub app_id: String,
+    /// The folder daprd finds pluggable component sockets in (`DAPR_COMPONENTS_SOCKETS_FOLDER`).
+    pub sockets: PathBuf,
+    /// The resources path holding the component files (`--resources-path`).
+    pub resources: PathBuf,
+    pub placement: Option<u16>,
+    pub scheduler: Option<u16>,
+    /// The application's port, for actors (and workflows).
+    pub app_port: Option<u16>,
+}
+
+/// A daprd sidecar on free loopback ports.
+pub struct Daprd {
+    pub http_port: u16,
+    pub grpc_port: u16,
+    proc: Proc,
+}
+
+impl Daprd {
+    pub async fn start(o: &DaprdOptions) -> Daprd {
+        let http_port = free_port();
+        let grpc_port = free_port();
+        let internal = free_port();
+        let mut cmd = Command::new(go_binary("daprd"));
+        cmd.env("DAPR_COMPONENTS_SOCKETS_FOLDER", &o.sockets)
+            .env_remove("DAPR_API_TOKEN")
+            .args(["--app-id", &o.app_id])
+            .arg("--resources-path")
+            .arg(&o.resources)
+            .args(["--dapr-listen-addresses", "127.0.0.1"])
+            .arg("--dapr-http-port")
+            .arg(http_port.to_string())
+            .arg("--dapr-grpc-port")
+            .arg(grpc_port.to_string())
+            .arg("--dapr-internal-grpc-port")
+            .arg(internal.to_string())
+            .args(["--dapr-internal-grpc-listen-address", "127.0.0.1"])
+            .args(["--enable-metrics=false", "--log-level", "info"]);
+        if let Some(p) = o.placement {
+            cmd.arg("--placement-host-address").arg(format!("127.0.0.1:{p}"));
+        }
+        if let Some(p) = o.scheduler {
+            cmd.arg("--scheduler-host-address").arg(format!("127.0.0.1:{p}"));
+        }
+        if let Some(p) = o.app_port {
+            cmd.arg("--app-port").arg(p.to_string());
+            cmd.args(["--app-channel-address", "127.0.0.1"]);
+        }
+        let mut proc = Proc::spawn("daprd", &mut cmd);
+        proc.wait_for_line("\"dapr initialized\"", START, |l| l.contains("dapr initialized. Status: Running"))
+            .await;
+        Daprd {
+            http_port,
+            grpc_port,
+            proc,
+        }
+    }
+
+    pub fn http(&self) -> String {
+        format!("http://127.0.0.1:{}", self.http_port)
+    }
+
+    pub fn output(&self) -> String {
+        self.proc.output()
+    }
+
+    pub async fn stop(mut self) {
+        self.proc.terminate(Duration::from_secs(10)).await;
+    }
+}
