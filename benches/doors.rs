@@ -875,6 +875,7 @@ async fn engine_bytes_per_key(n: usize, history: bool) -> (f64, usize) {
             ttl_ms: None,
             timestamp: None,
             fencing: None,
+            persist: false,
         });
         engine.execute(cmd).await.expect("set");
     }

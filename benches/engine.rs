@@ -55,6 +55,7 @@ fn set(key: Bytes, condition: SetCondition) -> Command {
         ttl_ms: None,
         timestamp: None,
         fencing: None,
+        persist: false,
     })
 }
 

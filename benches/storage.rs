@@ -58,6 +58,7 @@ async fn set_load(store: Store, writers: u64, secs: u64) -> Run {
                     ttl_ms: None,
                     timestamp: None,
                     fencing: None,
+                    persist: false,
                 });
                 engine.execute(cmd).await.expect("SET");
                 latencies.push(t.elapsed());

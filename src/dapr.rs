@@ -334,6 +334,8 @@ impl SaveItem {
             ttl_ms: meta.ttl_ms,
             timestamp: None,
             fencing: meta.fencing,
+            // Dapr asks for no persistence per request: the store's configuration decides.
+            persist: false,
         })
     }
 }

@@ -489,7 +489,12 @@ impl Engine {
             return Err(EngineError::TtlOutOfRange);
         }
         self.check_skew(c.timestamp.as_ref(), || EngineError::TimestampSkew)?;
-        self.check_skew(c.fencing.as_ref(), || EngineError::FencingTokenSkew)
+        self.check_skew(c.fencing.as_ref(), || EngineError::FencingTokenSkew)?;
+        // The storage says what it can keep; no door decides this on its own.
+        if c.persist && !self.0.store.backend().persistent() {
+            return Err(EngineError::NotPersistent);
+        }
+        Ok(())
     }
 
     /// The SET rule over the key's live record: the fencing check, then the condition (an ETag

@@ -301,6 +301,11 @@ pub trait Backend: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Whether what this backend acknowledges outlives the process: `false` for memory, `true`
+    /// for the durable backend and Redis. The engine refuses a SET that asks for persistence
+    /// (MQTT's `aio-persistence: true`) where it is `false`. No default: every backend says.
+    fn persistent(&self) -> bool;
+
     /// Whether writes work right now; cheap (no I/O). Backends that cannot tell say `Ok`.
     fn health(&self) -> StorageHealth {
         StorageHealth::Ok

@@ -26,6 +26,8 @@ fuzz_target!(|data: &[u8]| {
             timestamp: Some(Hlc::new(1_700_000_000_000, 1, "fuzz")),
             fencing: Some(Hlc::new(1_700_000_000_000, 2, "fuzz")),
             client: Some("fuzz".into()),
+            persist: true,
+            ..Meta::default()
         };
         let _ = Command::parse(args.clone(), meta);
         let _ = Command::parse(args, Meta::default());

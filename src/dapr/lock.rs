@@ -79,6 +79,7 @@ pub async fn try_lock(engine: &Engine, grant: &Grant, store: &StoreSpec, req: &T
         ttl_ms: Some((req.expiry_in_seconds as u64).saturating_mul(1000)),
         timestamp: None,
         fencing: None,
+        persist: false,
     };
     let resp = access::execute(engine, grant, Command::Set(set)).await?;
     Ok(match (resp.reply, resp.version) {

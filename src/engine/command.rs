@@ -20,6 +20,8 @@ pub struct Meta {
     pub client: Option<String>,
     /// The caller's broker session, when the door can tell (see [`KeyNotify::session`]).
     pub session: Option<u64>,
+    /// The caller asks that a SET be kept on persistent storage (MQTT `aio-persistence: true`).
+    pub persist: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +48,9 @@ pub struct Set {
     pub ttl_ms: Option<u64>,
     pub timestamp: Option<Hlc>,
     pub fencing: Option<Hlc>,
+    /// The caller asks for the key to outlive the process; refused by storage that cannot
+    /// (`EngineError::NotPersistent`), never silently ignored.
+    pub persist: bool,
 }
 
 /// ```text
@@ -187,6 +192,7 @@ impl Command {
                     ttl_ms,
                     timestamp: meta.timestamp,
                     fencing: meta.fencing,
+                    persist: meta.persist,
                 })
             }
             b"GET" => {

@@ -48,6 +48,10 @@ pub enum EngineError {
     /// A write conditioned on a version (an ETag) found another version or no key.
     #[error("the stored version does not match the requested version")]
     VersionMismatch,
+    /// A SET asked to be kept on persistent storage (`aio-persistence`) and the storage keeps
+    /// nothing beyond the process (`--storage memory`): refused rather than pretended.
+    #[error("persistence is not available: this state store keeps keys in memory only")]
+    NotPersistent,
     /// The caller's principal may not do this to this key (access rules).
     #[error("not authorized")]
     NotAuthorized,

@@ -238,12 +238,14 @@ fn parse_passes_the_metadata_on() {
         fencing: Some(hlc(6, 2)),
         client: Some("c1".into()),
         session: None,
+        persist: true,
     };
     let s = match parse(&["SET", "k", "v"], meta.clone()) {
         Ok(Command::Set(s)) => s,
         other => panic!("{other:?}"),
     };
     assert_eq!((s.timestamp, s.fencing), (Some(hlc(5, 1)), Some(hlc(6, 2))));
+    assert!(s.persist, "the persistence request reaches the SET");
 
     match parse(&["GET", "k"], meta.clone()) {
         Ok(Command::Get(g)) => assert_eq!(g.key, b("k")),
@@ -390,6 +392,7 @@ async fn ttl_range_is_decided_by_the_engine() {
         ttl_ms,
         timestamp: None,
         fencing: None,
+        persist: false,
     };
     assert_err!(
         f.engine.execute(Command::Set(set(Some(0)))).await,
@@ -434,6 +437,7 @@ async fn empty_keys_are_refused_by_execute_too() {
         ttl_ms: None,
         timestamp: None,
         fencing: None,
+        persist: false,
     };
     assert_err!(f.engine.execute(Command::Set(set)).await, EngineError::EmptyKey);
     let get = Get { key: Bytes::new() };
@@ -637,6 +641,7 @@ async fn values_are_binary() {
         ttl_ms: None,
         timestamp: None,
         fencing: None,
+        persist: false,
     };
     f.engine.execute(Command::Set(set)).await.unwrap();
     let got = f
@@ -747,6 +752,7 @@ async fn etag_conditions() {
             ttl_ms: None,
             timestamp: None,
             fencing: None,
+            persist: false,
         })
     };
     assert_err!(f.engine.execute(set(hlc(1, 0))).await, EngineError::VersionMismatch);
@@ -1530,6 +1536,7 @@ async fn scan_binary_keys() {
             ttl_ms: None,
             timestamp: None,
             fencing: None,
+            persist: false,
         };
         f.engine.execute(Command::Set(set)).await.unwrap();
     }
@@ -1687,6 +1694,7 @@ async fn first_write_delete_is_an_engine_condition() {
                     ttl_ms: None,
                     timestamp: None,
                     fencing: None,
+                    persist: false,
                 };
                 e.execute(Command::Set(set)).await.map(|_| ())
             } else {
@@ -1728,6 +1736,7 @@ async fn transactions_make_room_from_expired_keys_too() {
             ttl_ms: None,
             timestamp: None,
             fencing: None,
+            persist: false,
         })
     };
     f.engine.transact(vec![set("c"), set("d")]).await.unwrap();
@@ -1990,6 +1999,7 @@ on_every_backend!(
 );
 
 mod expiry;
+mod persist;
 #[cfg(feature = "redis")]
 mod shared;
 mod transact;

@@ -44,6 +44,9 @@ pub fn from_engine(surface: Surface, err: EngineError) -> Status {
         EngineError::TtlOutOfRange => Status::invalid_argument(msg),
         EngineError::QuotaExceeded if tx => Status::internal(msg),
         EngineError::QuotaExceeded => Status::resource_exhausted(msg),
+        // The storage cannot do what was asked: a precondition of the deployment, not input.
+        EngineError::NotPersistent if tx => Status::internal(msg),
+        EngineError::NotPersistent => Status::failed_precondition(msg),
         EngineError::NotAuthorized => Status::permission_denied(msg),
         EngineError::RateLimited | EngineError::StorageFull => Status::resource_exhausted(msg),
         EngineError::Unavailable => Status::unavailable(msg),

@@ -61,6 +61,8 @@ impl pb::state_store_server::StateStore for Native {
             ttl_ms: (r.ttl_ms > 0).then_some(r.ttl_ms),
             timestamp: hlc(&r.timestamp)?,
             fencing: hlc(&r.fencing_token)?,
+            // statestore.v1 has no such field: what is kept is the storage's choice.
+            persist: false,
         };
         let resp = access::execute(&self.engine, &grant, Command::Set(cmd))
             .await

@@ -148,6 +148,9 @@ impl ApiError {
             EngineError::TtlOutOfRange => ApiError::malformed(message),
             EngineError::QuotaExceeded if tx => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, op.code(), message),
             EngineError::QuotaExceeded => ApiError::new(StatusCode::INSUFFICIENT_STORAGE, op.code(), message),
+            // Only MQTT asks for persistence today; answered as the refused request it is.
+            EngineError::NotPersistent if tx => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, op.code(), message),
+            EngineError::NotPersistent => ApiError::new(StatusCode::BAD_REQUEST, op.code(), message),
             EngineError::NotAuthorized => ApiError::new(StatusCode::FORBIDDEN, "ERR_PERMISSION_DENIED", message),
             EngineError::RateLimited => ApiError::new(StatusCode::TOO_MANY_REQUESTS, "ERR_TOO_MANY_REQUESTS", message),
             EngineError::Unavailable => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, op.code(), message),

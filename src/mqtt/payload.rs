@@ -44,7 +44,8 @@ pub fn error_reply(err: &EngineError) -> ErrorReply {
         | EngineError::FencingTokenSkew
         | EngineError::FencingTokenLower
         | EngineError::QuotaExceeded
-        | EngineError::TooLarge => err.to_string(),
+        | EngineError::TooLarge
+        | EngineError::NotPersistent => err.to_string(),
         // The AIO protocol's clients know a bad PX as a syntax error.
         EngineError::TtlOutOfRange => EngineError::Syntax.to_string(),
         // Not reachable from an MQTT command (no ETags on this door); answered honestly anyway.

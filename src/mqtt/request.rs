@@ -18,6 +18,8 @@ pub const PROP_PROTOCOL_VERSION: &str = "__protVer";
 pub const PROP_SOURCE_ID: &str = "__srcId";
 pub const PROP_TIMESTAMP: &str = "__ts";
 pub const PROP_FENCING_TOKEN: &str = "__ft";
+/// Sent by the AIO SDKs on SET when the caller asks for the key to be persisted.
+pub const PROP_PERSISTENCE: &str = "aio-persistence";
 pub const PROP_PROPERTY_NAME: &str = "__propName";
 pub const PROP_SUPPORTED_MAJOR: &str = "__supProtMajVer";
 pub const PROP_REQUEST_PROTOCOL_VERSION: &str = "__requestProtVer";
@@ -176,6 +178,10 @@ fn parse(req: &Request, caller: &Caller) -> Parsed {
         fencing,
         client: client.clone(),
         session: caller.session,
+        // The SDKs send `true` or nothing; `false` (or anything else) asks for nothing.
+        persist: req
+            .property(PROP_PERSISTENCE)
+            .is_some_and(|v| v.eq_ignore_ascii_case("true")),
     };
     match Command::parse(args, meta) {
         Ok(Command::Set(s)) if s.timestamp.is_none() => Parsed::Refused(EngineError::MissingTimestamp),

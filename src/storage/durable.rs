@@ -456,6 +456,10 @@ impl Backend for DurableBackend {
         self.index.value_bytes().await
     }
 
+    fn persistent(&self) -> bool {
+        true
+    }
+
     fn health(&self) -> StorageHealth {
         self.shared.health.borrow().clone()
     }

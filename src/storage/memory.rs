@@ -424,4 +424,9 @@ impl Backend for MemoryBackend {
     async fn value_bytes(&self) -> Result<Option<u64>, StorageError> {
         Ok(Some(self.read().value_bytes))
     }
+
+    /// Volatile on its own (the durable backend uses it as its index and says `true`).
+    fn persistent(&self) -> bool {
+        false
+    }
 }

@@ -85,6 +85,10 @@ impl Backend for Observed {
         self.inner.backend().value_bytes().await
     }
 
+    fn persistent(&self) -> bool {
+        self.inner.backend().persistent()
+    }
+
     fn health(&self) -> super::StorageHealth {
         self.inner.backend().health()
     }

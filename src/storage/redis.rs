@@ -503,6 +503,12 @@ impl Backend for RedisBackend {
         let highest: Vec<Bytes> = self.query(Purpose::Background, &cmd).await?;
         highest.first().map(|v| decode_version(v)).transpose()
     }
+
+    /// The server keeps the keys beyond this process; how long is its own persistence
+    /// configuration (RDB, AOF, replicas), which the operator chose with it.
+    fn persistent(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

@@ -43,6 +43,7 @@ fn set(key: &[u8], value: &[u8]) -> Set {
         ttl_ms: None,
         timestamp: None,
         fencing: None,
+        persist: false,
     }
 }
 

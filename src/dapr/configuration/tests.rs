@@ -25,6 +25,7 @@ async fn set(e: &Engine, key: &str, value: &[u8], ttl_ms: Option<u64>) -> Hlc {
         ttl_ms,
         timestamp: None,
         fencing: None,
+        persist: false,
     };
     e.execute(Command::Set(cmd)).await.unwrap().version.unwrap()
 }

@@ -85,6 +85,7 @@ async fn sort_and_filter_on_bare_value_over_a_store() {
             ttl_ms: None,
             timestamp: None,
             fencing: None,
+            persist: false,
         };
         engine.execute(crate::engine::Command::Set(set)).await.unwrap();
     }
@@ -197,6 +198,7 @@ async fn engine_with(docs: &[(String, Value)]) -> Engine {
             ttl_ms: None,
             timestamp: None,
             fencing: None,
+            persist: false,
         };
         e.execute(crate::engine::Command::Set(set)).await.unwrap();
     }

@@ -142,6 +142,7 @@ async fn expiry_driver_is_woken_by_a_transaction_deadline() {
         ttl_ms: Some(100),
         timestamp: None,
         fencing: None,
+        persist: false,
     });
     f.engine.transact(vec![op]).await.unwrap();
     f.changes();

@@ -12,6 +12,7 @@ fn set(key: &str, v: &str) -> TxOp {
         ttl_ms: None,
         timestamp: None,
         fencing: None,
+        persist: false,
     })
 }
 
@@ -23,6 +24,7 @@ fn set_if(key: &str, v: &str, condition: SetCondition) -> TxOp {
         ttl_ms: None,
         timestamp: None,
         fencing: None,
+        persist: false,
     })
 }
 

@@ -44,6 +44,7 @@ async fn set(e: &Engine, key: &str, value: &str) -> Hlc {
         ttl_ms: None,
         timestamp: None,
         fencing: None,
+        persist: false,
     };
     e.execute(Command::Set(cmd)).await.unwrap().version.unwrap()
 }
@@ -357,6 +358,9 @@ impl Backend for Arc<MidScan> {
     }
     async fn len(&self) -> Result<u64, StorageError> {
         self.inner.len().await
+    }
+    fn persistent(&self) -> bool {
+        self.inner.persistent()
     }
     async fn max_version(&self) -> Result<Option<Hlc>, StorageError> {
         self.inner.max_version().await

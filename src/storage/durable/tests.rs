@@ -685,6 +685,7 @@ async fn engine_after_a_reopen() {
             ttl_ms,
             timestamp: None,
             fencing: None,
+            persist: false,
         })
     };
     let limits = Limits {
