@@ -25,6 +25,14 @@ use crate::engine::{ChangeKind, Engine, KeyNotification, KeyNotifyReceiver, Requ
 #[async_trait]
 pub trait Sink: Send + Sync + 'static {
     async fn publish(&self, out: &Outgoing);
+
+    /// Publishes a KEYNOTIFY notification meant for observer `client_id`. Through a client
+    /// connection the broker routes it by subscriptions like anything else; in the broker it
+    /// also reaches an observer that never subscribed (see `inbroker::BrokerSink`).
+    async fn notify(&self, client_id: &str, out: &Outgoing) {
+        let _ = client_id;
+        self.publish(out).await;
+    }
 }
 
 /// Limits on the work the MQTT door takes on.
@@ -306,7 +314,7 @@ pub async fn notifier(
                 ],
                 message_expiry: None,
             };
-            sink.publish(&out).await;
+            sink.notify(&client_id, &out).await;
             metrics.notification_sent();
         }
     }

@@ -7,7 +7,9 @@
 //!   success-class code) and nobody else ever sees the request.
 //! - Answers and KEYNOTIFY notifications are routed with `SessionState::forwards` from a system
 //!   sender (our client id), exactly as if the service had published them: subscribers of the
-//!   response topic get them, with every property of the client path.
+//!   response topic get them, with every property of the client path. A notification also goes
+//!   straight to its observer when none of the observer's subscriptions matches it, as the AIO
+//!   broker does (the Go SDK relies on it: it never subscribes to its notification topic).
 //! - Each connection has its own in-flight limit; a connection past it waits in the hook, so
 //!   its packets are not read meanwhile (TCP pushes back on that client only) while every other
 //!   connection is served. The global limits answer `__stat=503`, as on the client path.
@@ -27,7 +29,7 @@ use rmqtt::codec::v5::{PublishAckReason, PublishProperties};
 use rmqtt::context::ServerContext;
 use rmqtt::hook::{Handler, HookResult, Parameter, ReturnType, Type};
 use rmqtt::session::SessionState;
-use rmqtt::types::{CodecPublish, From, Id, PublishAclResult, PublishResult};
+use rmqtt::types::{CodecPublish, From, Id, Publish, PublishAclResult, PublishResult};
 use tokio::sync::{Semaphore, watch};
 use tracing::{debug, warn};
 
@@ -42,9 +44,8 @@ struct BrokerSink {
     from: From,
 }
 
-#[async_trait]
-impl Sink for BrokerSink {
-    async fn publish(&self, out: &Outgoing) {
+impl BrokerSink {
+    fn packet(out: &Outgoing) -> CodecPublish {
         let properties = PublishProperties {
             correlation_data: out.correlation.clone(),
             message_expiry_interval: out.message_expiry.and_then(NonZeroU32::new),
@@ -56,7 +57,7 @@ impl Sink for BrokerSink {
                 .collect(),
             ..PublishProperties::default()
         };
-        let publish = CodecPublish {
+        CodecPublish {
             dup: false,
             retain: false,
             qos: rmqtt::codec::types::QoS::AtLeastOnce,
@@ -64,10 +65,48 @@ impl Sink for BrokerSink {
             packet_id: None,
             payload: out.payload.clone(),
             properties: Some(properties),
-        };
-        if let Err(e) = SessionState::forwards(&self.scx, self.from.clone(), publish.into(), false, None).await {
-            warn!(cause = %e, topic = %out.topic, "mqtt: routing an answer failed");
         }
+    }
+
+    async fn forward(&self, publish: Publish, topic: &str) {
+        if let Err(e) = SessionState::forwards(&self.scx, self.from.clone(), publish, false, None).await {
+            warn!(cause = %e, %topic, "mqtt: routing an answer failed");
+        }
+    }
+
+    /// Whether `client_id` holds a (non-shared) subscription matching `topic`.
+    async fn subscribed(&self, client_id: &str, topic: &str) -> bool {
+        let router = self.scx.extends.router().await;
+        match router.matches(self.from.id.clone(), &topic.into()).await {
+            Ok(map) => map
+                .values()
+                .flatten()
+                .any(|(_, client, _, _, group)| group.is_none() && &client[..] == client_id),
+            // Unknown: send it directly as well (a duplicate is better than a loss).
+            Err(_) => false,
+        }
+    }
+}
+
+#[async_trait]
+impl Sink for BrokerSink {
+    async fn publish(&self, out: &Outgoing) {
+        self.forward(Self::packet(out).into(), &out.topic).await;
+    }
+
+    /// The Go SDK (v0.4.1) never subscribes to its notification topic (its client starts only
+    /// the command invoker's listener), yet its KEYNOTIFY works against the AIO broker, which
+    /// hands state store notifications to the observer's session. So does this: routed as
+    /// usual for whoever subscribed (the Rust and .NET SDKs, spies), and sent straight to the
+    /// observer when none of its subscriptions matches, so it never gets it twice.
+    async fn notify(&self, client_id: &str, out: &Outgoing) {
+        let packet = Self::packet(out);
+        let direct = !self.subscribed(client_id, &out.topic).await;
+        if direct {
+            let targeted = Publish::from(packet.clone()).target_clientid(client_id.into());
+            self.forward(targeted, &out.topic).await;
+        }
+        self.forward(packet.into(), &out.topic).await;
     }
 }
 
