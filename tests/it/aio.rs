@@ -26,7 +26,7 @@ use crate::support::{self, Broker, RawClient, TestEnv, WAIT};
 
 /// The per-request timeout given to the SDK (it becomes the Message Expiry Interval). Shorter
 /// than `WAIT`, so that a lost response shows up as the SDK's timeout error, not ours.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Notification topic prefix (spec section 8).
 const NOTIFY_PREFIX: &str = "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8";
@@ -133,7 +133,7 @@ impl Sdk {
         self.set_fenced(key, value, None, options).await
     }
 
-    async fn set_fenced(
+    pub(crate) async fn set_fenced(
         &self,
         key: &[u8],
         value: &[u8],
@@ -155,7 +155,7 @@ impl Sdk {
         r.version.expect("an applied SET carries the new version (__ts)")
     }
 
-    async fn get(&self, key: &[u8]) -> state_store::Response<Option<Vec<u8>>> {
+    pub(crate) async fn get(&self, key: &[u8]) -> state_store::Response<Option<Vec<u8>>> {
         within("a GET response", self.client.get(key.to_vec(), REQUEST_TIMEOUT))
             .await
             .expect("GET")
@@ -225,7 +225,7 @@ impl Sdk {
 }
 
 /// The next notification of an observation.
-async fn next_notification(obs: &mut KeyObservation) -> KeyNotification {
+pub(crate) async fn next_notification(obs: &mut KeyObservation) -> KeyNotification {
     within("a key notification", obs.recv_notification())
         .await
         .expect("the observation is still open")
@@ -248,7 +248,7 @@ async fn expect_set(obs: &mut KeyObservation, value: &[u8], version: &HybridLogi
 }
 
 /// Asserts the next notification is a DELETE.
-async fn expect_del(obs: &mut KeyObservation) -> HybridLogicalClock {
+pub(crate) async fn expect_del(obs: &mut KeyObservation) -> HybridLogicalClock {
     let n = next_notification(obs).await;
     assert_eq!(n.key, obs.key, "notification for the observed key");
     assert_eq!(n.operation, Operation::Del, "expected DELETE, got {n}");
@@ -261,7 +261,7 @@ fn hlc_order(v: &HybridLogicalClock) -> (SystemTime, u64, &str) {
 }
 
 #[track_caller]
-fn assert_later(later: &HybridLogicalClock, earlier: &HybridLogicalClock) {
+pub(crate) fn assert_later(later: &HybridLogicalClock, earlier: &HybridLogicalClock) {
     assert!(
         hlc_order(later) > hlc_order(earlier),
         "version {later} must be strictly later than {earlier}"

@@ -2,6 +2,7 @@
 
 mod access_rules;
 mod aio;
+mod aio_go;
 mod cli;
 mod configuration;
 mod console;

@@ -451,6 +451,76 @@ async fn unsupported_protocol_version_is_505(broker: Broker) {
     env.stop().await;
 }
 
+/// In the broker a notification reaches an observer that never subscribed to its topic (the Go
+/// SDK never does; the AIO broker delivers anyway), once; one that subscribed gets it once too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_reach_observers_without_a_subscription() {
+    use stategate::mqtt::request::{notify_payload, notify_topic};
+    let env = TestEnv::start(Broker::Embedded).await;
+    let mut c = RawClient::connect(env.broker_port, &unique_id("raw")).await;
+    let mut bare = RawClient::connect(env.broker_port, &unique_id("bare")).await;
+    let mut subscribed = RawClient::connect(env.broker_port, &unique_id("subscribed")).await;
+    for obs in [&mut bare, &mut subscribed] {
+        assert_eq!(payload(&obs.request(&[b"KEYNOTIFY", b"k"], &[]).await), b"+OK\r\n");
+    }
+    subscribed.subscribe(&notify_topic(&subscribed.id, b"k")).await;
+    for value in [&b"one"[..], b"two"] {
+        let set = c.request(&[b"SET", b"k", value], &[("__ts", &now_ts())]).await;
+        for obs in [&mut bare, &mut subscribed] {
+            // A second copy of the first notification would come before the second one.
+            let n = obs.next().await;
+            assert_eq!(std::str::from_utf8(&n.topic).unwrap(), notify_topic(&obs.id, b"k"));
+            assert_eq!(n.payload, notify_payload(Some(&Bytes::copy_from_slice(value))));
+            assert_eq!(prop(&n, "__ts"), prop(&set, "__ts"));
+        }
+    }
+    env.stop().await;
+}
+
+/// `aio-persistence: true` on SET: refused byte for byte where nothing persists (memory), and
+/// nothing changes; applied on durable storage. `false` asks for nothing.
+async fn aio_persistence_on(storage: Storage, kept: bool) {
+    let env = TestEnv::start_on(Broker::Embedded, storage, |_| {}).await;
+    let mut c = RawClient::connect(env.broker_port, &unique_id("persist")).await;
+    let first = c.request(&[b"SET", b"k", b"v1"], &[("__ts", &now_ts())]).await;
+    let ts = now_ts();
+    let asked = c
+        .request(&[b"SET", b"k", b"v2"], &[("__ts", &ts), ("aio-persistence", "true")])
+        .await;
+    assert_eq!(prop(&asked, "__stat"), Some("200"));
+    if kept {
+        assert_eq!(payload(&asked), b"+OK\r\n");
+        assert!(prop(&asked, "__ts").is_some());
+    } else {
+        assert_eq!(
+            payload(&asked),
+            b"-ERR persistence is not available: this state store keeps keys in memory only\r\n"
+        );
+        assert_eq!(prop(&asked, "__ts"), None, "an error carries no version");
+        let g = c.request(&[b"GET", b"k"], &[]).await;
+        assert_eq!(payload(&g), b"$2\r\nv1\r\n");
+        assert_eq!(prop(&g, "__ts"), prop(&first, "__ts"));
+    }
+    let not_asked = c
+        .request(
+            &[b"SET", b"k", b"v3"],
+            &[("__ts", &now_ts()), ("aio-persistence", "false")],
+        )
+        .await;
+    assert_eq!(payload(&not_asked), b"+OK\r\n");
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aio_persistence_is_refused_on_memory() {
+    aio_persistence_on(Storage::Memory, false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aio_persistence_is_kept_on_durable() {
+    aio_persistence_on(Storage::Durable, true).await
+}
+
 /// Keys observed by a client that disconnects are forgotten (the embedded broker reports it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_broker_drops_observers_of_a_disconnected_client() {
