@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use azure_iot_operations_protocol::common::hybrid_logical_clock::HybridLogicalClock;
 use azure_iot_operations_services::leased_lock;
-use azure_iot_operations_services::state_store::{Operation, SetOptions};
+use azure_iot_operations_services::state_store::{self, Operation, SetOptions};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
@@ -192,20 +192,59 @@ async fn keynotify_in_broker() {
     go_alone(Broker::Embedded, Storage::Memory, "TestKeyNotify", &[]).await;
 }
 
-/// `aio-persistence: true` (the Go SDK's `WithPersist`) on memory storage: refused with this
-/// text, nothing changed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn persistence_refused_on_memory() {
+/// `aio-persistence: true` from the Go SDK (`WithPersist`), then from the Rust SDK
+/// (`SetOptions::persist`): refused with the engine's text on memory storage (nothing
+/// changes), applied on durable storage (every key there persists).
+async fn persistence(storage: Storage) {
+    let refused = matches!(storage, Storage::Memory);
+    let env = TestEnv::start_on(Broker::Embedded, storage, |_| {}).await;
     let refusal = stategate::engine::EngineError::NotPersistent.to_string();
-    let expect = [("STATEGATE_EXPECT_PERSISTENCE", refusal)];
-    go_alone(Broker::Embedded, Storage::Memory, "TestPersistence", &expect).await;
+    let expect = if refused {
+        refusal.clone()
+    } else {
+        "accepted".to_owned()
+    };
+    GoTest::start(
+        "aio",
+        "TestPersistence",
+        &[port(&env), ("STATEGATE_EXPECT_PERSISTENCE", expect)],
+    )
+    .passes()
+    .await;
+
+    let rust = Sdk::connect(env.broker_port, "rust-persist").await;
+    let persist = SetOptions {
+        persist: true,
+        ..SetOptions::default()
+    };
+    let key = unique_id("rust-persisted");
+    match rust.set_fenced(key.as_bytes(), b"v", None, persist).await {
+        Err(e) if refused => match e.kind() {
+            state_store::ErrorKind::ServiceError(state_store::ServiceError::Unknown(text)) => {
+                assert_eq!(text, &refusal)
+            }
+            other => panic!("expected the refusal {refusal:?}, got {other:?}"),
+        },
+        Ok(r) if !refused => assert!(r.response, "a persisted SET on durable storage is applied"),
+        other => panic!(
+            "SET with persist on {}: {other:?}",
+            if refused { "memory" } else { "durable" }
+        ),
+    }
+    let got = rust.get(key.as_bytes()).await.response;
+    assert_eq!(got, (!refused).then(|| b"v".to_vec()));
+    rust.close().await;
+    env.stop().await;
 }
 
-/// The same SETs on durable storage: applied (every key there persists).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn persistence_refused_on_memory() {
+    persistence(Storage::Memory).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn persistence_accepted_on_durable() {
-    let expect = [("STATEGATE_EXPECT_PERSISTENCE", "accepted".to_owned())];
-    go_alone(Broker::Embedded, Storage::Durable, "TestPersistence", &expect).await;
+    persistence(Storage::Durable).await;
 }
 
 /// "held-by <client id> <token>"
