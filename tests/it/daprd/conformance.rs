@@ -23,7 +23,12 @@ const ALL_OPS: &[&str] = &["transaction", "etag", "first-write", "ttl", "actorSt
 const SECOND_PASS_RUN: &str = "^TestConformance$/^(init|no_TTL_should_not_return_any_expire_time|ttlExpireTime)$";
 
 /// Subtests expected to fail, with why. Each comes from daprd's adapter, not from stategate.
-const EXPECTED_FAILURES: &[(&str, &str)] = &[];
+const EXPECTED_FAILURES: &[(&str, &str)] = &[(
+    "TestConformance/etag",
+    "its bulk partial-success check wants one error per failed key (a joined error); daprd's \
+     adapter (pkg/components/state/pluggable.go, BulkSet/BulkDelete) turns the component's one \
+     gRPC status into one error. TestBulkWithOneStaleEtagThroughAdapter checks the rest.",
+)];
 
 const SUITE_LIMIT: Duration = Duration::from_secs(300);
 

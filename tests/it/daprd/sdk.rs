@@ -48,6 +48,7 @@ async fn python_sdk_checks(daprd: &Daprd) -> (String, String, String) {
             .arg(daprd.http())
             .env("PYTHONUNBUFFERED", "1")
             .env("DAPR_HEALTH_TIMEOUT", "20")
+            .env("DAPR_SDK_CHECK_THROUGH_DAPRD", "1")
             .env_remove("DAPR_API_TOKEN"),
     );
     proc.wait_for_line("the SDK checks' result", Duration::from_secs(120), |l| {
