@@ -120,15 +120,15 @@ impl Proc {
             if let Ok(Some(status)) = self.child.try_wait() {
                 // Let the readers drain what is left before reporting.
                 let _ = tokio::time::timeout(Duration::from_millis(500), self.lines.changed()).await;
-                panic!("{}: exited ({status}) before {what}; output:\n{}", self.name, self.output());
+                panic!(
+                    "{}: exited ({status}) before {what}; output:\n{}",
+                    self.name,
+                    self.output()
+                );
             }
             match tokio::time::timeout_at(deadline, self.lines.changed()).await {
                 Ok(_) => {}
-                Err(_) => panic!(
-                    "{}: no {what} within {limit:?}; output:\n{}",
-                    self.name,
-                    self.output()
-                ),
+                Err(_) => panic!("{}: no {what} within {limit:?}; output:\n{}", self.name, self.output()),
             }
         }
     }
@@ -239,8 +239,10 @@ impl Daprd {
             cmd.args(["--app-channel-address", "127.0.0.1"]);
         }
         let mut proc = Proc::spawn("daprd", &mut cmd);
-        proc.wait_for_line("\"dapr initialized\"", START, |l| l.contains("dapr initialized. Status: Running"))
-            .await;
+        proc.wait_for_line("\"dapr initialized\"", START, |l| {
+            l.contains("dapr initialized. Status: Running")
+        })
+        .await;
         Daprd {
             http_port,
             grpc_port,

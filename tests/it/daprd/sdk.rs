@@ -56,10 +56,12 @@ async fn python_sdk_checks(daprd: &Daprd) -> (String, String, String) {
     })
     .await;
     let out = proc.output();
-    let result = out
-        .lines()
-        .find_map(|l| l.strip_prefix("RESULT "))
-        .unwrap_or_else(|| panic!("the Python SDK checks through daprd failed:\n{out}\n--- daprd:\n{}", daprd.output()));
+    let result = out.lines().find_map(|l| l.strip_prefix("RESULT ")).unwrap_or_else(|| {
+        panic!(
+            "the Python SDK checks through daprd failed:\n{out}\n--- daprd:\n{}",
+            daprd.output()
+        )
+    });
     let v: Value = serde_json::from_str(result).expect("RESULT is JSON");
     let s = |f: &str| v[f].as_str().expect("a string field").to_owned();
     (s("key"), s("etag"), s("value"))
@@ -100,7 +102,11 @@ async fn python_sdk_through_daprd_keeps_state_in_stategate() {
         format!("${}\r\n{value}\r\n", value.len()).as_bytes(),
         "MQTT GET {stored}"
     );
-    assert_eq!(prop(&got, "__ts"), Some(etag.as_str()), "MQTT sees daprd's ETag as the version");
+    assert_eq!(
+        prop(&got, "__ts"),
+        Some(etag.as_str()),
+        "MQTT sees daprd's ETag as the version"
+    );
 
     // ... and over SSE (store `orders`: the app's own key names, the same version).
     let mut buf = String::new();
@@ -123,7 +129,10 @@ async fn python_sdk_through_daprd_keeps_state_in_stategate() {
     // A device writes over MQTT; the app reads it through daprd, the version as its ETag.
     let device_key = format!("{app}||from-device");
     let set = mqtt
-        .request(&[b"SET", device_key.as_bytes(), b"{\"t\":21.5}"], &[("__ts", &now_ts())])
+        .request(
+            &[b"SET", device_key.as_bytes(), b"{\"t\":21.5}"],
+            &[("__ts", &now_ts())],
+        )
         .await;
     assert_eq!(&set.payload[..], b"+OK\r\n");
     let version = prop(&set, "__ts").expect("SET answers its version").to_owned();
