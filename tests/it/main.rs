@@ -9,6 +9,7 @@ mod console;
 mod dapr_conformance;
 mod dapr_json;
 mod daprd;
+mod daprsdk_go;
 mod deploy;
 mod disk_full;
 mod durability;
