@@ -99,7 +99,7 @@ impl Observe {
 }
 
 /// Sets every service's status in the gRPC health service.
-async fn report(reporter: &tonic_health::server::HealthReporter, services: &[&'static str], ready: bool) {
+pub(crate) async fn report(reporter: &tonic_health::server::HealthReporter, services: &[&'static str], ready: bool) {
     let status = match ready {
         true => tonic_health::ServingStatus::Serving,
         false => tonic_health::ServingStatus::NotServing,

@@ -319,6 +319,10 @@ pub async fn start_observed(
             };
             let obs = obs.clone();
             let (reporter, health) = tonic_health::server::health_reporter();
+            // tonic-health starts with "" serving; the door answers before `start` has checked
+            // anything (it waits up to 10 s for an external broker), so it says not serving
+            // until the readiness driver's first check passes.
+            health::report(&reporter, grpc::TCP_SERVICES, false).await;
             grpc_health = Some(reporter);
             grpc_tasks.push(tokio::spawn(async move {
                 if let Err(e) = grpc::serve_tcp(engine, settings, listener, grpc_limits, obs, health, stop_rx).await {

@@ -263,6 +263,58 @@ async fn readiness_follows_the_external_broker() {
     env.stop().await;
 }
 
+/// While `start` waits for an external broker that does not answer (up to 10 s), the gRPC door
+/// already answers: its health service must say not serving, as `/readyz` does, until a
+/// readiness check passes (tonic-health's own default is serving).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_health_is_not_serving_before_the_first_readiness_check() {
+    let grpc_port = free_port();
+    let nobody = free_port();
+    let mut config = Config {
+        http_listen: None,
+        grpc_listen: Some(format!("127.0.0.1:{grpc_port}").parse().unwrap()),
+        ..Default::default()
+    };
+    config.storage.kind = StorageKind::Memory;
+    config.broker = BrokerChoice::External {
+        host: "127.0.0.1".into(),
+        port: nobody,
+    };
+    let starting = tokio::spawn(stategate::start(config, Store::memory()));
+    let give_up = Instant::now() + WAIT;
+    let channel = loop {
+        match Endpoint::from_shared(format!("http://127.0.0.1:{grpc_port}"))
+            .unwrap()
+            .connect()
+            .await
+        {
+            Ok(ch) => break ch,
+            Err(e) => {
+                assert!(Instant::now() < give_up, "the gRPC door never listened: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let status = health
+        .check(tonic_health::pb::HealthCheckRequest { service: String::new() })
+        .await
+        .expect("health answers")
+        .into_inner()
+        .status;
+    assert_eq!(
+        status,
+        tonic_health::pb::health_check_response::ServingStatus::NotServing as i32,
+        "gRPC health while the broker has never answered"
+    );
+    // `start` gives up waiting after 10 s and goes on; the door keeps saying not serving.
+    let running = tokio::time::timeout(Duration::from_secs(30), starting).await;
+    if let Ok(Ok(Ok(r))) = running {
+        grpc_health_until(&mut health, false).await;
+        r.shutdown().await;
+    }
+}
+
 /// The real binary, its stderr collected; killed on drop.
 struct Service {
     child: Child,
