@@ -291,12 +291,7 @@ pub const TOO_MANY_REQUESTS: &str = "ERR_TOO_MANY_REQUESTS";
 /// Takes a request or stream slot for the whole response (held by its body), or answers 503
 /// with Dapr's error body and `Retry-After: 1` at once.
 async fn limit_in_flight(State(inflight): State<InFlight>, req: Request, next: Next) -> Response {
-    let kind = if sse::is_subscribe(req.uri().path()) {
-        Kind::Stream
-    } else {
-        Kind::Request
-    };
-    match inflight.try_admit(kind) {
+    match inflight.try_admit(Kind::of_path(req.uri().path())) {
         Ok(slot) => next
             .run(req)
             .await

@@ -10,22 +10,6 @@ use tonic::Status;
 
 use crate::listener::inflight::{InFlight, Kind, SlotBody};
 
-/// The streaming RPCs of the TCP door: each holds a stream slot while open, not a call slot.
-const STREAMING_METHODS: &[&str] = &[
-    "/statestore.v1.StateStore/Watch",
-    "/grpc.health.v1.Health/Watch",
-    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
-    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-];
-
-fn kind(path: &str) -> Kind {
-    if STREAMING_METHODS.contains(&path) {
-        Kind::Stream
-    } else {
-        Kind::Request
-    }
-}
-
 /// Adds [`InFlightService`] around a service.
 #[derive(Debug, Clone)]
 pub struct InFlightLayer(pub InFlight);
@@ -67,7 +51,7 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        match self.inflight.try_admit(kind(req.uri().path())) {
+        match self.inflight.try_admit(Kind::of_path(req.uri().path())) {
             Err(refused) => {
                 let resp = Status::resource_exhausted(refused.to_string()).into_http();
                 Box::pin(std::future::ready(Ok(resp)))

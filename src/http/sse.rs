@@ -157,14 +157,6 @@ fn snapshot_event(store: &StoreSpec, key: &[u8], entry: &Entry, base64: bool) ->
     json_event("set", &body)
 }
 
-/// Whether `path` is the subscribe route (`/v1.0-alpha1/state/{store}/subscribe`): its
-/// requests take a stream slot, not a request slot.
-pub(super) fn is_subscribe(path: &str) -> bool {
-    path.strip_prefix("/v1.0-alpha1/state/")
-        .and_then(|rest| rest.strip_suffix("/subscribe"))
-        .is_some_and(|store| !store.is_empty() && !store.contains('/'))
-}
-
 /// Subscribe to changes: `?key=a&key=b` and/or `?pattern=<glob>`; none = every key of the store.
 #[utoipa::path(
     get,

@@ -24,6 +24,40 @@ pub enum Kind {
     Stream,
 }
 
+/// The gRPC methods that stay open, on any door.
+const STREAMING_METHODS: &[&str] = &[
+    "/statestore.v1.StateStore/Watch",
+    "/dapr.proto.runtime.v1.Dapr/SubscribeConfiguration",
+    "/dapr.proto.runtime.v1.Dapr/SubscribeConfigurationAlpha1",
+    "/grpc.health.v1.Health/Watch",
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+];
+
+impl Kind {
+    /// Which slot a request to `path` takes, on either door: the one definition of "a stream"
+    /// (a stream in a request slot would hold it for its whole life and starve unary calls).
+    /// Streams are the gRPC methods above and the HTTP event streams: state changes
+    /// (`/v1.0-alpha1/state/{store}/subscribe`) and configuration subscriptions
+    /// (`/v1.0/configuration/{store}/subscribe`, also under `/v1.0-alpha1`).
+    pub fn of_path(path: &str) -> Kind {
+        let http_stream = |prefix: &str| {
+            path.strip_prefix(prefix)
+                .and_then(|rest| rest.strip_suffix("/subscribe"))
+                .is_some_and(|store| !store.is_empty() && !store.contains('/'))
+        };
+        if STREAMING_METHODS.contains(&path)
+            || http_stream("/v1.0-alpha1/state/")
+            || http_stream("/v1.0/configuration/")
+            || http_stream("/v1.0-alpha1/configuration/")
+        {
+            Kind::Stream
+        } else {
+            Kind::Request
+        }
+    }
+}
+
 /// Why a request was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Refused {
@@ -113,6 +147,31 @@ impl<B: Body<Data = Bytes> + Unpin> Body for SlotBody<B> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn streams_are_the_same_on_both_doors() {
+        use super::Kind;
+        for stream in [
+            "/v1.0-alpha1/state/statestore/subscribe",
+            "/v1.0/configuration/configstore/subscribe",
+            "/v1.0-alpha1/configuration/configstore/subscribe",
+            "/statestore.v1.StateStore/Watch",
+            "/dapr.proto.runtime.v1.Dapr/SubscribeConfiguration",
+            "/dapr.proto.runtime.v1.Dapr/SubscribeConfigurationAlpha1",
+        ] {
+            assert_eq!(Kind::of_path(stream), Kind::Stream, "{stream}");
+        }
+        for request in [
+            "/v1.0/state/statestore/subscribe",
+            "/v1.0/configuration/configstore",
+            "/v1.0/configuration/configstore/abc/unsubscribe",
+            "/v1.0-alpha1/state//subscribe",
+            "/dapr.proto.runtime.v1.Dapr/UnsubscribeConfiguration",
+            "/statestore.v1.StateStore/Get",
+        ] {
+            assert_eq!(Kind::of_path(request), Kind::Request, "{request}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -551,3 +551,64 @@ async fn door_limits_change_on_reload() {
     drop((third, fourth));
     env.stop().await;
 }
+
+/// Configuration subscriptions are streams on both doors: they hold stream slots, never the
+/// request slots unary calls need (before, each held a request slot for its whole life, so as
+/// many subscriptions as `max_inflight` made every call fail).
+#[tokio::test]
+async fn configuration_subscriptions_take_stream_slots_not_request_slots() {
+    let env = TestEnv::start_with(Broker::Embedded, |c| {
+        c.net.http_max_inflight = 1;
+        c.net.http_max_streams = 4;
+        c.net.grpc_max_inflight = 1;
+        c.net.grpc_max_streams = 4;
+    })
+    .await;
+    let running = env.service.as_ref().unwrap();
+
+    // HTTP: two configuration subscriptions (both spellings) open, then a unary call.
+    let mut subs = Vec::new();
+    for path in [
+        "/v1.0/configuration/configstore/subscribe",
+        "/v1.0-alpha1/configuration/configstore/subscribe",
+    ] {
+        let r = reqwest::get(format!("{}{path}", env.http())).await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        subs.push(r);
+    }
+    assert_eq!(running.door_limits().http_inflight.in_flight(), (0, 2));
+    let got = reqwest::get(format!("{}/v1.0/state/statestore/k", env.http()))
+        .await
+        .unwrap();
+    assert_eq!(got.status(), 204, "a unary call while subscriptions are open");
+
+    // gRPC: two SubscribeConfiguration streams open, then a unary call.
+    use stategate::grpc::pb::dapr::proto::runtime::v1 as rpb;
+    let ch = tonic::transport::Endpoint::from_shared(env.grpc())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut dapr = rpb::dapr_client::DaprClient::new(ch);
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let s = dapr
+            .subscribe_configuration(rpb::SubscribeConfigurationRequest {
+                store_name: "configstore".into(),
+                ..Default::default()
+            })
+            .await
+            .expect("a configuration subscription is admitted");
+        streams.push(s);
+    }
+    assert_eq!(running.door_limits().grpc_inflight.in_flight(), (0, 2));
+    dapr.get_state(rpb::GetStateRequest {
+        store_name: "statestore".into(),
+        key: "k".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("a unary call while subscriptions are open");
+    drop((subs, streams));
+    env.stop().await;
+}
