@@ -4,6 +4,7 @@
 //! loopback ports. A missing binary is a failure that says how to build it, never a skip.
 
 mod conformance;
+mod peers;
 mod sdk;
 
 use std::path::{Path, PathBuf};
