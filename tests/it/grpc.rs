@@ -2274,9 +2274,13 @@ fn describe(o: &Output) -> String {
     )
 }
 
-/// A virtualenv with the Dapr SDK (`dapr>=1.14`), created once under
-/// `$HOME/.cache/stategate-pyvenv` and reused while it imports `dapr.clients`. A lock file
-/// keeps concurrent test runs from building it twice (taken on a blocking thread).
+/// A virtualenv with the Dapr SDK, created once under `$HOME/.cache/stategate-pyvenv` and
+/// reused while it imports what the tests use: the clients, the actor runtime served by the
+/// SDK's FastAPI extension (with uvicorn), and the workflow runtime. `dapr[fastapi]>=1.19`:
+/// since 1.19 the extensions ship inside the `dapr` package (the workflow one with no extra
+/// dependency), so one requirement brings them all. A venv missing only some of them is
+/// completed, not rebuilt. A lock file keeps concurrent test runs from building it twice
+/// (taken on a blocking thread).
 pub(crate) async fn dapr_sdk_python() -> PathBuf {
     let home = std::env::var_os("HOME").expect("HOME is set");
     let cache = Path::new(&home).join(".cache");
@@ -2294,7 +2298,10 @@ pub(crate) async fn dapr_sdk_python() -> PathBuf {
     async fn has_sdk(python: &Path) -> bool {
         python.exists()
             && run_bounded(
-                Command::new(python).args(["-c", "import dapr.clients"]),
+                Command::new(python).args([
+                    "-c",
+                    "import dapr.clients, dapr.actor, dapr.ext.fastapi, dapr.ext.workflow, uvicorn",
+                ]),
                 Duration::from_secs(60),
                 "import dapr",
             )
@@ -2303,18 +2310,20 @@ pub(crate) async fn dapr_sdk_python() -> PathBuf {
             .success()
     }
     if !has_sdk(&python).await {
-        let o = run_bounded(
-            Command::new("python3").args(["-m", "venv", "--clear"]).arg(&venv),
-            Duration::from_secs(120),
-            "python3 -m venv",
-        )
-        .await;
-        assert!(
-            o.status.success(),
-            "python3 -m venv {} failed: {}",
-            venv.display(),
-            describe(&o)
-        );
+        if !python.exists() {
+            let o = run_bounded(
+                Command::new("python3").args(["-m", "venv", "--clear"]).arg(&venv),
+                Duration::from_secs(120),
+                "python3 -m venv",
+            )
+            .await;
+            assert!(
+                o.status.success(),
+                "python3 -m venv {} failed: {}",
+                venv.display(),
+                describe(&o)
+            );
+        }
         let o = run_bounded(
             Command::new(&python)
                 .args([
@@ -2324,7 +2333,7 @@ pub(crate) async fn dapr_sdk_python() -> PathBuf {
                     "--disable-pip-version-check",
                     "--no-input",
                     "-q",
-                    "dapr>=1.14",
+                    "dapr[fastapi]>=1.19",
                 ])
                 .env("PIP_DEFAULT_TIMEOUT", "60"),
             Duration::from_secs(600),
@@ -2333,13 +2342,13 @@ pub(crate) async fn dapr_sdk_python() -> PathBuf {
         .await;
         assert!(
             o.status.success(),
-            "pip install \"dapr>=1.14\" into {} failed (is PyPI reachable?): {}",
+            "pip install \"dapr[fastapi]>=1.19\" into {} failed (is PyPI reachable?): {}",
             venv.display(),
             describe(&o)
         );
         assert!(
             has_sdk(&python).await,
-            "the venv at {} still cannot import dapr.clients",
+            "the venv at {} still cannot import the Dapr SDK's clients, actors and workflows",
             venv.display()
         );
     }

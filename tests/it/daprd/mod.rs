@@ -3,9 +3,11 @@
 //! state conformance suite compiled into `$STATEGATE_GO_BIN`, each started here on free
 //! loopback ports. A missing binary is a failure that says how to build it, never a skip.
 
+mod actors;
 mod conformance;
 mod peers;
 mod sdk;
+mod workflow;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -177,11 +179,57 @@ impl Placement {
                 .arg(format!("dapr-placement-0=127.0.0.1:{raft}"))
                 .args(["--enable-metrics=false", "--log-level", "info"]),
         );
+        // 1.18 says "Node id=dapr-placement-0 has acquired leadership"; older releases said
+        // "cluster leadership acquired".
         proc.wait_for_line("placement's leadership", START, |l| {
-            l.contains("cluster leadership acquired")
+            l.contains("has acquired leadership") || l.contains("cluster leadership acquired")
         })
         .await;
         Placement { port, proc }
+    }
+
+    pub fn output(&self) -> String {
+        self.proc.output()
+    }
+}
+
+/// Dapr's scheduler service (reminders, and the timers workflows run on) with its embedded
+/// etcd in `data`, every port free: its defaults (50006, 8080, 2379, 2380, 9090) are fixed.
+pub struct Scheduler {
+    pub port: u16,
+    proc: Proc,
+}
+
+impl Scheduler {
+    pub async fn start(data: &Path) -> Scheduler {
+        let port = free_port();
+        let mut proc = Proc::spawn(
+            "scheduler",
+            Command::new(go_binary("scheduler"))
+                .arg("--port")
+                .arg(port.to_string())
+                .args(["--listen-address", "127.0.0.1"])
+                // What the scheduler tells daprd to dial (its own guess is the host name).
+                .arg("--override-broadcast-host-port")
+                .arg(format!("127.0.0.1:{port}"))
+                .arg("--healthz-port")
+                .arg(free_port().to_string())
+                .args(["--healthz-listen-address", "127.0.0.1"])
+                .arg("--etcd-client-port")
+                .arg(free_port().to_string())
+                .args(["--etcd-client-listen-address", "127.0.0.1"])
+                .arg("--etcd-initial-cluster")
+                .arg(format!("dapr-scheduler-server-0=http://127.0.0.1:{}", free_port()))
+                .arg("--etcd-data-dir")
+                .arg(data)
+                .args(["--enable-metrics=false", "--log-level", "info"]),
+        );
+        // The cron engine answers once etcd is up and this node leads its partitions.
+        proc.wait_for_line("the scheduler's \"Cron is ready\"", START, |l| {
+            l.contains("Cron is ready")
+        })
+        .await;
+        Scheduler { port, proc }
     }
 
     pub fn output(&self) -> String {
@@ -202,6 +250,23 @@ pub struct DaprdOptions {
     pub app_port: Option<u16>,
 }
 
+/// daprd's API ports, chosen before it starts when the app must know them first (an actor
+/// app calls back into daprd's HTTP port, and daprd waits for the app's port at its start).
+#[derive(Debug, Clone, Copy)]
+pub struct DaprdPorts {
+    pub http: u16,
+    pub grpc: u16,
+}
+
+impl DaprdPorts {
+    pub fn free() -> DaprdPorts {
+        DaprdPorts {
+            http: free_port(),
+            grpc: free_port(),
+        }
+    }
+}
+
 /// A daprd sidecar on free loopback ports.
 pub struct Daprd {
     pub http_port: u16,
@@ -211,8 +276,14 @@ pub struct Daprd {
 
 impl Daprd {
     pub async fn start(o: &DaprdOptions) -> Daprd {
-        let http_port = free_port();
-        let grpc_port = free_port();
+        Daprd::start_on(o, DaprdPorts::free()).await
+    }
+
+    pub async fn start_on(o: &DaprdOptions, ports: DaprdPorts) -> Daprd {
+        let DaprdPorts {
+            http: http_port,
+            grpc: grpc_port,
+        } = ports;
         let internal = free_port();
         let mut cmd = Command::new(go_binary("daprd"));
         cmd.env("DAPR_COMPONENTS_SOCKETS_FOLDER", &o.sockets)
@@ -257,6 +328,11 @@ impl Daprd {
 
     pub fn output(&self) -> String {
         self.proc.output()
+    }
+
+    /// Waits for a line of daprd's log (from its start), as [`Proc::wait_for_line`].
+    pub async fn wait_for_line(&mut self, what: &str, limit: Duration, pred: impl Fn(&str) -> bool) {
+        self.proc.wait_for_line(what, limit, pred).await
     }
 
     pub async fn stop(mut self) {
