@@ -170,6 +170,15 @@ pub struct ServeArgs {
     /// loopback opens the API to the network (set --api-token).
     #[arg(long, env = "STATEGATE_HTTP_LISTEN", default_value = "127.0.0.1:3500")]
     pub http_listen: String,
+    /// Web origins (`scheme://host[:port]`) whose pages may call the HTTP door, besides the
+    /// service's own (the console); `*` allows every origin. A request carrying another
+    /// `Origin` (browsers send it on cross-site requests) is refused with 403.
+    #[arg(long, env = "STATEGATE_HTTP_ALLOWED_ORIGINS", value_delimiter = ',')]
+    pub http_allowed_origins: Vec<String>,
+    /// Host names (without port) the HTTP door answers besides the loopback ones while it
+    /// listens on loopback (a DNS-rebinding name is refused with 403); `*` turns the check off.
+    #[arg(long, env = "STATEGATE_HTTP_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub http_allowed_hosts: Vec<String>,
     /// Require header/metadata `dapr-api-token` with this value on HTTP and gRPC (health exempt).
     #[arg(long, env = "STATEGATE_API_TOKEN", hide_env_values = true)]
     pub api_token: Option<String>,
@@ -506,6 +515,11 @@ impl Config {
             max_transaction_ops: a.max_transaction_ops.max(1),
             app_id: a.node_id.clone(),
             ui: !a.no_ui,
+            browser: crate::http::BrowserPolicy {
+                allowed_origins: a.http_allowed_origins,
+                loopback_hosts_only: http_listen.is_some_and(|addr| addr.ip().is_loopback()),
+                allowed_hosts: a.http_allowed_hosts,
+            },
             ..HttpSettings::default()
         };
         if a.encryption_key_file.is_some() && a.storage != StorageKind::Durable {

@@ -27,6 +27,7 @@ use crate::engine::Engine;
 use crate::listener::Listener;
 use crate::listener::inflight::{InFlight, Kind, SlotBody};
 
+mod browser;
 mod configuration;
 pub mod dto;
 pub mod error;
@@ -38,6 +39,7 @@ pub mod status;
 pub mod transfer;
 pub mod ui;
 
+pub use browser::BrowserPolicy;
 use error::{ApiError, Op};
 pub use status::ServiceInfo;
 
@@ -70,6 +72,8 @@ pub struct HttpSettings {
     pub max_inflight: usize,
     /// Most server-sent event streams open at once; past it 503.
     pub max_streams: usize,
+    /// What the door accepts from web browsers (`Origin` and `Host` checks).
+    pub browser: BrowserPolicy,
     /// Live Dapr configuration subscriptions: clones of these settings share it, so the HTTP and
     /// gRPC doors end each other's subscriptions by id.
     pub subscriptions: Arc<crate::dapr::configuration::Subscriptions>,
@@ -91,6 +95,7 @@ impl Default for HttpSettings {
             ui: true,
             max_inflight: 1024,
             max_streams: 1024,
+            browser: BrowserPolicy::default(),
             subscriptions: Arc::default(),
         }
     }
@@ -281,6 +286,11 @@ pub fn router_observed(
         // A request over the in-flight limit is refused before any other work but the span
         // and the metrics, which cover it, the token check and the timeout too.
         .layer(middleware::from_fn_with_state(inflight, limit_in_flight))
+        // A cross-site or rebinding browser request is refused before it takes a slot.
+        .layer(middleware::from_fn_with_state(
+            Arc::new(settings.browser.clone()),
+            browser::guard,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), observe::observe))
         .with_state(state)
 }

@@ -288,6 +288,8 @@ mod file_layering {
             "encryption-key-file" => "\"/etc/stategate/key\"",
             "lock-store" => "[\"locks=name\"]",
             "configuration-store" => "[\"config=none\"]",
+            "http-allowed-origins" => "[\"https://dashboard.example\"]",
+            "http-allowed-hosts" => "[\"gateway.lan\"]",
             "tls-cert" => "\"/etc/stategate/tls/cert.pem\"",
             "tls-key" => "\"/etc/stategate/tls/key.pem\"",
             "mqtt-tls-client-ca" => "\"/etc/stategate/tls/clients-ca.pem\"",
@@ -452,4 +454,29 @@ mod file_layering {
         assert_eq!(OpsSettings::log_filter(None, Some("rmqtt=info")), "rmqtt=info");
         assert_eq!(OpsSettings::log_filter(Some(" "), None), "stategate=info");
     }
+}
+
+#[test]
+fn the_http_door_checks_browser_hosts_only_on_loopback() {
+    let config = |args: &[&str]| {
+        let mut all = vec!["stategate"];
+        all.extend_from_slice(args);
+        Config::from_args(Cli::try_parse_from(all).unwrap().serve).unwrap()
+    };
+    let c = config(&[]);
+    assert!(c.http.browser.loopback_hosts_only);
+    assert!(c.http.browser.allowed_origins.is_empty() && c.http.browser.allowed_hosts.is_empty());
+    let c = config(&[
+        "--http-allowed-origins",
+        "https://a.example,https://b.example",
+        "--http-allowed-hosts",
+        "gateway.lan",
+    ]);
+    assert_eq!(
+        c.http.browser.allowed_origins,
+        ["https://a.example", "https://b.example"]
+    );
+    assert_eq!(c.http.browser.allowed_hosts, ["gateway.lan"]);
+    let c = config(&["--http-listen", "0.0.0.0:3500", "--allow-insecure-listen"]);
+    assert!(!c.http.browser.loopback_hosts_only);
 }

@@ -15,6 +15,7 @@ mod disk_full;
 mod durability;
 mod grpc;
 mod http;
+mod http_browser;
 mod http_fuzz;
 mod inbroker;
 mod limits;
