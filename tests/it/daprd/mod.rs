@@ -315,10 +315,37 @@ impl Daprd {
             l.contains("dapr initialized. Status: Running")
         })
         .await;
-        Daprd {
+        let mut daprd = Daprd {
             http_port,
             grpc_port,
             proc,
+        };
+        // daprd logs "initialized" just before a fatal exit too (a component it cannot load):
+        // its health route answering 204 is the proof it serves.
+        daprd.wait_healthy().await;
+        daprd
+    }
+
+    /// Polls `/v1.0/healthz` until 204 (daprd has no event for it), failing if daprd exits.
+    async fn wait_healthy(&mut self) {
+        let url = format!("{}/v1.0/healthz", self.http());
+        let client = reqwest::Client::new();
+        let deadline = tokio::time::Instant::now() + START;
+        loop {
+            if let Ok(r) = client.get(&url).timeout(Duration::from_secs(2)).send().await
+                && r.status() == reqwest::StatusCode::NO_CONTENT
+            {
+                return;
+            }
+            if let Ok(Some(status)) = self.proc.child.try_wait() {
+                panic!("daprd exited ({status}) after starting; output:\n{}", self.output());
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "daprd's health route did not answer 204 within {START:?}; output:\n{}",
+                self.output()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
