@@ -608,3 +608,9 @@ pub async fn within<F: std::future::Future>(what: &str, f: F) -> F::Output {
         Err(_) => panic!("timed out after {WAIT:?} waiting for {what}"),
     }
 }
+
+/// Whether this run is CI's (`CI` set, as `.ci/run` is run): there a missing prerequisite is a
+/// failure, never a skip.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
