@@ -568,6 +568,7 @@ impl Config {
         if net.mqtt_tls.is_none() && a.net.mqtt_tls_client_ca.is_some() {
             return Err(ConfigError::ClientCaWithoutListener);
         }
+        let metrics_listen = parse_listen("--metrics-listen", &a.metrics_listen)?;
         if !a.net.allow_insecure_listen {
             let tls = net.tls.is_some();
             let mut plain: Vec<(&'static str, SocketAddr, &'static str)> = Vec::new();
@@ -579,6 +580,14 @@ impl Config {
                 plain.extend(http_listen.map(|addr| ("--http-listen", addr, hint)));
                 plain.extend(grpc_listen.map(|addr| ("--grpc-listen", addr, hint)));
             }
+            // The metrics listener never has TLS: beyond loopback it is plain whatever is set.
+            plain.extend(metrics_listen.map(|addr| {
+                (
+                    "--metrics-listen",
+                    addr,
+                    "/metrics on the HTTP door (which takes --tls-cert/--tls-key)",
+                )
+            }));
             if let Some((flag, addr, tls_hint)) = plain.into_iter().find(|(_, addr, _)| !addr.ip().is_loopback()) {
                 return Err(ConfigError::InsecureListen { flag, addr, tls_hint });
             }
@@ -591,7 +600,7 @@ impl Config {
             log_filter,
             log_format: a.log_format,
             metrics: !a.no_metrics,
-            metrics_listen: parse_listen("--metrics-listen", &a.metrics_listen)?,
+            metrics_listen,
             shutdown_grace: a.shutdown_grace,
         };
         Ok(Config {

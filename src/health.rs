@@ -30,6 +30,8 @@ pub struct Observe {
     pub stopping: watch::Receiver<bool>,
     /// `None`: readiness is not checked (always ready), e.g. a router built alone in tests.
     pub engine: Option<Engine>,
+    /// The last readiness check (shared by clones).
+    pub readiness_cache: Arc<ReadinessCache>,
 }
 
 impl Default for Observe {
@@ -41,6 +43,7 @@ impl Default for Observe {
             sources: Arc::default(),
             stopping,
             engine: None,
+            readiness_cache: Arc::default(),
         }
     }
 }
@@ -59,9 +62,42 @@ impl Readiness {
     }
 }
 
+/// The last readiness check, shared by every probe: `/readyz` is open to anyone, so a flood of
+/// probes costs at most one storage round trip per [`READINESS_MAX_AGE`].
+#[derive(Debug, Default)]
+pub struct ReadinessCache(tokio::sync::Mutex<Option<(std::time::Instant, Readiness)>>);
+
+/// How long a readiness check answers later probes.
+pub const READINESS_MAX_AGE: Duration = Duration::from_millis(500);
+
 impl Observe {
-    /// Checks every dependency now.
+    /// The readiness of every dependency, checked at most once per [`READINESS_MAX_AGE`]
+    /// (concurrent probes wait for the one check in progress). Shutting down is always current.
     pub async fn readiness(&self) -> Readiness {
+        let stopping = *self.stopping.borrow();
+        let mut last = self.readiness_cache.0.lock().await;
+        if let Some((at, r)) = last.as_ref()
+            && at.elapsed() < READINESS_MAX_AGE
+        {
+            return Readiness { stopping, ..r.clone() };
+        }
+        let r = self.check_readiness().await;
+        if last
+            .as_ref()
+            .is_none_or(|(_, prev)| prev.storage != r.storage || prev.mqtt != r.mqtt)
+        {
+            match (&r.storage, &r.mqtt) {
+                (Ok(()), Ok(())) => tracing::info!("ready"),
+                (storage, mqtt) => tracing::warn!(?storage, ?mqtt, "not ready"),
+            }
+        }
+        *last = Some((std::time::Instant::now(), r.clone()));
+        Readiness { stopping, ..r }
+    }
+
+    /// Checks every dependency now. Reasons are short words anyone may see (`/readyz` needs no
+    /// token); the causes behind them go to the log.
+    async fn check_readiness(&self) -> Readiness {
         let stopping = *self.stopping.borrow();
         let Some(engine) = &self.engine else {
             return Readiness {
@@ -72,17 +108,26 @@ impl Observe {
         };
         // A full disk (writes refused) or a failed log is not ready, though reads still work.
         let storage = match engine.storage_health() {
-            crate::storage::StorageHealth::Full { cause } => Err(format!("full: {cause}")),
-            crate::storage::StorageHealth::Failed { cause } => Err(format!("failed: {cause}")),
+            crate::storage::StorageHealth::Full { cause } => {
+                tracing::debug!(%cause, "readiness: storage full");
+                Err("full".to_owned())
+            }
+            crate::storage::StorageHealth::Failed { cause } => {
+                tracing::debug!(%cause, "readiness: storage failed");
+                Err("failed".to_owned())
+            }
             crate::storage::StorageHealth::Ok => match tokio::time::timeout(PROBE_TIMEOUT, engine.key_count()).await {
                 Ok(Ok(_)) => Ok(()),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Err(format!("no answer within {PROBE_TIMEOUT:?}")),
+                Ok(Err(e)) => {
+                    tracing::debug!(cause = %e, "readiness: storage does not answer");
+                    Err("unavailable".to_owned())
+                }
+                Err(_) => Err("timeout".to_owned()),
             },
         };
         let mqtt = match self.metrics.mqtt_subscribed() {
             true => Ok(()),
-            false => Err("not subscribed to the request topic".to_owned()),
+            false => Err("not subscribed".to_owned()),
         };
         Readiness {
             storage,

@@ -119,6 +119,7 @@ pub async fn start_observed(
         sources: Arc::default(),
         stopping: stop_rx.clone(),
         engine: Some(engine.clone()),
+        readiness_cache: Arc::default(),
     };
     let _ = obs.sources.engine.set(engine.clone());
 

@@ -69,6 +69,7 @@ fn plain_listeners_beyond_loopback_are_refused() {
         (&["--http-listen", "0.0.0.0:3500"][..], "--http-listen"),
         (&["--grpc-listen", "192.0.2.1:50001"][..], "--grpc-listen"),
         (&["--mqtt-listen", "[::]:1883"][..], "--mqtt-listen"),
+        (&["--metrics-listen", "0.0.0.0:9090"][..], "--metrics-listen"),
     ] {
         match refused(args) {
             Err(ConfigError::InsecureListen { flag: f, .. }) => assert_eq!(f, flag),
@@ -84,6 +85,17 @@ fn plain_listeners_beyond_loopback_are_refused() {
     let mut a = tls.to_vec();
     a.extend(["--mqtt-listen", "0.0.0.0:1883"]);
     assert!(matches!(refused(&a), Err(ConfigError::InsecureListen { .. })));
+    // The metrics listener has no TLS of its own: TLS on the doors does not open it.
+    let mut a = tls.to_vec();
+    a.extend(["--metrics-listen", "0.0.0.0:9090"]);
+    assert!(matches!(
+        refused(&a),
+        Err(ConfigError::InsecureListen {
+            flag: "--metrics-listen",
+            ..
+        })
+    ));
+    assert!(refused(&["--metrics-listen", "127.0.0.1:9090"]).is_ok());
     assert!(Cli::try_parse_from(["stategate", "--mqtt-tls-client-ca", "ca.pem"]).is_err());
     let mut a = tls.to_vec();
     a.extend(["--mqtt-tls-client-ca", "ca.pem", "--mqtt-tls-listen", "off"]);

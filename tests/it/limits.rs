@@ -55,7 +55,7 @@ async fn slow_headers_are_cut_by_the_header_timeout_while_others_are_served() {
     let mut slow = Vec::new();
     for _ in 0..50 {
         let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"GET /v1.0/healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        s.write_all(b"GET /v1.0/healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
             .await
             .unwrap();
         slow.push(s);
@@ -94,7 +94,7 @@ async fn a_connection_flood_past_the_limit_is_refused_at_once() {
     // The flood: every connection is closed without an answer, none waits in a queue.
     let flood = (0..200).map(|_| async move {
         let mut s = TcpStream::connect(addr).await.unwrap();
-        let _ = s.write_all(b"GET /v1.0/healthz HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        let _ = s.write_all(b"GET /v1.0/healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await;
         until_closed(&mut s).await
     });
     for answer in within("the flood to be refused", futures_util::future::join_all(flood)).await {
@@ -134,7 +134,7 @@ async fn http_requests_and_streams_past_their_limits_get_503_in_daprs_shape() {
     let mut held = TcpStream::connect(addr).await.unwrap();
     held.write_all(
         format!(
-            "POST /v1.0/state/statestore HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+            "POST /v1.0/state/statestore HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
             body.len()
         )
         .as_bytes(),
@@ -280,7 +280,7 @@ async fn raw_save(addr: std::net::SocketAddr, key: usize) -> u16 {
     };
     let body = format!(r#"[{{"key":"load-{key}","value":"{}"}}]"#, "x".repeat(1024));
     let req = format!(
-        "POST /v1.0/state/statestore HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST /v1.0/state/statestore HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     if s.write_all(req.as_bytes()).await.is_err() {

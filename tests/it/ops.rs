@@ -359,7 +359,7 @@ impl Service {
         let addr = self.http.trim_start_matches("http://").to_owned();
         loop {
             if let Ok(mut s) = TcpStream::connect(&addr) {
-                let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+                let _ = s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
                 let mut out = String::new();
                 let _ = s.read_to_string(&mut out);
                 if out.starts_with("HTTP/1.1 200") {
@@ -575,7 +575,7 @@ async fn sigterm_during_load_answers_every_request_in_flight_and_exits_0() {
     raw.set_read_timeout(Some(WAIT)).unwrap();
     write!(
         raw,
-        "POST /v1.0/state/statestore HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        "POST /v1.0/state/statestore HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
         body.len()
     )
     .unwrap();
@@ -713,7 +713,7 @@ fn a_second_signal_stops_at_once() {
     let mut raw = TcpStream::connect(s.http.trim_start_matches("http://")).unwrap();
     raw.set_read_timeout(Some(WAIT)).unwrap();
     raw.write_all(
-        b"POST /v1.0/state/statestore HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\nExpect: 100-continue\r\n\r\n",
+        b"POST /v1.0/state/statestore HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10\r\nExpect: 100-continue\r\n\r\n",
     )
     .unwrap();
     let mut reader = BufReader::new(raw.try_clone().unwrap());

@@ -114,7 +114,7 @@ fn mib(b: u64) -> String {
 /// A server-sent event stream whose reader never reads: the request is sent, nothing more.
 async fn stalled_sse(addr: SocketAddr) -> TcpStream {
     let mut s = TcpStream::connect(addr).await.expect("connect");
-    s.write_all(b"GET /v1.0-alpha1/state/statestore/subscribe HTTP/1.1\r\nHost: t\r\n\r\n")
+    s.write_all(b"GET /v1.0-alpha1/state/statestore/subscribe HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         .await
         .expect("request");
     s
