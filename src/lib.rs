@@ -35,6 +35,7 @@ pub mod metrics;
 pub mod mqtt;
 pub mod resp3;
 mod running;
+pub mod secret;
 pub mod storage;
 pub mod telemetry;
 pub mod tls;

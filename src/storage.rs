@@ -127,6 +127,10 @@ pub enum ChangeRecordKind {
         value: Bytes,
         expires_at_ms: Option<u64>,
         fencing: Option<Hlc>,
+        /// Stored by an import with the version it was exported with (not one the clock just
+        /// issued): a history that may know that version already starts over instead of naming
+        /// a second position with it (`engine/feed.rs`).
+        imported: bool,
     },
     Delete,
     Expire,
@@ -371,18 +375,7 @@ impl RedisUrl {
 
 impl std::fmt::Display for RedisUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // scheme://[user[:password]@]host...: hide whatever follows the first ':' of the
-        // credentials.
-        let (scheme, rest) = self.0.split_once("://").unwrap_or(("", &self.0));
-        let authority_end = rest.find('/').unwrap_or(rest.len());
-        match rest[..authority_end].rfind('@') {
-            Some(at) => {
-                let user = rest[..at].split(':').next().unwrap_or("");
-                let secret = if rest[..at].contains(':') { ":***" } else { "" };
-                write!(f, "{scheme}://{user}{secret}{}", &rest[at..])
-            }
-            None => f.write_str(&self.0),
-        }
+        f.write_str(&crate::secret::mask_url_password(&self.0))
     }
 }
 

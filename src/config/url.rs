@@ -37,19 +37,7 @@ impl std::fmt::Debug for MqttCredentials {
     }
 }
 
-/// The URL with any password masked, for messages.
-pub fn mask_url_password(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            match userinfo.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
-}
+pub use crate::secret::mask_url_password;
 
 /// `mqtt[s]://[user[:password]@]host[:port]`; the port defaults to 1883 (8883 with TLS).
 /// User and password are percent-decoded.
