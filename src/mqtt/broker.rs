@@ -42,8 +42,9 @@ use tokio::task::{JoinHandle, JoinSet};
 use super::brokerauth::BrokerGuard;
 use super::door::Door;
 use super::inbroker::InBroker;
+use crate::config::CertIdentity;
 
-mod tls;
+pub(crate) mod tls;
 pub use tls::BrokerTls;
 
 /// Messages queued per client session (online backlog or offline queue) before the broker drops
@@ -164,11 +165,13 @@ impl EmbeddedBroker {
         hooks
             .add(Type::ClientDisconnected, Box::new(DisconnectHook { on_disconnect }))
             .await;
+        // With a guard its authentication hook decides about every client: rmqtt would skip
+        // the hook for a client without a username while anonymous clients are allowed.
         let allow_anonymous = match opts.guard {
             Some(guard) => {
-                let anonymous = !guard.access.mqtt_auth_required();
-                guard.install(&*hooks).await;
-                anonymous
+                let identity = opts.tls.as_ref().map_or(CertIdentity::Cn, |t| t.identity);
+                guard.install(&*hooks, identity).await;
+                false
             }
             None => true,
         };

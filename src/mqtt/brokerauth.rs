@@ -1,8 +1,9 @@
 //! The embedded broker's authentication and topic ACLs (rmqtt hooks).
 //!
-//! - `ClientAuthenticate`: with a password file, a client needs a username and its password
-//!   (the listener refuses anonymous clients; rmqtt refuses MQTT5 enhanced auth), or a client
-//!   certificate verified by the MQTTS listener, whose identity is its username. Nobody is
+//! - `ClientAuthenticate` sees every CONNECT (the listener takes no anonymous shortcut). A
+//!   client certificate verified by the MQTTS listener is the proof and its configured field
+//!   the identity (a certificate without it is refused); otherwise, with a password file, a
+//!   client needs a username and its password (rmqtt refuses MQTT5 enhanced auth). Nobody is
 //!   ever a superuser: superusers skip the ACL hooks, and in-broker serving is one of them.
 //! - Once access control is on (a password file or a rules file), topics the state store owns
 //!   are guarded: nobody subscribes to the invoke topic (requests are private to the service),
@@ -14,11 +15,13 @@
 use async_trait::async_trait;
 use rmqtt::codec::v5::SubscribeAckReason;
 use rmqtt::hook::{Handler, HookResult, Parameter, ReturnType, Type};
-use rmqtt::types::{AuthResult, PublishAclResult, SubscribeAclResult};
+use rmqtt::types::{AuthResult, ConnectInfo, PublishAclResult, SubscribeAclResult};
 
+use super::broker::tls;
 use super::request::notify_topic_client_level;
 use super::{INVOKE_TOPIC, NOTIFY_TOPIC_PREFIX};
 use crate::access::Access;
+use crate::config::CertIdentity;
 
 /// What the broker's hooks enforce.
 #[derive(Debug, Clone)]
@@ -40,12 +43,16 @@ impl BrokerGuard {
         self.client_path && client_id == self.service_id
     }
 
-    /// Registers the hooks on a broker about to listen.
-    pub(crate) async fn install(self, hooks: &dyn rmqtt::hook::Register) {
+    /// Registers the hooks on a broker about to listen, whose MQTTS listener names clients by
+    /// `cert_identity`. The broker must let the authentication hook see every CONNECT (no
+    /// anonymous shortcut): it decides about anonymous clients too.
+    pub(crate) async fn install(self, hooks: &dyn rmqtt::hook::Register, cert_identity: CertIdentity) {
         let guard = std::sync::Arc::new(self);
-        hooks
-            .add(Type::ClientAuthenticate, Box::new(Authenticate(guard.clone())))
-            .await;
+        let authenticate = Authenticate {
+            guard: guard.clone(),
+            cert_identity,
+        };
+        hooks.add(Type::ClientAuthenticate, Box::new(authenticate)).await;
         hooks
             .add(Type::ClientSubscribeCheckAcl, Box::new(SubscribeAcl(guard.clone())))
             .await;
@@ -55,7 +62,11 @@ impl BrokerGuard {
     }
 }
 
-struct Authenticate(std::sync::Arc<BrokerGuard>);
+struct Authenticate {
+    guard: std::sync::Arc<BrokerGuard>,
+    /// Which field of a client certificate names its client (`--mqtt-tls-identity`).
+    cert_identity: CertIdentity,
+}
 
 #[async_trait]
 impl Handler for Authenticate {
@@ -63,36 +74,55 @@ impl Handler for Authenticate {
         let Parameter::ClientAuthenticate(info) = param else {
             return (true, acc);
         };
-        if !self.0.access.mqtt_auth_required() {
-            return (true, acc);
-        }
-        // A client certificate verified by the MQTTS listener (`--mqtt-tls-client-ca`) is the
-        // proof: its identity is already the username. rmqtt fills `cert` only from the TLS
-        // session, never from the wire.
-        if let (Some(user), Some(_)) = (info.username(), info.cert()) {
-            tracing::debug!(
-                user = &**user,
-                client_id = &*info.id().client_id,
-                "mqtt client authenticated by its certificate"
-            );
-            return (false, Some(HookResult::AuthResult(AuthResult::Allow(false, None))));
-        }
-        let result = match (info.username(), info.password()) {
-            (Some(user), Some(password)) if self.0.access.verify_password(user, password).await => {
+        let result = match self.identity(info).await {
+            Ok(identity) => {
                 tracing::debug!(
-                    user = &**user,
-                    client_id = &*info.id().client_id,
+                    user = identity,
+                    client_id = &**info.client_id(),
                     "mqtt client authenticated"
                 );
                 AuthResult::Allow(false, None)
             }
-            (Some(user), _) => {
-                tracing::info!(user = &**user, remote = ?info.id().remote_addr, "mqtt: bad username or password");
-                AuthResult::BadUsernameOrPassword
-            }
-            (None, _) => AuthResult::NotAuthorized,
+            Err(refused) => refused,
         };
         (false, Some(HookResult::AuthResult(result)))
+    }
+}
+
+impl Authenticate {
+    /// Who the client is (`None`: anonymous), or why it is refused.
+    async fn identity<'a>(&self, info: &'a ConnectInfo) -> Result<Option<&'a str>, AuthResult> {
+        let user = info.username().map(|u| &**u);
+        // A client certificate verified by the MQTTS listener (`--mqtt-tls-client-ca`) is the
+        // proof, and the only source of the identity: rmqtt fills `cert` only from the TLS
+        // session, never from the wire, but it keeps the typed username when the certificate
+        // lacks the field, so that case is refused rather than trusted.
+        if let Some(cert) = info.cert() {
+            let named = tls::cert_identity(cert, self.cert_identity);
+            return match named {
+                Some(name) if user == Some(name) => Ok(Some(name)),
+                _ => {
+                    tracing::info!(
+                        field = ?self.cert_identity,
+                        remote = ?info.id().remote_addr,
+                        "mqtt: the client certificate names nobody in the identity field; refused"
+                    );
+                    Err(AuthResult::NotAuthorized)
+                }
+            };
+        }
+        if !self.guard.access.mqtt_auth_required() {
+            // Without a password file a username is whatever the client says (README).
+            return Ok(user);
+        }
+        match (user, info.password()) {
+            (Some(user), Some(password)) if self.guard.access.verify_password(user, password).await => Ok(Some(user)),
+            (Some(user), _) => {
+                tracing::info!(user, remote = ?info.id().remote_addr, "mqtt: bad username or password");
+                Err(AuthResult::BadUsernameOrPassword)
+            }
+            (None, _) => Err(AuthResult::NotAuthorized),
+        }
     }
 }
 

@@ -22,6 +22,7 @@ mod limits;
 mod lock;
 mod mqtt;
 mod mqtt_auth;
+mod mqtt_auth_connect;
 mod openapi;
 mod ops;
 mod pki;

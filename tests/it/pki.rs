@@ -58,6 +58,17 @@ impl Ca {
         self.issue(dir, stem, cn, false, false)
     }
 
+    /// A client certificate with an empty subject (no common name): its only name is the
+    /// subjectAltName `san`, as RFC 5280 allows.
+    pub fn client_without_subject(&self, dir: &Path, stem: &str, san: &str) -> Pair {
+        let mut params = CertificateParams::new(vec![san.to_owned()]).unwrap();
+        params.distinguished_name = DistinguishedName::new();
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        write_pair(dir, stem, cert.pem(), key.serialize_pem())
+    }
+
     fn issue(&self, dir: &Path, stem: &str, cn: &str, server: bool, expired: bool) -> Pair {
         let sans = if server {
             vec!["localhost".to_owned(), "127.0.0.1".to_owned()]

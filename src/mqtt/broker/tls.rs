@@ -10,6 +10,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use rmqtt::codec::cert::CertInfo;
 use rmqtt::context::ServerContext;
 use rmqtt::net::Builder;
 use rmqtt::server::MqttServer;
@@ -50,6 +51,20 @@ fn settings(base: &Builder, tls: &BrokerTls, laddr: SocketAddr) -> Builder {
         // The certificate travels with CONNECT, so an authentication hook can tell a username
         // taken from a verified certificate from one a client typed.
         .collect_cert_info(mtls)
+}
+
+/// The identity a verified client certificate names: the field `--mqtt-tls-identity` chose,
+/// exactly what rmqtt put in place of the CONNECT username when the field is there. `None` when
+/// the certificate lacks it (say a SAN-only certificate with an empty subject): rmqtt then
+/// leaves the username the client typed, so such a certificate must be refused. There is no
+/// subjectAltName fallback: rmqtt hands over the parsed CN, subject, organisation and serial,
+/// not the certificate itself.
+pub(crate) fn cert_identity(cert: &CertInfo, field: CertIdentity) -> Option<&str> {
+    let name = match field {
+        CertIdentity::Cn => cert.common_name.as_deref()?,
+        CertIdentity::Subject => cert.subject.as_str(),
+    };
+    (!name.is_empty()).then_some(name)
 }
 
 /// A running TLS listener.
@@ -152,4 +167,36 @@ fn bind(
         .ok_or_else(|| bind_error(anyhow::anyhow!("no free listener id")))?;
     let server = MqttServer::new(scx.clone()).listener_by_id(listener, id).build();
     Ok((server, local_addr, id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cert(cn: Option<&str>, subject: &str) -> CertInfo {
+        CertInfo {
+            common_name: cn.map(str::to_owned),
+            subject: subject.to_owned(),
+            ..CertInfo::default()
+        }
+    }
+
+    #[test]
+    fn a_certificate_names_its_client_by_the_configured_field_or_nobody() {
+        let named = cert(Some("sensor-1"), "CN=sensor-1, O=Plant");
+        assert_eq!(cert_identity(&named, CertIdentity::Cn), Some("sensor-1"));
+        assert_eq!(
+            cert_identity(&named, CertIdentity::Subject),
+            Some("CN=sensor-1, O=Plant")
+        );
+        // An empty subject (a SAN-only certificate), or an empty CN, names nobody.
+        for nameless in [cert(None, ""), cert(Some(""), "CN=")] {
+            assert_eq!(cert_identity(&nameless, CertIdentity::Cn), None);
+        }
+        assert_eq!(cert_identity(&cert(None, ""), CertIdentity::Subject), None);
+        // Without a CN the subject mode still has a name; the CN mode does not.
+        let org_only = cert(None, "O=Plant");
+        assert_eq!(cert_identity(&org_only, CertIdentity::Cn), None);
+        assert_eq!(cert_identity(&org_only, CertIdentity::Subject), Some("O=Plant"));
+    }
 }

@@ -1,0 +1,151 @@
+//! What the embedded broker checks at CONNECT, before a session exists: a certificate login's
+//! identity comes from the certificate, a Will may not go where its client may not publish,
+//! client ids bound to identities (`--mqtt-bind-client-id`), and the service's own client id.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rumqttc::v5::mqttbytes::v5::{ConnectReturnCode, Packet};
+use rumqttc::v5::{AsyncClient, ConnectionError, Event, MqttOptions};
+use stategate::config::{CertIdentity, Config, MqttTlsListener, TlsFiles};
+
+use crate::mqtt_auth::password_file;
+use crate::pki::{Ca, Pair};
+use crate::support::{Broker, TestEnv, WAIT, unique_id};
+
+/// A connected client; its event loop is polled until dropped (dropping it closes the socket
+/// without a DISCONNECT, so the broker publishes its Will).
+struct Connected {
+    _client: AsyncClient,
+    poller: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Connected {
+    fn drop(&mut self) {
+        self.poller.abort();
+    }
+}
+
+/// Connects with `o`: the client, or the refusal (the CONNACK code or the connection error).
+async fn connect(mut o: MqttOptions) -> Result<Connected, String> {
+    o.set_keep_alive(Duration::from_secs(30));
+    let (client, mut events) = AsyncClient::new(o, 16);
+    let outcome = tokio::time::timeout(WAIT, async {
+        loop {
+            match events.poll().await {
+                Ok(Event::Incoming(Packet::ConnAck(c))) if c.code == ConnectReturnCode::Success => return Ok(()),
+                Ok(Event::Incoming(Packet::ConnAck(c))) => return Err(format!("{:?}", c.code)),
+                Ok(_) => {}
+                Err(ConnectionError::ConnectionRefused(code)) => return Err(format!("{code:?}")),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    })
+    .await
+    .expect("a CONNACK or an error in time");
+    outcome?;
+    let poller = tokio::spawn(async move { while events.poll().await.is_ok() {} });
+    Ok(Connected {
+        _client: client,
+        poller,
+    })
+}
+
+/// Options for an MQTTS connection to `port` trusting `ca`, with `cert` as client certificate.
+fn mqtts(id: &str, port: u16, ca: &Path, cert: &Pair) -> MqttOptions {
+    let roots = stategate::tls::load_roots(ca).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(stategate::tls::provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(
+            stategate::tls::load_certs(&cert.cert).unwrap(),
+            stategate::tls::load_key(&cert.key).unwrap(),
+        )
+        .unwrap();
+    let mut o = MqttOptions::new(id, "localhost", port);
+    o.set_transport(rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(
+        Arc::new(config),
+    )));
+    o
+}
+
+/// TLS on, client certificates from `clients_ca` required on MQTTS, named by `identity`.
+fn mtls(server: &Pair, clients_ca: PathBuf, identity: CertIdentity) -> impl FnOnce(&mut Config) + use<> {
+    let files = TlsFiles {
+        cert: server.cert.clone(),
+        key: server.key.clone(),
+    };
+    move |c: &mut Config| {
+        c.net.tls = Some(files);
+        c.net.mqtt_tls = Some(MqttTlsListener {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            client_ca: Some(clients_ca),
+            identity,
+        });
+    }
+}
+
+fn mqtts_port(env: &TestEnv) -> u16 {
+    let broker = env.service.as_ref().unwrap().embedded_broker().unwrap();
+    broker.tls_addr().unwrap().port()
+}
+
+fn refused(r: Result<impl Sized, String>, what: &str) -> String {
+    match r {
+        Ok(_) => panic!("{what} was accepted"),
+        Err(e) => e,
+    }
+}
+
+/// A CA-signed certificate whose subject is empty (its only name a subjectAltName) names
+/// nobody: the broker used to keep the username the client typed, so it logged in as `ops`
+/// without a password. Now a certificate login takes its identity from the certificate's
+/// configured field, and a certificate without one is refused, with or without a password file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_without_its_identity_field_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("server CA");
+    let ca_file = ca.write(dir.path(), "ca");
+    let clients_ca = Ca::new("clients CA");
+    let clients_ca_file = clients_ca.write(dir.path(), "clients-ca");
+    let users = password_file(dir.path(), &[("ops", "ops-password")]);
+    let nameless = clients_ca.client_without_subject(dir.path(), "nameless", "sensor-9.example");
+    let named = clients_ca.client(dir.path(), "named", "sensor-9");
+    let server = ca.server(dir.path(), "server");
+    for (identity, passwords, expected) in [
+        (CertIdentity::Cn, true, "sensor-9"),
+        (CertIdentity::Subject, true, "CN=sensor-9"),
+        (CertIdentity::Cn, false, "sensor-9"),
+    ] {
+        let tweak = mtls(&server, clients_ca_file.clone(), identity);
+        let users = users.clone();
+        let env = TestEnv::start_with(Broker::Embedded, move |c| {
+            tweak(c);
+            c.access.mqtt_auth_file = passwords.then_some(users);
+        })
+        .await;
+        let port = mqtts_port(&env);
+        let case = format!("{identity:?}, password file: {passwords}");
+        for user in [Some("ops"), None] {
+            let mut o = mqtts(&unique_id("nameless"), port, &ca_file, &nameless);
+            if let Some(user) = user {
+                o.set_credentials(user, "");
+            }
+            let e = refused(
+                connect(o).await,
+                &format!("a nameless certificate as {user:?} ({case})"),
+            );
+            assert!(e.contains("NotAuthorized"), "{case}: {e}");
+        }
+        // A certificate with the field gets in as the certificate says, whatever was typed.
+        let mut o = mqtts(&unique_id("named"), port, &ca_file, &named);
+        o.set_credentials("ops", "");
+        let _named = connect(o).await.unwrap_or_else(|e| panic!("{case}: {e}"));
+        let clients = env.service.as_ref().unwrap().embedded_broker().unwrap().clients().await;
+        let users: Vec<_> = clients.iter().map(|(_, u)| u.as_deref()).collect();
+        assert_eq!(users, vec![Some(expected)], "{case}");
+        env.stop().await;
+    }
+}
