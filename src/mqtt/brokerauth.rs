@@ -9,13 +9,15 @@
 //!   are guarded: nobody subscribes to the invoke topic (requests are private to the service),
 //!   to another client's notification topics, or to another client's `clients/<id>/...`
 //!   namespace (where the Azure IoT Operations SDKs put their response topics); nobody
-//!   publishes on a notification topic (only the service does, from inside the broker).
+//!   publishes on a notification topic (only the service does, from inside the broker), nor
+//!   leaves a Will there or on the invoke topic (checked at CONNECT: rmqtt publishes Wills
+//!   without the publish hook).
 //!   Subscription filters arrive with any `$share/<group>/` already stripped.
 
 use async_trait::async_trait;
 use rmqtt::codec::v5::SubscribeAckReason;
 use rmqtt::hook::{Handler, HookResult, Parameter, ReturnType, Type};
-use rmqtt::types::{AuthResult, ConnectInfo, PublishAclResult, SubscribeAclResult};
+use rmqtt::types::{AuthResult, ConnectInfo, LastWill, PublishAclResult, SubscribeAclResult};
 
 use super::broker::tls;
 use super::request::notify_topic_client_level;
@@ -74,7 +76,7 @@ impl Handler for Authenticate {
         let Parameter::ClientAuthenticate(info) = param else {
             return (true, acc);
         };
-        let result = match self.identity(info).await {
+        let result = match self.admit(info).await {
             Ok(identity) => {
                 tracing::debug!(
                     user = identity,
@@ -90,6 +92,34 @@ impl Handler for Authenticate {
 }
 
 impl Authenticate {
+    /// Who the client is (`None`: anonymous), or why it is refused. The cheap checks come
+    /// before any password hash is computed.
+    async fn admit<'a>(&self, info: &'a ConnectInfo) -> Result<Option<&'a str>, AuthResult> {
+        self.check_will(info)?;
+        self.identity(info).await
+    }
+
+    /// rmqtt publishes a Will without calling the publish ACL hook, so its topic is checked
+    /// here, once, with the PUBLISH rule. A refused Will refuses the CONNECT rather than being
+    /// stripped: the hook cannot change the CONNECT, and a client whose Will would silently
+    /// never be published would be misled.
+    fn check_will(&self, info: &ConnectInfo) -> Result<(), AuthResult> {
+        let topic = match info.last_will() {
+            None => return Ok(()),
+            Some(LastWill::V3(will)) => &will.topic,
+            Some(LastWill::V5(will)) => &will.topic,
+        };
+        if !self.guard.topics_guarded() || may_will(topic) {
+            return Ok(());
+        }
+        tracing::info!(
+            client_id = &**info.client_id(),
+            topic = &**topic,
+            "mqtt: a Will on a topic its client may not publish to; refused"
+        );
+        Err(AuthResult::NotAuthorized)
+    }
+
     /// Who the client is (`None`: anonymous), or why it is refused.
     async fn identity<'a>(&self, info: &'a ConnectInfo) -> Result<Option<&'a str>, AuthResult> {
         let user = info.username().map(|u| &**u);
@@ -176,6 +206,16 @@ pub fn may_publish(topic: &str) -> bool {
     !(topic.starts_with(NOTIFY_TOPIC_PREFIX) && topic[NOTIFY_TOPIC_PREFIX.len()..].starts_with('/'))
 }
 
+/// Whether a client's Will may go to `topic`: where the client may publish, except the invoke
+/// topic. A request there is served under its publisher's identity, checked when it is
+/// published; a Will is published after its client's session ended, so nobody could be held to
+/// it (in-broker serving would not even see it: it bypasses the publish hook).
+pub fn may_will(topic: &str) -> bool {
+    // MQTT 3.1.1 Wills may carry `?name=value` user properties after the topic (rmqtt).
+    let bare = topic.split('?').next().unwrap_or(topic);
+    may_publish(topic) && bare != INVOKE_TOPIC
+}
+
 struct SubscribeAcl(std::sync::Arc<BrokerGuard>);
 
 #[async_trait]
@@ -259,5 +299,14 @@ mod tests {
         assert!(!may_publish(&format!("{N}/4142/command/notify/6B")));
         assert!(may_publish(INVOKE_TOPIC));
         assert!(may_publish("clients/dev-2/services/x/response"));
+    }
+
+    #[test]
+    fn wills() {
+        assert!(!may_will(&format!("{N}/4142/command/notify/6B")));
+        assert!(!may_will(INVOKE_TOPIC));
+        assert!(!may_will(&format!("{INVOKE_TOPIC}?__srcId=someone")));
+        assert!(may_will("clients/dev-2/services/x/response"));
+        assert!(may_will("devices/dev-1/status"));
     }
 }

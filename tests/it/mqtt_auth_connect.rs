@@ -6,13 +6,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rumqttc::v5::mqttbytes::v5::{ConnectReturnCode, Packet};
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::{ConnectReturnCode, LastWill, Packet};
 use rumqttc::v5::{AsyncClient, ConnectionError, Event, MqttOptions};
 use stategate::config::{CertIdentity, Config, MqttTlsListener, TlsFiles};
+use stategate::mqtt::NOTIFY_TOPIC_PREFIX;
 
-use crate::mqtt_auth::password_file;
+use crate::mqtt_auth::{password_file, secured};
 use crate::pki::{Ca, Pair};
-use crate::support::{Broker, TestEnv, WAIT, unique_id};
+use crate::support::{Broker, INVOKE, RawClient, TestEnv, WAIT, now_ts, prop, unique_id};
 
 /// A connected client; its event loop is polled until dropped (dropping it closes the socket
 /// without a DISCONNECT, so the broker publishes its Will).
@@ -148,4 +150,62 @@ async fn a_client_certificate_without_its_identity_field_is_refused() {
         assert_eq!(users, vec![Some(expected)], "{case}");
         env.stop().await;
     }
+}
+
+/// rmqtt publishes a Will without the publish ACL hook: a Will on another client's
+/// notification topic forged a KEYNOTIFY notification when its client dropped, and one on the
+/// invoke topic a request nobody could attribute. Both are refused at CONNECT; an ordinary Will
+/// is still published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_will_where_its_client_may_not_publish_is_refused_at_connect() {
+    let dir = tempfile::tempdir().unwrap();
+    let users = [("a", "pw-a"), ("b", "pw-b")];
+    let rules = "[[rule]]\nusernames = [\"*\"]\nallow = [\"read\", \"write\", \"observe\"]\nkeys = [\"*\"]\n";
+    let env = secured(dir.path(), &users, Some(rules)).await;
+    let port = env.broker_port;
+    let mut b = RawClient::connect_as(port, "client-b", Some(("b", "pw-b")))
+        .await
+        .unwrap();
+    let b_hex = hex::encode_upper("client-b");
+    let r = b.request(&[b"KEYNOTIFY", b"k"], &[]).await;
+    assert_eq!(prop(&r, "__stat"), Some("200"));
+    b.subscribe(&format!("{NOTIFY_TOPIC_PREFIX}/{b_hex}/command/notify/+"))
+        .await;
+
+    let notify = format!(
+        "{NOTIFY_TOPIC_PREFIX}/{b_hex}/command/notify/{}",
+        hex::encode_upper("k")
+    );
+    let fake = stategate::resp3::encode_request([&b"NOTIFY"[..], b"SET", b"VALUE", b"forged"]);
+    for topic in [notify.as_str(), INVOKE] {
+        let mut o = MqttOptions::new(unique_id("forger"), "127.0.0.1", port);
+        o.set_credentials("a", "pw-a");
+        o.set_last_will(LastWill::new(topic, fake.to_vec(), QoS::AtLeastOnce, false, None));
+        let forger = connect(o).await;
+        // Accepted, it would be dropped here and its Will published.
+        let e = refused(forger, &format!("a Will on {topic}"));
+        assert!(e.contains("NotAuthorized"), "{topic}: {e}");
+    }
+
+    // An ordinary Will is accepted and published when its client drops.
+    let mut watcher = RawClient::connect_as(port, "watcher", Some(("a", "pw-a")))
+        .await
+        .unwrap();
+    watcher.subscribe("wills/honest").await;
+    let mut o = MqttOptions::new(unique_id("honest"), "127.0.0.1", port);
+    o.set_credentials("a", "pw-a");
+    o.set_last_will(LastWill::new("wills/honest", "gone", QoS::AtLeastOnce, false, None));
+    drop(connect(o).await.expect("an ordinary Will is accepted"));
+    let will = watcher.next().await;
+    assert_eq!(
+        (&will.topic[..], &will.payload[..]),
+        (&b"wills/honest"[..], &b"gone"[..])
+    );
+
+    // The next thing b sees is the real notification.
+    let r = watcher.request(&[b"SET", b"k", b"real"], &[("__ts", &now_ts())]).await;
+    assert_eq!(prop(&r, "__stat"), Some("200"));
+    let n = b.next().await;
+    assert!(n.payload.ends_with(b"real\r\n"), "{:?}", n.payload);
+    env.stop().await;
 }
