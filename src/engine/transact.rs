@@ -84,6 +84,9 @@ impl Engine {
                 .filter(|(_, (read, cur))| read.as_ref() != cur.as_ref().map(|r| &r.version))
                 .map(|(key, (expected, new))| Swap { key, expected, new })
                 .collect();
+            // A key the transaction leaves as it found it (set then deleted while absent)
+            // changed nothing anyone can read: its intermediate changes are not published.
+            changes.retain(|(c, _)| swaps.iter().any(|s| s.key == c.key));
             let outcome = if swaps.is_empty() {
                 Written::Done { logged: None }
             } else {

@@ -334,7 +334,27 @@ async fn transact_notifies_every_change_in_order() {
     assert_eq!(told, observed);
 }
 
+/// A key set then deleted in one transaction, absent before and after, swapped nothing: no
+/// observer hears of it (a `set` with no `delete` heard, or a version nobody can read, would
+/// mislead watchers), while the transaction's other changes are published.
+async fn transact_publishes_nothing_for_a_key_it_leaves_as_it_was() {
+    let mut f = fx().await;
+    let mut keynotify = f.engine.keynotify_feed().expect("the KEYNOTIFY feed");
+    f.run(&["KEYNOTIFY", "ghost"], client("obs")).await.unwrap();
+    f.changes();
+    let r = f
+        .engine
+        .transact(vec![set("ghost", "1"), del("ghost"), set("real", "1")])
+        .await
+        .unwrap();
+    assert_eq!(f.get("ghost").await, Response::new(Reply::Nil, None));
+    let real = r[2].version.clone().expect("the real set's version");
+    assert_eq!(f.changes(), [set_change("real", "1", &real)]);
+    assert!(keynotify.try_recv().is_none(), "the observer of ghost heard of it");
+}
+
 on_every_backend!(
+    transact_publishes_nothing_for_a_key_it_leaves_as_it_was,
     transact_is_all_or_nothing,
     transact_conditions_fail_the_whole_transaction,
     transact_several_ops_on_one_key_in_order,

@@ -47,12 +47,19 @@ local function drop(only)
   return true
 end
 
--- Type checks before any write.
+-- Checks before any write (a script that fails halfway keeps what it wrote): every key has its
+-- type, and both counters hold integers, so INCR/DECR cannot fail later.
 redis.call('HLEN', clients)
 redis.call('SCARD', keys)
 redis.call('XLEN', log)
 redis.call('HLEN', KEYS[6])
 redis.call('HLEN', KEYS[7])
+for _, counter in ipairs({count, logseq}) do
+  local v = redis.call('GET', counter)
+  if v and not tonumber(v) then
+    return redis.error_reply('ERR stategate observe: ' .. counter .. ' does not hold a number')
+  end
+end
 
 if op == 'r' then
   local current = redis.call('HGET', clients, client)

@@ -474,3 +474,37 @@ async fn the_index_orders_raw_bytes() {
     let page = be.scan(Some(b"("), 100, 0, &|_| true).await.unwrap();
     assert_eq!(page.keys.first().map(|k| k.to_vec()), Some(b"+".to_vec()));
 }
+
+/// The observe script checks everything that can fail before it writes: a log sequence counter
+/// that is not a number refuses the registration with nothing written (before, the client's key
+/// set, the clients hash and the registry count were written, then the log's INCR failed).
+#[tokio::test]
+async fn the_observe_script_checks_before_it_writes() {
+    use crate::storage::log::{ObserverBounds, ObserverOp};
+    let server = TestServer::start(Flavor::Redis);
+    let be = open_with(&server, &options("sg:")).await;
+    let mut conn = raw(&server).await;
+    let _: () = redis::cmd("SET")
+        .arg("sg:logseq")
+        .arg("not a number")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let log = be.change_log().expect("the Redis change log");
+    let op = ObserverOp::Register {
+        client: "c1".into(),
+        session: Some(1),
+        key: Bytes::from_static(b"k"),
+        home: None,
+    };
+    let bounds = ObserverBounds {
+        per_client: 10,
+        total: 100,
+    };
+    assert!(
+        log.observe(&op, bounds).await.is_err(),
+        "a registration against a broken counter"
+    );
+    let written: Vec<String> = redis::cmd("KEYS").arg("sg:*").query_async(&mut conn).await.unwrap();
+    assert_eq!(written, ["sg:logseq"], "nothing but the broken counter exists");
+}
