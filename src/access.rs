@@ -41,6 +41,8 @@ pub struct AccessSettings {
     pub api_token_file: Option<PathBuf>,
     /// External broker: take the claimed `__srcId` as the caller's client id for rules.
     pub trust_src_id: bool,
+    /// Embedded broker: a client id must be its client's identity, or that and `:` and more.
+    pub bind_client_id: bool,
     pub limits: LimitSettings,
 }
 
@@ -181,6 +183,13 @@ impl Access {
     /// Whether a rules file is in force.
     pub fn has_rules(&self) -> bool {
         self.0.loaded.load().rules.is_some()
+    }
+
+    /// Whether an MQTT client authenticated as `identity` (`None`: anonymous) may use
+    /// `client_id`: any id, unless `--mqtt-bind-client-id` binds ids to identities
+    /// ([`identity::client_id_bound`]); an anonymous client has nothing to bind to.
+    pub fn may_use_client_id(&self, client_id: &str, identity: Option<&str>) -> bool {
+        !self.0.settings.bind_client_id || identity.is_some_and(|id| identity::client_id_bound(client_id, id))
     }
 
     /// With an external broker: whether the claimed `__srcId` names the caller.

@@ -311,6 +311,11 @@ pub struct ServeArgs {
     /// rules. Only safe when the broker's own ACLs make every client publish its real id.
     #[arg(long, env = "STATEGATE_MQTT_TRUST_SRC_ID")]
     pub mqtt_trust_src_id: bool,
+    /// Embedded broker: a client id must be the client's identity (its username or certificate
+    /// identity), or start with it and `:` (`sensor-1:logger`); others get CONNACK Not
+    /// authorized. Makes `{clientId}` and `client_ids` rules as safe as `{username}` ones.
+    #[arg(long, env = "STATEGATE_MQTT_BIND_CLIENT_ID")]
+    pub mqtt_bind_client_id: bool,
     /// Requests per second one principal may make (MQTT, HTTP, gRPC together); past it MQTT
     /// `__stat=429`, HTTP 429, gRPC RESOURCE_EXHAUSTED. 0 = unlimited.
     #[arg(long, env = "STATEGATE_RATE_LIMIT", default_value_t = 0)]
@@ -530,6 +535,7 @@ impl Config {
             acl_file: a.acl_file,
             api_token_file: a.api_token_file,
             trust_src_id: a.mqtt_trust_src_id,
+            bind_client_id: a.mqtt_bind_client_id,
             limits: LimitSettings {
                 rate_per_sec: NonZeroU32::new(a.rate_limit),
                 burst: NonZeroU32::new(a.rate_limit_burst),
@@ -544,6 +550,7 @@ impl Config {
                 return Err(ConfigError::AuthWithClientPath);
             }
             BrokerChoice::Embedded { .. } if access.trust_src_id => return Err(ConfigError::TrustNeedsExternalBroker),
+            BrokerChoice::External { .. } if access.bind_client_id => return Err(ConfigError::BindNeedsEmbeddedBroker),
             _ => {}
         }
         // Malformed files are refused at startup (exit 64), naming the file and line.

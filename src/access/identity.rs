@@ -41,6 +41,21 @@ impl Principal {
     }
 }
 
+/// What separates an identity from the rest of a client id bound to it
+/// (`--mqtt-bind-client-id`), as in `sensor-1:logger`. A password-file username cannot contain
+/// it, so no user's client ids look like another user's; `-` or `_` would let user `sensor`
+/// take `sensor-1`'s id.
+pub const CLIENT_ID_SEPARATOR: char = ':';
+
+/// Whether `client_id` belongs to `identity` (an authenticated username or certificate
+/// identity): equal to it, or it followed by [`CLIENT_ID_SEPARATOR`] and anything.
+pub fn client_id_bound(client_id: &str, identity: &str) -> bool {
+    !identity.is_empty()
+        && client_id
+            .strip_prefix(identity)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(CLIENT_ID_SEPARATOR))
+}
+
 /// The name `--api-token` (the single shared token) has as a principal.
 pub const DEFAULT_TOKEN_NAME: &str = "default";
 

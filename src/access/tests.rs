@@ -257,3 +257,40 @@ fn limits_change_live() {
     assert!(matches!(access.admit(&a), Err(EngineError::RateLimited)));
     open.push(access.open_stream(&a).expect("no stream limit any more"));
 }
+
+#[test]
+fn bound_client_ids_are_the_identity_or_start_with_it_and_a_colon() {
+    use identity::client_id_bound;
+    for (id, identity) in [
+        ("dev-1", "dev-1"),
+        ("dev-1:logger", "dev-1"),
+        ("CN=a, O=b:x", "CN=a, O=b"),
+    ] {
+        assert!(client_id_bound(id, identity), "{id} / {identity}");
+    }
+    for (id, identity) in [
+        ("dev-2", "dev-1"),
+        ("dev-1x", "dev-1"),
+        ("dev-1-2", "dev-1"),
+        ("x:dev-1", "dev-1"),
+        ("", ""),
+    ] {
+        assert!(!client_id_bound(id, identity), "{id} / {identity}");
+    }
+    let open = Access::open();
+    assert!(open.may_use_client_id("anything", None), "without binding any id goes");
+    let bound = Access::load(
+        &AccessSettings {
+            bind_client_id: true,
+            ..AccessSettings::default()
+        },
+        None,
+    )
+    .unwrap();
+    assert!(bound.may_use_client_id("dev-1:a", Some("dev-1")));
+    assert!(!bound.may_use_client_id("dev-2", Some("dev-1")));
+    assert!(
+        !bound.may_use_client_id("dev-1", None),
+        "an anonymous client has no identity to bind to"
+    );
+}

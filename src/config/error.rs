@@ -48,6 +48,8 @@ pub enum ConfigError {
     AuthWithClientPath,
     #[error("--mqtt-trust-src-id is for an external broker (the embedded one knows every client's id)")]
     TrustNeedsExternalBroker,
+    #[error("--mqtt-bind-client-id needs the embedded broker (an external broker checks its own client ids)")]
+    BindNeedsEmbeddedBroker,
 }
 
 impl ConfigError {
@@ -67,6 +69,7 @@ impl ConfigError {
             ConfigError::Access(_) => return None,
             ConfigError::AuthNeedsEmbeddedBroker | ConfigError::AuthWithClientPath => "mqtt-auth-file",
             ConfigError::TrustNeedsExternalBroker => "mqtt-trust-src-id",
+            ConfigError::BindNeedsEmbeddedBroker => "mqtt-bind-client-id",
             ConfigError::EncryptionNeedsDurable => "encryption-key-file",
         })
     }

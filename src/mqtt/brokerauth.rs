@@ -96,7 +96,17 @@ impl Authenticate {
     /// before any password hash is computed.
     async fn admit<'a>(&self, info: &'a ConnectInfo) -> Result<Option<&'a str>, AuthResult> {
         self.check_will(info)?;
-        self.identity(info).await
+        let identity = self.identity(info).await?;
+        let client_id: &str = info.client_id();
+        if !self.guard.access.may_use_client_id(client_id, identity) {
+            tracing::info!(
+                client_id,
+                user = identity,
+                "mqtt: the client id is not bound to the client's identity (--mqtt-bind-client-id); refused"
+            );
+            return Err(AuthResult::NotAuthorized);
+        }
+        Ok(identity)
     }
 
     /// rmqtt publishes a Will without calling the publish ACL hook, so its topic is checked

@@ -209,3 +209,78 @@ async fn a_will_where_its_client_may_not_publish_is_refused_at_connect() {
     assert!(n.payload.ends_with(b"real\r\n"), "{:?}", n.payload);
     env.stop().await;
 }
+
+/// With `{clientId}` rules a client id is the key to a device's data, and without binding any
+/// authenticated client may type any id: `dev-1` connecting as `dev-2` read and wrote dev-2's
+/// keys and took over its session. `--mqtt-bind-client-id`: an id must be the identity, or
+/// start with it and `:`; certificate identities are bound the same way, anonymous clients
+/// have nothing to bind to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_binding_a_client_id_belongs_to_its_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let passwd = password_file(dir.path(), &[("dev-1", "pw-1"), ("dev-2", "pw-2")]);
+    let acl = dir.path().join("acl.toml");
+    let rules = "[[rule]]\nusernames = [\"dev-*\"]\nallow = [\"read\", \"write\", \"observe\"]\nkeys = [\"devices/{clientId}/*\"]\n";
+    std::fs::write(&acl, rules).unwrap();
+    let env = TestEnv::start_with(Broker::Embedded, |c| {
+        c.access.mqtt_auth_file = Some(passwd);
+        c.access.acl_file = Some(acl);
+        c.access.bind_client_id = true;
+    })
+    .await;
+    let port = env.broker_port;
+    let mut dev2 = RawClient::connect_as(port, "dev-2", Some(("dev-2", "pw-2")))
+        .await
+        .expect("a device's own id");
+    let r = dev2
+        .request(&[b"SET", b"devices/dev-2/t", b"secret"], &[("__ts", &now_ts())])
+        .await;
+    assert_eq!(prop(&r, "__stat"), Some("200"));
+    for id in ["dev-2", "dev-2:x", "dev-1x", "dev-1-2", "x:dev-1", "dev-"] {
+        let e = refused(
+            RawClient::connect_as(port, id, Some(("dev-1", "pw-1"))).await,
+            &format!("dev-1 as client id {id}"),
+        );
+        assert!(e.contains("NotAuthorized"), "{id}: {e}");
+    }
+    // dev-2 kept its session: nobody took it over.
+    let r = dev2.request(&[b"GET", b"devices/dev-2/t"], &[]).await;
+    assert_eq!(&r.payload[..], b"$6\r\nsecret\r\n");
+    for id in ["dev-1", "dev-1:logger"] {
+        let mut c = RawClient::connect_as(port, id, Some(("dev-1", "pw-1")))
+            .await
+            .unwrap_or_else(|e| panic!("{id}: {e}"));
+        let key = format!("devices/{id}/t");
+        let r = c.request(&[b"SET", key.as_bytes(), b"v"], &[("__ts", &now_ts())]).await;
+        assert_eq!(prop(&r, "__stat"), Some("200"), "{id}");
+    }
+    env.stop().await;
+
+    // A certificate's identity binds the same way; anonymous clients have none.
+    let ca = Ca::new("server CA");
+    let ca_file = ca.write(dir.path(), "ca");
+    let clients_ca = Ca::new("clients CA");
+    let tweak = mtls(
+        &ca.server(dir.path(), "server"),
+        clients_ca.write(dir.path(), "clients-ca"),
+        CertIdentity::Cn,
+    );
+    let env = TestEnv::start_with(Broker::Embedded, |c| {
+        tweak(c);
+        c.access.bind_client_id = true;
+    })
+    .await;
+    let port = mqtts_port(&env);
+    let sensor = clients_ca.client(dir.path(), "sensor", "sensor-9");
+    let _bound = connect(mqtts("sensor-9:a", port, &ca_file, &sensor))
+        .await
+        .expect("an id under the certificate's identity");
+    let e = refused(connect(mqtts("sensor-8", port, &ca_file, &sensor)).await, "another id");
+    assert!(e.contains("NotAuthorized"), "{e}");
+    let e = refused(
+        RawClient::connect_as(env.broker_port, "sensor-9", None).await,
+        "an anonymous client",
+    );
+    assert!(e.contains("NotAuthorized"), "{e}");
+    env.stop().await;
+}
