@@ -61,7 +61,7 @@ pub enum FileError {
         #[source]
         source: std::io::Error,
     },
-    #[error("no system randomness for sealing paging tokens")]
+    #[error("no system randomness (for sealing paging tokens and the service's broker login)")]
     NoRandomness,
 }
 
@@ -101,6 +101,8 @@ struct Inner {
     sealer: seal::Sealer,
     /// Password checks running at once (argon2 costs ~20 MiB and tens of ms each).
     verify_slots: tokio::sync::Semaphore,
+    /// What the service's own connection to the embedded broker logs in with.
+    service_secret: identity::ServiceSecret,
 }
 
 /// Most password checks at once.
@@ -119,6 +121,7 @@ impl Access {
             limits: limits::Limits::new(&settings.limits),
             sealer: seal::Sealer::new().ok_or(FileError::NoRandomness)?,
             verify_slots: tokio::sync::Semaphore::new(MAX_CONCURRENT_VERIFIES),
+            service_secret: identity::ServiceSecret::new().ok_or(FileError::NoRandomness)?,
         })))
     }
 
@@ -190,6 +193,16 @@ impl Access {
     /// ([`identity::client_id_bound`]); an anonymous client has nothing to bind to.
     pub fn may_use_client_id(&self, client_id: &str, identity: Option<&str>) -> bool {
         !self.0.settings.bind_client_id || identity.is_some_and(|id| identity::client_id_bound(client_id, id))
+    }
+
+    /// The password of the service's own connection to the embedded broker (client path).
+    pub fn service_password(&self) -> &str {
+        self.0.service_secret.password()
+    }
+
+    /// Whether `given` is [`Self::service_password`] (constant time).
+    pub fn is_service_password(&self, given: &[u8]) -> bool {
+        self.0.service_secret.matches(given)
     }
 
     /// With an external broker: whether the claimed `__srcId` names the caller.

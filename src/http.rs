@@ -25,6 +25,7 @@ use crate::access::{Access, Grant};
 use crate::dapr::{StoreSpec, Stores};
 use crate::engine::Engine;
 use crate::listener::Listener;
+use crate::listener::body_budget::BudgetedBody;
 use crate::listener::inflight::{InFlight, Kind, SlotBody};
 
 mod browser;
@@ -300,20 +301,35 @@ pub const TOO_MANY_REQUESTS: &str = "ERR_TOO_MANY_REQUESTS";
 
 /// Takes a request or stream slot for the whole response (held by its body), or answers 503
 /// with Dapr's error body and `Retry-After: 1` at once.
+/// The body is read within the door's byte budget (`--http-max-inflight-bytes`): a known
+/// `Content-Length` is reserved at once (503 when it does not fit), a chunked body takes its
+/// bytes as they arrive (503 once it does not fit, whatever the handler made of the cut body).
 async fn limit_in_flight(State(inflight): State<InFlight>, req: Request, next: Next) -> Response {
-    match inflight.try_admit(Kind::of_path(req.uri().path())) {
-        Ok(slot) => next
-            .run(req)
-            .await
-            .map(|body| axum::body::Body::new(SlotBody::new(body, slot))),
-        Err(refused) => {
-            let mut resp =
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, TOO_MANY_REQUESTS, refused.to_string()).into_response();
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
-            resp
-        }
+    let too_many = |why: String| {
+        let mut resp = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, TOO_MANY_REQUESTS, why).into_response();
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        resp
+    };
+    let slot = match inflight.try_admit(Kind::of_path(req.uri().path())) {
+        Ok(slot) => slot,
+        Err(refused) => return too_many(refused.to_string()),
+    };
+    let known_len = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let held = match inflight.bodies().admit(known_len) {
+        Ok(held) => held,
+        Err(exhausted) => return too_many(exhausted.to_string()),
+    };
+    let req = req.map(|body| axum::body::Body::new(BudgetedBody::new(body, held.clone(), known_len, |e| Box::new(e))));
+    let resp = next.run(req).await;
+    if let Some(exhausted) = held.exhausted() {
+        return too_many(exhausted.to_string());
     }
+    resp.map(|body| axum::body::Body::new(SlotBody::new(body, slot).holding(held)))
 }
 
 async fn not_found() -> ApiError {

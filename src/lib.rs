@@ -249,8 +249,10 @@ pub async fn start_observed(
         }
     };
     let limits = DoorLimits {
-        http_inflight: listener::inflight::InFlight::new(config.net.http_max_inflight, config.net.http_max_streams),
-        grpc_inflight: listener::inflight::InFlight::new(config.net.grpc_max_inflight, config.net.grpc_max_streams),
+        http_inflight: listener::inflight::InFlight::new(config.net.http_max_inflight, config.net.http_max_streams)
+            .with_body_budget(config.net.http_max_inflight_bytes),
+        grpc_inflight: listener::inflight::InFlight::new(config.net.grpc_max_inflight, config.net.grpc_max_streams)
+            .with_body_budget(config.net.grpc_max_inflight_bytes),
         http_stats: http_listener.as_ref().map(|l| l.0.stats()),
         grpc_stats: grpc_listener.as_ref().map(|l| l.0.stats()),
         http_connections: http_listener.as_ref().map(|l| l.0.connection_slots()),
@@ -366,9 +368,19 @@ pub async fn start_observed(
         #[cfg(not(feature = "embedded-broker"))]
         unreachable!("in-broker serving needs the embedded broker")
     } else {
+        let credentials = match &config.broker {
+            // The embedded broker refuses the service's client id to anyone without this
+            // process's secret (`brokerauth`).
+            BrokerChoice::Embedded { .. } => Some(config::MqttCredentials {
+                username: config.mqtt.client_id.clone(),
+                password: access.service_password().to_owned(),
+            }),
+            BrokerChoice::External { .. } => config.mqtt.credentials.clone(),
+        };
         let settings = MqttSettings {
             host: host.clone(),
             port,
+            credentials,
             ..config.mqtt.clone()
         };
         MqttDoor::Client(

@@ -26,6 +26,7 @@ use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
+pub mod body_budget;
 pub mod capacity;
 pub mod inflight;
 

@@ -56,6 +56,35 @@ pub fn client_id_bound(client_id: &str, identity: &str) -> bool {
             .is_some_and(|rest| rest.is_empty() || rest.starts_with(CLIENT_ID_SEPARATOR))
 }
 
+/// The password the service's own MQTT connection proves itself with to the embedded broker
+/// (`--mqtt-client-path`), which refuses the service's client id to everyone else: random, made
+/// at startup, held only in this process's memory, so no client can know or forge it.
+pub struct ServiceSecret(String);
+
+impl ServiceSecret {
+    /// A fresh secret (`None` when the system has no randomness).
+    pub fn new() -> Option<ServiceSecret> {
+        let mut bytes = [0u8; 32];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes).ok()?;
+        Some(ServiceSecret(hex::encode(bytes)))
+    }
+
+    pub fn password(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether `given` is the secret, compared in constant time.
+    pub fn matches(&self, given: &[u8]) -> bool {
+        token_matches(&self.0, std::str::from_utf8(given).ok())
+    }
+}
+
+impl std::fmt::Debug for ServiceSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ServiceSecret(***)")
+    }
+}
+
 /// The name `--api-token` (the single shared token) has as a principal.
 pub const DEFAULT_TOKEN_NAME: &str = "default";
 

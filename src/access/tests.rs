@@ -294,3 +294,18 @@ fn bound_client_ids_are_the_identity_or_start_with_it_and_a_colon() {
         "an anonymous client has no identity to bind to"
     );
 }
+
+#[test]
+fn the_service_password_is_random_per_process_and_checked_whole() {
+    let (a, b) = (Access::open(), Access::open());
+    assert_eq!(a.service_password().len(), 64);
+    assert_ne!(a.service_password(), b.service_password());
+    assert!(a.is_service_password(a.service_password().as_bytes()));
+    assert!(!a.is_service_password(b.service_password().as_bytes()));
+    assert!(!a.is_service_password(&a.service_password().as_bytes()[..63]));
+    assert!(!a.is_service_password(b""));
+    assert!(
+        !format!("{a:?}").contains(a.service_password()),
+        "never in Debug output"
+    );
+}

@@ -59,6 +59,11 @@ pub struct NetArgs {
     /// `ERR_TOO_MANY_REQUESTS`.
     #[arg(long, env = "STATEGATE_HTTP_MAX_STREAMS", default_value_t = 1024)]
     pub http_max_streams: usize,
+    /// Most bytes of HTTP request bodies held at once, counted as bodies arrive (a known
+    /// Content-Length is reserved whole); past it a request is answered 503
+    /// `ERR_TOO_MANY_REQUESTS`.
+    #[arg(long, env = "STATEGATE_HTTP_MAX_INFLIGHT_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub http_max_inflight_bytes: usize,
     /// Seconds an HTTP connection has to send a request's headers, counted from when it is
     /// ready for a request: for a kept-alive connection this is also its idle timeout.
     #[arg(long, env = "STATEGATE_HTTP_HEADER_TIMEOUT_SECS", default_value_t = 10)]
@@ -73,6 +78,10 @@ pub struct NetArgs {
     /// RESOURCE_EXHAUSTED.
     #[arg(long, env = "STATEGATE_GRPC_MAX_STREAMS", default_value_t = 1024)]
     pub grpc_max_streams: usize,
+    /// Most bytes of gRPC request messages held at once, counted as they arrive; a call whose
+    /// message does not fit fails with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "STATEGATE_GRPC_MAX_INFLIGHT_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub grpc_max_inflight_bytes: usize,
     /// HTTP/2 streams one gRPC connection may have open (SETTINGS_MAX_CONCURRENT_STREAMS).
     #[arg(long, env = "STATEGATE_GRPC_MAX_STREAMS_PER_CONNECTION", default_value_t = 256)]
     pub grpc_max_streams_per_connection: u32,
@@ -117,10 +126,12 @@ pub struct NetSettings {
     pub http: ListenerLimits,
     pub http_max_inflight: usize,
     pub http_max_streams: usize,
+    pub http_max_inflight_bytes: usize,
     pub http_header_timeout: Duration,
     pub grpc: ListenerLimits,
     pub grpc_max_inflight: usize,
     pub grpc_max_streams: usize,
+    pub grpc_max_inflight_bytes: usize,
     pub grpc_max_streams_per_connection: u32,
     pub grpc_keepalive: Duration,
 }
@@ -163,6 +174,7 @@ impl NetSettings {
             },
             http_max_inflight: n.http_max_inflight.max(1),
             http_max_streams: n.http_max_streams.max(1),
+            http_max_inflight_bytes: n.http_max_inflight_bytes.max(1),
             http_header_timeout: Duration::from_secs(n.http_header_timeout_secs.max(1)),
             grpc: ListenerLimits {
                 max_connections: n.grpc_max_connections.max(1),
@@ -171,6 +183,7 @@ impl NetSettings {
             },
             grpc_max_inflight: n.grpc_max_inflight.max(1),
             grpc_max_streams: n.grpc_max_streams.max(1),
+            grpc_max_inflight_bytes: n.grpc_max_inflight_bytes.max(1),
             grpc_max_streams_per_connection: n.grpc_max_streams_per_connection.max(1),
             grpc_keepalive,
         })

@@ -13,6 +13,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
+use super::body_budget::{BodyBudget, Held};
 use super::capacity::{Capacity, Taken};
 
 /// Which kind of slot a request needs.
@@ -67,19 +68,36 @@ pub enum Refused {
     Streams(usize),
 }
 
-/// The slots of one door. Clones share the slots; [`InFlight::resize`] changes the limits live.
+/// The slots of one door, and the bytes of request bodies it holds. Clones share them;
+/// [`InFlight::resize`] changes the slot limits live.
 #[derive(Debug, Clone)]
 pub struct InFlight {
     requests: Arc<Capacity>,
     streams: Arc<Capacity>,
+    bodies: BodyBudget,
 }
+
+/// Request body bytes a door holds at once unless told otherwise.
+pub const DEFAULT_BODY_BYTES: usize = 64 * 1024 * 1024;
 
 impl InFlight {
     pub fn new(max_requests: usize, max_streams: usize) -> InFlight {
         InFlight {
             requests: Arc::new(Capacity::new(max_requests)),
             streams: Arc::new(Capacity::new(max_streams)),
+            bodies: BodyBudget::new(DEFAULT_BODY_BYTES),
         }
+    }
+
+    /// With a budget of `max_bytes` of request bodies in flight.
+    pub fn with_body_budget(mut self, max_bytes: usize) -> InFlight {
+        self.bodies = BodyBudget::new(max_bytes);
+        self
+    }
+
+    /// The request body budget.
+    pub fn bodies(&self) -> &BodyBudget {
+        &self.bodies
     }
 
     /// Takes a slot of `kind`, or says why not.
@@ -107,10 +125,12 @@ impl InFlight {
 #[derive(Debug)]
 pub struct Slot(#[allow(dead_code)] Taken);
 
-/// A response body that holds its request's slot until the body ends.
+/// A response body that holds its request's slot (and the body bytes its request holds) until
+/// the body ends.
 pub struct SlotBody<B> {
     inner: B,
     slot: Option<Slot>,
+    held: Option<Held>,
 }
 
 impl<B> SlotBody<B> {
@@ -118,7 +138,14 @@ impl<B> SlotBody<B> {
         SlotBody {
             inner,
             slot: Some(slot),
+            held: None,
         }
+    }
+
+    /// Also holds `held` until the body ends.
+    pub fn holding(mut self, held: Held) -> SlotBody<B> {
+        self.held = Some(held);
+        self
     }
 }
 
@@ -132,6 +159,7 @@ impl<B: Body<Data = Bytes> + Unpin> Body for SlotBody<B> {
         if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
             // The body is done: free the slot now rather than when the server drops it.
             this.slot = None;
+            this.held = None;
         }
         polled
     }

@@ -3,6 +3,7 @@
 mod access_rules;
 mod aio;
 mod aio_go;
+mod body_budget;
 mod cli;
 mod configuration;
 mod console;
