@@ -2,7 +2,8 @@
 //!
 //! - [`identity`]: the [`Principal`] (MQTT client id and username, HTTP/gRPC token name), the
 //!   MQTT password file and the named API tokens.
-//! - [`rules`]: the per-key rules (`--acl-file`): `read`, `write`, `observe` on key globs.
+//! - [`rules`]: the per-key rules (`--acl-file`): `read`, `write`, `observe`, `admin` on key
+//!   globs.
 //! - [`limits`]: per-principal request rate and open streams.
 //! - `seal`: paging tokens that would name a key the caller may not read go out encrypted.
 //!

@@ -33,7 +33,7 @@ pub use command::{Command, Del, DelCondition, Get, KeyFilter, KeyNotify, Meta, S
 pub use error::EngineError;
 pub use feed::{FeedEvent, FeedLimits, FeedReader, Lagged};
 pub use notify::{Change, ChangeKind, KeyNotification, KeyNotifyReceiver, ObserverLimits};
-pub use transfer::ImportReport;
+pub use transfer::{ImportOptions, ImportReport};
 
 use feed::Feed;
 use notify::{KeyNotifySender, Observers};
@@ -309,8 +309,25 @@ impl Engine {
         changes: Vec<(Change, Option<Record>)>,
         mark: Option<RequestMark>,
     ) -> Result<Written, EngineError> {
+        self.commit_as(swaps, max_keys, changes, mark, false).await
+    }
+
+    /// [`Engine::commit`]; `imported`: the changes keep versions the clock did not issue now
+    /// (an import), so the history takes them only if no position has those names yet
+    /// ([`feed::Feed::push_imported`]), here or on every replica that reads the shared log.
+    async fn commit_as(
+        &self,
+        swaps: &[Swap],
+        max_keys: Option<u64>,
+        changes: Vec<(Change, Option<Record>)>,
+        mark: Option<RequestMark>,
+        imported: bool,
+    ) -> Result<Written, EngineError> {
         let records: Vec<_> = match self.shared() {
-            Some(_) => changes.iter().map(|(c, r)| shared::record_of(c, r.as_ref())).collect(),
+            Some(_) => changes
+                .iter()
+                .map(|(c, r)| shared::record_of(c, r.as_ref(), imported))
+                .collect(),
             None => Vec::new(),
         };
         let write = Write {
@@ -335,6 +352,13 @@ impl Engine {
             }
             match self.shared() {
                 Some(shared) => shared.wait_applied(*logged).await,
+                None if imported => {
+                    let changes: Vec<Change> = changes.into_iter().map(|(c, _)| c).collect();
+                    for change in &changes {
+                        self.notify_observers(change);
+                    }
+                    self.0.feed.push_imported(changes);
+                }
                 None => {
                     for (change, _) in changes {
                         self.publish(change);

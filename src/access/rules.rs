@@ -1,5 +1,5 @@
-//! Per-key access rules (`--acl-file`, TOML): which principals may `read`, `write` and/or
-//! `observe` which keys.
+//! Per-key access rules (`--acl-file`, TOML): which principals may `read`, `write`, `observe`
+//! and/or `admin` which keys.
 //!
 //! ```toml
 //! [[rule]]
@@ -37,6 +37,11 @@ pub enum Op {
     Write,
     /// KEYNOTIFY: being notified of the key's changes (notifications carry the new value).
     Observe,
+    /// The operations that go around the per-request rules, on top of `read` or `write`: an
+    /// import (records keep their own versions, fencing tokens and deadlines; with
+    /// `overwriteFenced`, fenced keys are replaced without their token) and, on every key, an
+    /// online backup (a copy of the store's files that pauses log compaction while it runs).
+    Admin,
 }
 
 impl Op {
@@ -45,6 +50,7 @@ impl Op {
             "read" => Some(Op::Read),
             "write" => Some(Op::Write),
             "observe" => Some(Op::Observe),
+            "admin" => Some(Op::Admin),
             _ => None,
         }
     }
@@ -54,6 +60,7 @@ impl Op {
             Op::Read => 0,
             Op::Write => 1,
             Op::Observe => 2,
+            Op::Admin => 3,
         }
     }
 }
@@ -80,13 +87,16 @@ struct RuleDef {
     keys: Vec<String>,
 }
 
+/// How many operations a rule can allow.
+const OPS: usize = 4;
+
 #[derive(Debug)]
 struct Rule {
     usernames: Vec<Pattern>,
     client_ids: Vec<Pattern>,
     tokens: Vec<Pattern>,
     anonymous: bool,
-    allow: [bool; 3],
+    allow: [bool; OPS],
     /// Key globs as written, placeholders not yet filled in.
     keys: Vec<KeyGlob>,
 }
@@ -124,7 +134,7 @@ pub struct RuleSet {
 /// What one principal may do: key globs per operation, placeholders filled in.
 #[derive(Debug, Default)]
 pub struct Allowed {
-    globs: [Vec<Pattern>; 3],
+    globs: [Vec<Pattern>; OPS],
 }
 
 impl Allowed {
@@ -167,14 +177,14 @@ impl RuleSet {
                     .map(|g| Pattern::new(g).map_err(|e| err(format!("{what} {g:?}: {e}"))))
                     .collect()
             };
-            let mut allow = [false; 3];
+            let mut allow = [false; OPS];
             for a in &def.allow {
-                let op =
-                    Op::parse(a).ok_or_else(|| err(format!("unknown permission {a:?} (read, write or observe)")))?;
+                let op = Op::parse(a)
+                    .ok_or_else(|| err(format!("unknown permission {a:?} (read, write, observe or admin)")))?;
                 allow[op.index()] = true;
             }
             if def.allow.is_empty() {
-                return Err(err("`allow` is empty: name read, write and/or observe".into()));
+                return Err(err("`allow` is empty: name read, write, observe and/or admin".into()));
             }
             if def.usernames.is_empty() && def.client_ids.is_empty() && def.tokens.is_empty() && !def.anonymous {
                 return Err(err(

@@ -69,6 +69,7 @@ Exit codes:
   0  done
   2  usage error (bad arguments, a line that is not a record, a record the store refuses)
   3  import: some records were not imported, the store holds newer versions (see --overwrite)
+     or keys protected by a fencing token the records do not match (see --overwrite-fenced)
   4  not authorized
   5  service or storage unreachable, failing, or the copy was cut short";
 
@@ -116,6 +117,11 @@ pub struct ImportArgs {
     /// back to the imported one).
     #[arg(long, env = "STATEGATE_OVERWRITE", value_parser = BoolishValueParser::new())]
     pub overwrite: bool,
+    /// Also replace keys protected by a fencing token (a lock's) that the record's token does
+    /// not match: takes the lock's protection away from its holder. Over --http the caller
+    /// needs the `admin` permission, like any import.
+    #[arg(long, env = "STATEGATE_OVERWRITE_FENCED", value_parser = BoolishValueParser::new())]
+    pub overwrite_fenced: bool,
     #[command(flatten)]
     pub store: StoreArgs,
 }

@@ -19,7 +19,7 @@ use super::args::{BackupArgs, ExportArgs, ImportArgs, RekeyArgs, StoreArgs};
 use super::http::{error_of, status_error, transport};
 use super::{CliError, Exit, base_url};
 use crate::dump;
-use crate::engine::{Engine, EngineError, ImportReport, Limits};
+use crate::engine::{Engine, EngineError, ImportOptions, ImportReport, Limits};
 use crate::hlc::SystemClock;
 use crate::storage::durable::{self, EncryptionKey, FsyncMode};
 use crate::storage::{Record, StorageConfig, StorageError, StorageKind, Store};
@@ -310,9 +310,13 @@ pub async fn import(a: ImportArgs) -> Result<i32, CliError> {
     let records = dump::decode_lines(&text, 1).map_err(|e| CliError::usage(format!("{}: {e}", a.file.display())))?;
     drop(text);
     let total = records.len();
+    let options = ImportOptions {
+        overwrite: a.overwrite,
+        overwrite_fenced: a.overwrite_fenced,
+    };
     let report = match target {
         Target::Http { base, token, timeout } => {
-            import_http(&base, token.as_deref(), timeout, records, a.overwrite).await?
+            import_http(&base, token.as_deref(), timeout, records, options).await?
         }
         Target::Dir { dir, key } => {
             let config = StorageConfig {
@@ -324,25 +328,30 @@ pub async fn import(a: ImportArgs) -> Result<i32, CliError> {
                 redis: Default::default(),
             };
             let store = Store::open(&config).await.map_err(storage_error)?;
-            import_engine(&direct_engine(store).await?, records, a.overwrite).await?
+            import_engine(&direct_engine(store).await?, records, options).await?
         }
         Target::Redis { url, prefix } => {
             import_engine(
                 &direct_engine(open_redis(&url, &prefix).await?).await?,
                 records,
-                a.overwrite,
+                options,
             )
             .await?
         }
     };
     eprintln!(
-        "{total} records read: {} imported, {} unchanged, {} kept (the store has a newer version), {} expired",
-        report.imported, report.unchanged, report.kept_newer, report.expired
+        "{total} records read: {} imported, {} unchanged, {} kept (the store has a newer version), {} fenced \
+         (kept: a fencing token protects the key), {} expired",
+        report.imported, report.unchanged, report.kept_newer, report.fenced, report.expired
     );
-    if report.kept_newer > 0 {
+    if report.kept_newer > 0 || report.fenced > 0 {
         return Err(CliError::conflict(format!(
-            "{} records were not imported: the store holds newer versions (--overwrite replaces them)",
-            report.kept_newer
+            "{} records were not imported: the store holds newer versions of {} (--overwrite replaces them), \
+             and {} keys are protected by a fencing token the record does not match (--overwrite-fenced \
+             replaces them)",
+            report.kept_newer + report.fenced,
+            report.kept_newer,
+            report.fenced
         )));
     }
     Ok(Exit::Done as i32)
@@ -351,7 +360,7 @@ pub async fn import(a: ImportArgs) -> Result<i32, CliError> {
 async fn import_engine(
     engine: &Engine,
     records: Vec<(Bytes, Record)>,
-    overwrite: bool,
+    options: ImportOptions,
 ) -> Result<ImportReport, CliError> {
     engine.check_import(&records).map_err(|(i, e)| {
         CliError::usage(format!(
@@ -360,7 +369,7 @@ async fn import_engine(
             String::from_utf8_lossy(&records[i].0)
         ))
     })?;
-    engine.import(records, overwrite).await.map_err(engine_error)
+    engine.import(records, options).await.map_err(engine_error)
 }
 
 async fn import_http(
@@ -368,10 +377,13 @@ async fn import_http(
     token: Option<&str>,
     timeout: Duration,
     records: Vec<(Bytes, Record)>,
-    overwrite: bool,
+    options: ImportOptions,
 ) -> Result<ImportReport, CliError> {
     let client = client(timeout)?;
-    let url = format!("{base}/v1.0-alpha1/stategate/import?overwrite={overwrite}");
+    let url = format!(
+        "{base}/v1.0-alpha1/stategate/import?overwrite={}&overwriteFenced={}",
+        options.overwrite, options.overwrite_fenced
+    );
     let mut report = ImportReport::default();
     let mut body = Vec::new();
     let mut in_body = 0;
@@ -404,6 +416,7 @@ async fn import_http(
         report.imported += got.imported;
         report.unchanged += got.unchanged;
         report.kept_newer += got.kept_newer;
+        report.fenced += got.fenced;
         report.expired += got.expired;
         sent += in_body;
         in_body = 0;

@@ -11,6 +11,14 @@
 //! last version it saw instead; [`Feed::position_after`] finds the change with that version in
 //! the history, if it is still kept. The feed's own `origin` version names the position before
 //! its first change, so a watcher that connected before any change can resume too.
+//!
+//! So a version must never name two positions. Versions the clock issues are unique, but an
+//! import stores records with the versions they were exported with, which this history (or a
+//! watcher, from before a restart or a trim) may already know at another position. Such a
+//! change is pushed with [`Feed::push_imported`]: taken as an ordinary change when its version
+//! is above every version this history ever held (its origin included), otherwise the history
+//! starts over ([`Feed::gap`]): readers get [`Lagged`] and a resume from any earlier version
+//! finds nothing, so a watcher gets a reset and a snapshot instead of skipping changes.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -78,6 +86,10 @@ struct Ring {
     /// The sequence number the next change gets.
     next_seq: u64,
     bytes: usize,
+    /// The highest (ms, counter) of every version this history ever held, trimmed changes and
+    /// the origin included: an imported version above it names no position yet. The node is
+    /// left out, so an equal (ms, counter) of another node counts as held (the safe side).
+    high: (u64, u32),
 }
 
 impl Ring {
@@ -101,10 +113,14 @@ impl Feed {
     /// `origin` must be a version no change will ever carry (the engine issues it from its
     /// clock when it opens).
     pub fn new(limits: FeedLimits, origin: Hlc) -> Feed {
+        let ring = Ring {
+            high: (origin.ms, origin.counter),
+            ..Ring::default()
+        };
         Feed {
             limits,
             origin,
-            ring: Mutex::new(Ring::default()),
+            ring: Mutex::new(ring),
             wake: Notify::new(),
             readers: AtomicUsize::new(0),
         }
@@ -130,10 +146,7 @@ impl Feed {
         let now = Instant::now();
         {
             let mut ring = self.ring();
-            let seq = ring.next_seq;
-            ring.next_seq += 1;
-            ring.bytes += cost;
-            ring.events.push_back(Arc::new(FeedEvent { seq, change, at: now }));
+            Self::append(&mut ring, change, cost, now);
             self.trim(&mut ring, now);
         }
         if self.readers.load(Ordering::Relaxed) > 0 {
@@ -141,9 +154,49 @@ impl Feed {
         }
     }
 
-    /// Changes were missed (the shared change log lost entries this replica had not read):
-    /// the history is emptied and every reader learns it lagged, so no watcher's stream goes
-    /// on as if nothing was missed.
+    fn append(ring: &mut Ring, change: Change, cost: usize, now: Instant) {
+        let seq = ring.next_seq;
+        ring.next_seq += 1;
+        ring.bytes += cost;
+        ring.high = ring.high.max((change.version.ms, change.version.counter));
+        ring.events.push_back(Arc::new(FeedEvent { seq, change, at: now }));
+    }
+
+    /// Appends the changes of an import (records that keep the versions they were exported
+    /// with), all or none: when every version is above all this history ever held they are
+    /// ordinary changes; otherwise one of them could name a position already named (a resume
+    /// from it would skip what lies between), so none is appended and the history starts over
+    /// ([`Feed::gap`]). Returns whether they were appended.
+    pub fn push_imported(&self, changes: Vec<Change>) -> bool {
+        if changes.is_empty() || (!self.keeps_history() && self.readers.load(Ordering::Relaxed) == 0) {
+            return true;
+        }
+        let now = Instant::now();
+        {
+            let mut ring = self.ring();
+            let high = ring.high;
+            if changes.iter().any(|c| (c.version.ms, c.version.counter) <= high) {
+                drop(ring);
+                self.gap();
+                return false;
+            }
+            for change in changes {
+                let change = change.detached();
+                let cost = FeedEvent::cost(&change);
+                Self::append(&mut ring, change, cost, now);
+            }
+            self.trim(&mut ring, now);
+        }
+        if self.readers.load(Ordering::Relaxed) > 0 {
+            self.wake.notify_waiters();
+        }
+        true
+    }
+
+    /// Changes were missed (the shared change log lost entries this replica had not read), or
+    /// an import brought versions the history may already name: the history is emptied and
+    /// every reader learns it lagged, so no watcher's stream goes on as if nothing was missed.
+    /// What the history held still counts for [`Feed::push_imported`].
     pub fn gap(&self) {
         {
             let mut ring = self.ring();
@@ -458,6 +511,34 @@ mod tests {
         assert_eq!(r.resume_version(), None, "a lagged reader has no name until it reads");
         r.recv().await.unwrap();
         assert_eq!(r.resume_version().unwrap().ms, 4);
+    }
+
+    #[tokio::test]
+    async fn imported_versions_never_name_a_second_position() {
+        let f = feed(100, 1 << 20);
+        let mut r = f.reader();
+        f.push(set("a", b"1", 5));
+        f.push(set("b", b"2", 7));
+        // Above everything held: ordinary changes, a resume finds them.
+        assert!(f.push_imported(vec![set("c", b"3", 9), set("d", b"4", 8)]));
+        assert_eq!(f.position_after(&Hlc::new(8, 0, "n")), Some(4));
+        for ms in [5, 7, 9, 8] {
+            assert_eq!(r.recv().await.unwrap().change.version.ms, ms);
+        }
+        // One version the history held (5), or below the highest held (6 < 9): the history
+        // starts over, and no version names a position any more.
+        for old in [5, 6] {
+            assert!(!f.push_imported(vec![set("e", b"5", 10), set("a", b"1", old)]));
+            assert!(r.recv().await.is_err(), "the reader learns it missed changes");
+            assert_eq!(f.held().0, 0);
+            assert_eq!(f.position_after(&Hlc::new(old, 0, "n")), None);
+            assert_eq!(f.position_after(&origin()), None);
+        }
+        // What was trimmed still counts: 9 was held once.
+        assert!(!f.push_imported(vec![set("c", b"3", 9)]));
+        assert!(f.push_imported(vec![set("z", b"9", 11)]));
+        assert!(r.recv().await.is_err());
+        assert_eq!(r.recv().await.unwrap().change.version.ms, 11);
     }
 
     #[test]

@@ -289,9 +289,14 @@ impl Engine {
                 if let Some(cache) = &self.0.cache {
                     cache.changed(&record.key, &record.version, stored_record(&record).as_ref());
                 }
+                let imported = matches!(record.kind, ChangeRecordKind::Set { imported: true, .. });
                 let change = change_of(record);
                 self.route_notifications(log.origin(), entry.seq, &change);
-                self.0.feed.push(change);
+                if imported {
+                    self.0.feed.push_imported(vec![change]);
+                } else {
+                    self.0.feed.push(change);
+                }
                 if deadline {
                     self.0.deadline_added.notify_one();
                 }
@@ -502,8 +507,9 @@ fn change_of(r: ChangeRecord) -> Change {
     }
 }
 
-/// The log record of an engine change; `stored` is a SET's new record.
-pub(super) fn record_of(change: &Change, stored: Option<&Record>) -> ChangeRecord {
+/// The log record of an engine change; `stored` is a SET's new record; `imported`: see
+/// [`ChangeRecordKind::Set`].
+pub(super) fn record_of(change: &Change, stored: Option<&Record>, imported: bool) -> ChangeRecord {
     ChangeRecord {
         key: change.key.clone(),
         version: change.version.clone(),
@@ -512,6 +518,7 @@ pub(super) fn record_of(change: &Change, stored: Option<&Record>) -> ChangeRecor
                 value: v.clone(),
                 expires_at_ms: stored.and_then(|r| r.expires_at_ms),
                 fencing: stored.and_then(|r| r.fencing.clone()),
+                imported,
             },
             ChangeKind::Delete => ChangeRecordKind::Delete,
             ChangeKind::Expire => ChangeRecordKind::Expire,
@@ -526,6 +533,7 @@ fn stored_record(r: &ChangeRecord) -> Option<Record> {
             value,
             expires_at_ms,
             fencing,
+            ..
         } => Some(Record {
             value: value.clone(),
             version: r.version.clone(),

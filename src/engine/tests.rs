@@ -2003,3 +2003,4 @@ mod persist;
 #[cfg(feature = "redis")]
 mod shared;
 mod transact;
+mod transfer;

@@ -9,12 +9,18 @@
 //!
 //! - absent (or expired): stored;
 //! - stored with the same version: left alone (importing a file twice changes nothing);
-//! - stored with an older version: replaced;
 //! - stored with a newer version: kept, and counted, unless `overwrite` (then replaced, and the
-//!   key's version goes back to the imported one).
+//!   key's version goes back to the imported one);
+//! - protected by a fencing token: replaced only by a record whose token is equal or higher
+//!   (the fencing rule of a SET), or with `overwrite_fenced`; otherwise kept, and counted;
+//! - otherwise (an older version stored): replaced.
 //!
-//! A record already expired when it arrives is skipped. Watchers are told of each stored record
-//! as a SET with its imported version.
+//! A record already expired when it arrives is skipped. Observers (KEYNOTIFY) are told of each
+//! stored record as a SET with its imported version. The change history takes them as changes
+//! only when their versions are above every version it ever held; otherwise it starts over
+//! (open watches get `overflow`, a resume gets a reset and a snapshot): an imported version may
+//! be one the history, or a watcher, already knows at another position (export, delete,
+//! import), and a resume from it would skip every change in between (`feed.rs`).
 
 use std::collections::BTreeMap;
 
@@ -28,6 +34,16 @@ const IMPORT_BATCH: usize = 256;
 /// Conflicts are only possible when another process shares the storage.
 const IMPORT_ATTEMPTS: usize = 64;
 
+/// How an import treats keys that hold something else.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ImportOptions {
+    /// Also replace keys that hold a newer version.
+    pub overwrite: bool,
+    /// Also replace keys protected by a fencing token the record does not match (an admin's
+    /// explicit choice: it takes a lock's protection away from its holder).
+    pub overwrite_fenced: bool,
+}
+
 /// What an import did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ImportReport {
@@ -37,6 +53,9 @@ pub struct ImportReport {
     pub unchanged: u64,
     /// Not stored: the store holds a newer version (and `overwrite` was not given).
     pub kept_newer: u64,
+    /// Not stored: the key is protected by a fencing token the record does not match (and
+    /// `overwrite_fenced` was not given).
+    pub fenced: u64,
     /// Not stored: expired already.
     pub expired: u64,
 }
@@ -46,6 +65,7 @@ impl ImportReport {
         self.imported += other.imported;
         self.unchanged += other.unchanged;
         self.kept_newer += other.kept_newer;
+        self.fenced += other.fenced;
         self.expired += other.expired;
     }
 }
@@ -103,7 +123,11 @@ impl Engine {
     /// docs for what happens per key). Checks every record first ([`Engine::check_import`]):
     /// one that fails changes nothing. Records are stored in batches; an error in a later
     /// batch (the storage failed, `max_keys`) leaves the earlier ones stored.
-    pub async fn import(&self, records: Vec<(Bytes, Record)>, overwrite: bool) -> Result<ImportReport, EngineError> {
+    pub async fn import(
+        &self,
+        records: Vec<(Bytes, Record)>,
+        options: ImportOptions,
+    ) -> Result<ImportReport, EngineError> {
         self.check_import(&records).map_err(|(_, e)| e)?;
         // One record per key: the highest version wins within an import.
         let mut latest: BTreeMap<Bytes, Record> = BTreeMap::new();
@@ -118,12 +142,16 @@ impl Engine {
         let mut report = ImportReport::default();
         let all: Vec<(Bytes, Record)> = latest.into_iter().collect();
         for batch in all.chunks(IMPORT_BATCH) {
-            report.add(self.import_batch(batch, overwrite).await?);
+            report.add(self.import_batch(batch, options).await?);
         }
         Ok(report)
     }
 
-    async fn import_batch(&self, batch: &[(Bytes, Record)], overwrite: bool) -> Result<ImportReport, EngineError> {
+    async fn import_batch(
+        &self,
+        batch: &[(Bytes, Record)],
+        options: ImportOptions,
+    ) -> Result<ImportReport, EngineError> {
         let mut stripes: Vec<usize> = batch.iter().map(|(k, _)| self.stripe(k)).collect();
         stripes.sort_unstable();
         stripes.dedup();
@@ -147,8 +175,16 @@ impl Engine {
                         report.unchanged += 1;
                         continue;
                     }
-                    Some(c) if c.version > r.version && !overwrite => {
+                    Some(c) if c.version > r.version && !options.overwrite => {
                         report.kept_newer += 1;
+                        continue;
+                    }
+                    // The fencing rule of a SET, with the record's token as the request's.
+                    Some(c)
+                        if !options.overwrite_fenced
+                            && Engine::check_fencing(c.fencing.as_ref(), r.fencing.as_ref()).is_err() =>
+                    {
+                        report.fenced += 1;
                         continue;
                     }
                     _ => {}
@@ -182,7 +218,10 @@ impl Engine {
                     Some((change, Some(r.clone())))
                 })
                 .collect();
-            match self.commit(&swaps, self.0.limits.max_keys, changes, None).await? {
+            match self
+                .commit_as(&swaps, self.0.limits.max_keys, changes, None, true)
+                .await?
+            {
                 Written::Done { .. } => return Ok(report),
                 Written::TooManyKeys => return Err(EngineError::QuotaExceeded),
                 Written::Conflict => continue,

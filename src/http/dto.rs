@@ -357,6 +357,10 @@ pub struct ImportReport {
     /// Not stored: the store holds a newer version (send `overwrite=true` to replace it).
     #[serde(rename = "keptNewer")]
     pub kept_newer: u64,
+    /// Not stored: the key is protected by a fencing token the record does not match (send
+    /// `overwriteFenced=true` to replace it anyway).
+    #[serde(default)]
+    pub fenced: u64,
     /// Not stored: expired already.
     pub expired: u64,
 }

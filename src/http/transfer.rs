@@ -6,9 +6,12 @@
 //! Memory stays bounded: the export holds one page of records at a time, the backup a few
 //! chunks (the producer waits while the client reads).
 //!
-//! Access rules (`--acl-file`) apply: the export holds only the keys the caller may read, an
-//! import needs write access to every key it holds, and a backup (the whole store, keys to come
-//! included) needs read access to every key (a `*` read rule).
+//! Access rules (`--acl-file`) apply: the export holds only the keys the caller may read (it
+//! shows what GET shows of each: value, version, deadline, fencing token); an import needs
+//! `write` and `admin` on every key it holds (its records keep their own versions, tokens and
+//! deadlines, and `overwriteFenced` takes locks' protection away); a backup (the whole store,
+//! keys to come included, as files that pause log compaction while they are read) needs `read`
+//! and `admin` on every key (`*` rules).
 
 use axum::body::Body as RawBody;
 use axum::extract::State;
@@ -21,6 +24,7 @@ use super::error::{ApiError, ErrorBody, Op};
 use super::{AppState, Caller, DaprQuery, dto};
 use crate::access::Op as Access;
 use crate::dump;
+use crate::engine::ImportOptions;
 use crate::storage::{BackupFile, BackupSink};
 
 /// Chunks of the backup stream the producer may run ahead of the client.
@@ -89,7 +93,10 @@ fn import_limit(st: &AppState) -> usize {
     path = "/v1.0-alpha1/stategate/import",
     tag = "stategate",
     params(("overwrite" = Option<bool>, Query,
-            description = "`true`: also replace keys that hold a newer version than the record's")),
+            description = "`true`: also replace keys that hold a newer version than the record's"),
+           ("overwriteFenced" = Option<bool>, Query,
+            description = "`true`: also replace keys protected by a fencing token the record does not \
+                           match (equal or higher); without it such keys are kept and counted")),
     request_body(content = String, content_type = "application/x-ndjson",
                  description = "lines as `GET /v1.0-alpha1/stategate/export` writes them"),
     responses(
@@ -97,7 +104,8 @@ fn import_limit(st: &AppState) -> usize {
         (status = 400, body = ErrorBody, description = "a line that is not a record, or a record the \
                                                         store refuses (size, version too far ahead): \
                                                         nothing was imported"),
-        (status = 403, body = ErrorBody, description = "the caller may not write one of the keys: nothing was imported"),
+        (status = 403, body = ErrorBody, description = "the caller lacks `write` or `admin` on one of the keys: \
+                                                        nothing was imported"),
         (status = 507, body = ErrorBody, description = "--max-keys reached, or the disk is full"),
     )
 )]
@@ -107,14 +115,16 @@ pub async fn import(
     DaprQuery(params): DaprQuery,
     body: RawBody,
 ) -> Result<Response, ApiError> {
-    let overwrite = match params.iter().find(|(k, _)| k == "overwrite").map(|(_, v)| v.as_str()) {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(other) => {
-            return Err(ApiError::malformed(format!(
-                "overwrite must be true or false (got {other:?})"
-            )));
-        }
+    let flag = |name: &str| match params.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str()) {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(ApiError::malformed(format!(
+            "{name} must be true or false (got {other:?})"
+        ))),
+    };
+    let options = ImportOptions {
+        overwrite: flag("overwrite")?,
+        overwrite_fenced: flag("overwriteFenced")?,
     };
     let limit = import_limit(&st);
     let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
@@ -125,9 +135,11 @@ pub async fn import(
         )
     })?;
     let records = dump::decode_lines(&bytes, 1).map_err(|e| ApiError::malformed(e.to_string()))?;
-    grant
-        .check_all(Access::Write, records.iter().map(|(k, _)| &k[..]))
-        .map_err(|e| ApiError::from_engine(Op::Import, e))?;
+    for op in [Access::Write, Access::Admin] {
+        grant
+            .check_all(op, records.iter().map(|(k, _)| &k[..]))
+            .map_err(|e| ApiError::from_engine(Op::Import, e))?;
+    }
     st.engine.check_import(&records).map_err(|(i, e)| {
         let mut err = ApiError::from_engine(Op::Import, e);
         err.message = format!(
@@ -140,13 +152,14 @@ pub async fn import(
     })?;
     let report = st
         .engine
-        .import(records, overwrite)
+        .import(records, options)
         .await
         .map_err(|e| ApiError::from_engine(Op::Import, e))?;
     Ok(axum::Json(dto::ImportReport {
         imported: report.imported,
         unchanged: report.unchanged,
         kept_newer: report.kept_newer,
+        fenced: report.fenced,
         expired: report.expired,
     })
     .into_response())
@@ -222,11 +235,11 @@ impl BackupSink for StreamSink {
                         log segment), then `0:u8 keys:u64 log_records:u64`. `stategate backup --to \
                         DIR` writes it as a data directory. A stream without the end part failed."),
         (status = 400, body = ErrorBody, description = "the storage is not durable (use the export)"),
-        (status = 403, body = ErrorBody, description = "the caller may not read every key"),
+        (status = 403, body = ErrorBody, description = "the caller lacks `read` or `admin` on every key"),
     )
 )]
 pub async fn backup(State(st): State<AppState>, Caller(grant): Caller) -> Result<Response, ApiError> {
-    if !grant.may_every_key(Access::Read) {
+    if !(grant.may_every_key(Access::Read) && grant.may_every_key(Access::Admin)) {
         return Err(ApiError::from_engine(
             Op::Import,
             crate::engine::EngineError::NotAuthorized,

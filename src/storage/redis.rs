@@ -328,8 +328,9 @@ impl Backend for RedisBackend {
                     value,
                     expires_at_ms,
                     fencing,
+                    imported,
                 } => eval
-                    .arg("s")
+                    .arg(if *imported { "i" } else { "s" })
                     .arg(encode_version(&c.version))
                     .arg(&value[..])
                     .arg(expires_at_ms.map(encode_deadline).unwrap_or_default())

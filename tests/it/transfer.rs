@@ -396,14 +396,14 @@ async fn rekey_a_stopped_store() {
 }
 
 /// Access rules apply to the admin routes: the export holds only readable keys, an import
-/// needs write access to every key, a backup read access to every key.
+/// needs write and admin access to every key, a backup read and admin access to every key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn access_rules_bound_export_import_and_backup() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(
         tmp.path().join("acl.toml"),
         "[[rule]]\ntokens = [\"viewer\"]\nallow = [\"read\"]\nkeys = [\"app/*\"]\n\n\
-         [[rule]]\ntokens = [\"admin\"]\nallow = [\"read\", \"write\"]\nkeys = [\"*\"]\n",
+         [[rule]]\ntokens = [\"admin\"]\nallow = [\"read\", \"write\", \"admin\"]\nkeys = [\"*\"]\n",
     )
     .unwrap();
     std::fs::write(
@@ -472,5 +472,82 @@ async fn access_rules_bound_export_import_and_backup() {
     ])
     .await;
     assert_eq!(code, 0, "the admin may: {err}");
+    env.stop().await;
+}
+
+/// Import and backup need the `admin` permission: `write` (and `read`) on every key is not
+/// enough. An import leaves a fenced key alone unless its record carries an equal or higher
+/// token, or the admin asks with `--overwrite-fenced` (exit 3 until then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_and_backup_need_admin_and_import_keeps_fences() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(
+        tmp.path().join("acl.toml"),
+        "[[rule]]\ntokens = [\"writer\"]\nallow = [\"read\", \"write\"]\nkeys = [\"*\"]\n\n\
+         [[rule]]\ntokens = [\"admin\"]\nallow = [\"read\", \"write\", \"admin\"]\nkeys = [\"*\"]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        tmp.path().join("tokens"),
+        "writer:writer-token-0123456789\nadmin:admin-token-0123456789\n",
+    )
+    .unwrap();
+    let (acl, tokens) = (tmp.path().join("acl.toml"), tmp.path().join("tokens"));
+    let env = TestEnv::start_on(Broker::Embedded, Storage::Durable, |c| {
+        c.access.acl_file = Some(acl);
+        c.access.api_token_file = Some(tokens);
+    })
+    .await;
+    let engine = env.engine();
+    engine.execute(Command::Set(set(b"plain", b"v1"))).await.unwrap();
+    let mut fenced = set(b"fenced", b"held");
+    fenced.fencing = Some(Hlc::new(engine.now_ms(), 5, "locker"));
+    engine.execute(Command::Set(fenced)).await.unwrap();
+    let http = env.http();
+    let file = tmp.path().join("dump.jsonl");
+    let file = file.to_str().unwrap();
+    let as_writer = ["--http", &http, "--api-token", "writer-token-0123456789"];
+    let as_admin = ["--http", &http, "--api-token", "admin-token-0123456789"];
+    let (code, err) = stategate(&[&["export", "-o", file][..], &as_writer].concat()).await;
+    assert_eq!(code, 0, "an export is a read: {err}");
+
+    // The keys change after the export; the lock is taken again without the old token.
+    engine.execute(Command::Set(set(b"plain", b"v2"))).await.unwrap();
+    let mut retaken = set(b"fenced", b"held again");
+    retaken.fencing = Some(Hlc::new(engine.now_ms() + 1, 0, "locker"));
+    engine.execute(Command::Set(retaken)).await.unwrap();
+    let held = engine.read(&Bytes::from_static(b"fenced")).await.unwrap().unwrap();
+
+    let (code, err) = stategate(&[&["import", file, "--overwrite"][..], &as_writer].concat()).await;
+    assert_eq!(code, 4, "write on every key is not enough to import: {err}");
+    let (code, err) = stategate(&[&["import", file, "--overwrite"][..], &as_admin].concat()).await;
+    assert_eq!(code, 3, "the fenced key was kept: {err}");
+    assert!(err.contains("1 fenced"), "{err}");
+    let now = engine.read(&Bytes::from_static(b"fenced")).await.unwrap().unwrap();
+    assert_eq!(now.value, held.value, "the fence held");
+    assert_eq!(
+        &engine.read(&Bytes::from_static(b"plain")).await.unwrap().unwrap().value[..],
+        b"v1"
+    );
+    let (code, err) =
+        stategate(&[&["import", file, "--overwrite", "--overwrite-fenced"][..], &as_admin].concat()).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        &engine
+            .read(&Bytes::from_static(b"fenced"))
+            .await
+            .unwrap()
+            .unwrap()
+            .value[..],
+        b"held",
+        "replaced when asked"
+    );
+
+    let to = tmp.path().join("b");
+    let to = to.to_str().unwrap();
+    let (code, err) = stategate(&[&["backup", "--to", to][..], &as_writer].concat()).await;
+    assert_eq!(code, 4, "read on every key is not enough for a backup: {err}");
+    let (code, err) = stategate(&[&["backup", "--to", to][..], &as_admin].concat()).await;
+    assert_eq!(code, 0, "{err}");
     env.stop().await;
 }

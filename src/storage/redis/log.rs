@@ -440,6 +440,7 @@ fn decode_entry(fields: &[(Bytes, Bytes)]) -> Result<LogEntry, StorageError> {
             value: field(fields, b"x").cloned().unwrap_or_default(),
             expires_at_ms: field(fields, b"e").map(|_| number(b"e")).transpose()?,
             fencing: field(fields, b"f").map(|f| decode_version(f)).transpose()?,
+            imported: field(fields, b"i").is_some(),
         })?,
         b"d" => change(ChangeRecordKind::Delete)?,
         b"e" => change(ChangeRecordKind::Expire)?,
@@ -504,9 +505,28 @@ mod tests {
                     value: Bytes::from_static(b"val"),
                     expires_at_ms: Some(99),
                     fencing: None,
+                    imported: false,
                 },
             })
         );
+        // An import's set carries `i` (replicas of earlier releases ignore the field).
+        let e = decode_entry(&fields(&[
+            ("n", b"7"),
+            ("o", b"42"),
+            ("t", b"s"),
+            ("k", b"key"),
+            ("v", &v),
+            ("x", b"val"),
+            ("i", b"1"),
+        ]))
+        .unwrap();
+        assert!(matches!(
+            e.body,
+            LogBody::Change(ChangeRecord {
+                kind: ChangeRecordKind::Set { imported: true, .. },
+                ..
+            })
+        ));
         let e = decode_entry(&fields(&[
             ("n", b"8"),
             ("o", b"1"),

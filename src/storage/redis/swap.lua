@@ -26,8 +26,9 @@
 -- then 7 per swap i: key, expected version ('' = must be absent), 'p' (put) or 'd' (delete),
 -- value, version, fencing token ('' = none), deadline ('' = none)
 -- then 1 per check: expected version ('' = must be absent)
--- then 6 per change: key, 's' (set) 'd' (delete) or 'e' (expire), version, value, deadline,
--- fencing token
+-- then 6 per change: key, 's' (set), 'i' (a set by an import: logged as 's' with the field
+-- i = 1, which replicas of earlier releases ignore), 'd' (delete) or 'e' (expire), version,
+-- value, deadline, fencing token
 --
 -- Returns {0, sequence number of the last change logged (0: none)}, {1} conflict (a stored
 -- version differs), {2} too many keys, {3, outcome} the request was applied before.
@@ -137,9 +138,17 @@ if ARGV[2] ~= '' then
   for j = 1, changes do
     local b = c + 6 * (j - 1)
     last = redis.call('INCR', logseq)
-    local entry = {'n', last, 'u', ARGV[7] .. '.' .. j, 'o', ARGV[6], 't', ARGV[b + 1], 'k', ARGV[b],
+    local kind = ARGV[b + 1]
+    if kind == 'i' then
+      kind = 's'
+    end
+    local entry = {'n', last, 'u', ARGV[7] .. '.' .. j, 'o', ARGV[6], 't', kind, 'k', ARGV[b],
       'v', ARGV[b + 2]}
-    if ARGV[b + 1] == 's' then
+    if ARGV[b + 1] == 'i' then
+      entry[#entry + 1] = 'i'
+      entry[#entry + 1] = '1'
+    end
+    if kind == 's' then
       entry[#entry + 1] = 'x'
       entry[#entry + 1] = ARGV[b + 3]
       if ARGV[b + 4] ~= '' then
