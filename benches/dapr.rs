@@ -2,8 +2,9 @@
 //!
 //! ```text
 //! cargo bench --bench dapr -- [--secs 3] [--warmup-secs 1] [--rounds 3] [--rate 1000]
-//!                             [--inflight 64] [--ops GET,SET,TX]
+//!                             [--inflight 64] [--loads rate,inflight] [--ops GET,SET,TX]
 //!                             [--only direct-memory,direct-durable,memory,durable,redis,redis-aof]
+//!                             [--only bare,socket-bare,socket-memory,direct-memory,memory]
 //! ```
 //!
 //! An application calls daprd's gRPC API (GetState, SaveState, ExecuteStateTransaction with 5
@@ -11,7 +12,11 @@
 //! stategate's pluggable component (`deploy/dapr/statestore.yaml`, memory and durable storage),
 //! `state.redis` on a redis-server without persistence, and the same with `appendfsync always`
 //! (what `durable`'s default `fsync always` promises). stategate's own gRPC door, called
-//! directly, is the baseline for daprd's hop. Targets alternate row by row for `--rounds`
+//! directly, is the baseline for daprd's hop; `bare`, `socket-bare` and `socket-memory` (run
+//! only when named) take that hop apart: daprd in front of a component that answers constants,
+//! that component's socket called directly, and stategate's component socket called directly.
+//! Each row also prints the CPU time per request of daprd, the store and the load generator.
+//! Targets alternate row by row for `--rounds`
 //! rounds and the median round of each is printed, so a burst of noise on a shared machine
 //! does not decide a ratio.
 //!
@@ -26,6 +31,10 @@ use stategate::dapr::{KeyPrefix, StoreSpec, Stores};
 use stategate::storage::durable::{DurableBackend, DurableOptions};
 use stategate::storage::{StorageKind, Store};
 
+#[path = "dapr/bare.rs"]
+mod bare;
+#[path = "dapr/cpu.rs"]
+mod cpu;
 #[path = "dapr/load.rs"]
 mod load;
 #[path = "dapr/procs.rs"]
@@ -43,12 +52,13 @@ use requests::{Client, Op};
 /// daprd prefixes every key with the app id: `bench||key-...` in the store.
 const APP_ID: &str = "bench";
 
+#[derive(Clone)]
 struct Opts {
     secs: u64,
     warmup: u64,
     rounds: usize,
     rate: u64,
-    inflight: usize,
+    loads: Vec<Load>,
     ops: Vec<Op>,
     only: Vec<String>,
 }
@@ -59,10 +69,11 @@ fn opts() -> Opts {
         warmup: 1,
         rounds: 3,
         rate: 1000,
-        inflight: 64,
+        loads: vec![],
         ops: vec![Op::Get, Op::Set, Op::Tx],
         only: vec![],
     };
+    let (mut inflight, mut loads) = (64, vec!["rate".to_owned(), "inflight".to_owned()]);
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
     let list = |v: Option<&String>| -> Vec<String> {
@@ -75,7 +86,8 @@ fn opts() -> Opts {
             "--warmup-secs" => o.warmup = it.next().and_then(|v| v.parse().ok()).unwrap_or(1),
             "--rounds" => o.rounds = it.next().and_then(|v| v.parse().ok()).unwrap_or(3).max(1),
             "--rate" => o.rate = it.next().and_then(|v| v.parse().ok()).unwrap_or(1000).max(1),
-            "--inflight" => o.inflight = it.next().and_then(|v| v.parse().ok()).unwrap_or(64).max(1),
+            "--inflight" => inflight = it.next().and_then(|v| v.parse().ok()).unwrap_or(64).max(1),
+            "--loads" => loads = list(it.next()),
             "--ops" => o.ops = list(it.next()).iter().filter_map(|s| Op::parse(s)).collect(),
             "--only" => {
                 o.only = list(it.next());
@@ -90,12 +102,26 @@ fn opts() -> Opts {
             _ => {} // cargo passes --bench
         }
     }
+    for l in loads {
+        match l.as_str() {
+            "rate" => o.loads.push(Load::Rate(o.rate)),
+            "inflight" => o.loads.push(Load::Inflight(inflight)),
+            _ => {
+                eprintln!("--loads {l}: rate or inflight");
+                std::process::exit(2);
+            }
+        }
+    }
     o
 }
 
 impl Opts {
     fn wants(&self, t: Target) -> bool {
-        self.only.is_empty() || self.only.iter().any(|id| id == t.id())
+        if self.only.is_empty() {
+            t.by_default()
+        } else {
+            self.only.iter().any(|id| id == t.id())
+        }
     }
 }
 
@@ -155,46 +181,104 @@ fn start_stategate(rt: &tokio::runtime::Runtime, durable: bool) -> Stategate {
     }
 }
 
-/// Everything a target needs kept alive while it is measured.
+/// One target: where its requests go, how to check it, whose CPU time it costs.
+#[derive(Clone)]
+struct Bench {
+    target: Target,
+    /// `http://...` for a runtime API, `unix:///...` for a component socket.
+    url: String,
+    /// For stategate behind daprd, its own gRPC door, to find daprd's writes in it.
+    behind: Option<String>,
+    cpu: Vec<(&'static str, cpu::Source)>,
+}
+
+/// Everything the targets need kept alive while they are measured.
 #[derive(Default)]
 struct Servers {
     stategates: Vec<Stategate>,
     daprds: Vec<Daprd>,
     redis: Vec<Redis>,
     dirs: Vec<tempfile::TempDir>,
-    /// The URL each target's requests go to.
-    urls: Vec<(Target, String)>,
-    /// For a target behind daprd, the gRPC door of the stategate behind it.
-    behind: Vec<(Target, String)>,
+    benches: Vec<Bench>,
+}
+
+/// The in-process servers' threads (the `stategate` runtime and stategate's own threads).
+const SERVER: cpu::Source = cpu::Source::Threads("stategate");
+const LOAD: (&str, cpu::Source) = ("load", cpu::Source::Threads("load"));
+
+impl Servers {
+    fn add(&mut self, target: Target, url: String, behind: Option<String>, cpu: Vec<(&'static str, cpu::Source)>) {
+        let mut cpu = cpu;
+        cpu.push(LOAD);
+        self.benches.push(Bench {
+            target,
+            url,
+            behind,
+            cpu,
+        });
+    }
 }
 
 fn start_servers(o: &Opts, rt: &tokio::runtime::Runtime) -> Servers {
     let mut s = Servers::default();
-    let needs_daprd = [Target::Memory, Target::Durable, Target::Redis, Target::RedisAof]
-        .iter()
-        .any(|&t| o.wants(t));
+    let needs_daprd = [
+        Target::Memory,
+        Target::Durable,
+        Target::Bare,
+        Target::Redis,
+        Target::RedisAof,
+    ]
+    .iter()
+    .any(|&t| o.wants(t));
     let daprd = needs_daprd.then(procs::daprd_binary);
+    let daprd = daprd.as_deref();
     let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/dapr");
-    for (direct, via, durable) in [
-        (Target::DirectMemory, Target::Memory, false),
-        (Target::DirectDurable, Target::Durable, true),
+    let socket_url = |dir: &Path| format!("unix://{}", dir.join("stategate.sock").display());
+    for (direct, socket, via, durable) in [
+        (Target::DirectMemory, Some(Target::SocketMemory), Target::Memory, false),
+        (Target::DirectDurable, None, Target::Durable, true),
     ] {
-        if !o.wants(direct) && !o.wants(via) {
+        if !o.wants(direct) && !o.wants(via) && !socket.is_some_and(|t| o.wants(t)) {
             continue;
         }
         let sg = start_stategate(rt, durable);
         if o.wants(direct) {
-            s.urls.push((direct, sg.grpc_url.clone()));
+            s.add(direct, sg.grpc_url.clone(), None, vec![("server", SERVER)]);
+        }
+        if let Some(t) = socket.filter(|&t| o.wants(t)) {
+            s.add(t, socket_url(sg.sockets.path()), None, vec![("server", SERVER)]);
         }
         if o.wants(via) {
             // The component file a user deploys, unchanged.
-            let bin = daprd.as_deref().expect("daprd");
-            let d = Daprd::start(bin, APP_ID, &deploy, sg.sockets.path());
-            s.urls.push((via, format!("http://127.0.0.1:{}", d.grpc_port)));
-            s.behind.push((via, sg.grpc_url.clone()));
+            let d = Daprd::start(daprd.expect("daprd"), APP_ID, &deploy, sg.sockets.path());
+            let cpu = vec![("daprd", cpu::Source::Process(d.pid())), ("server", SERVER)];
+            s.add(via, d.url(), Some(sg.grpc_url.clone()), cpu);
             s.daprds.push(d);
         }
         s.stategates.push(sg);
+    }
+    if o.wants(Target::Bare) || o.wants(Target::SocketBare) {
+        // Under the file name the component file expects, so daprd sees `state.stategate`.
+        let sockets = tempfile::tempdir().expect("tempdir");
+        {
+            let _in_runtime = rt.enter();
+            bare::serve(&sockets.path().join("stategate.sock"));
+        }
+        if o.wants(Target::SocketBare) {
+            s.add(
+                Target::SocketBare,
+                socket_url(sockets.path()),
+                None,
+                vec![("server", SERVER)],
+            );
+        }
+        if o.wants(Target::Bare) {
+            let d = Daprd::start(daprd.expect("daprd"), APP_ID, &deploy, sockets.path());
+            let cpu = vec![("daprd", cpu::Source::Process(d.pid())), ("server", SERVER)];
+            s.add(Target::Bare, d.url(), None, cpu);
+            s.daprds.push(d);
+        }
+        s.dirs.push(sockets);
     }
     for (t, persistence) in [
         (Target::Redis, RedisPersistence::None),
@@ -207,25 +291,50 @@ fn start_servers(o: &Opts, rt: &tokio::runtime::Runtime) -> Servers {
         let resources = procs::redis_resources(redis.port);
         // No pluggable component here: an empty sockets folder.
         let sockets = tempfile::tempdir().expect("tempdir");
-        let bin = daprd.as_deref().expect("daprd");
-        let d = Daprd::start(bin, APP_ID, resources.path(), sockets.path());
-        s.urls.push((t, format!("http://127.0.0.1:{}", d.grpc_port)));
+        let d = Daprd::start(daprd.expect("daprd"), APP_ID, resources.path(), sockets.path());
+        let cpu = vec![
+            ("daprd", cpu::Source::Process(d.pid())),
+            ("redis", cpu::Source::Process(redis.pid())),
+        ];
+        s.add(t, d.url(), None, cpu);
         s.daprds.push(d);
         s.redis.push(redis);
         s.dirs.extend([resources, sockets]);
     }
-    s.urls.sort_by_key(|(t, _)| TARGETS.iter().position(|x| x == t));
+    s.benches.sort_by_key(|b| TARGETS.iter().position(|&x| x == b.target));
     s
 }
 
-async fn measure(o: &Opts, targets: &[(Target, Client)]) -> (Results, Vec<Load>) {
+/// One row of one target, with the CPU time each party spent in its measured window.
+async fn row(load: Load, op: Op, w: Window, b: &Bench, c: &Client) -> load::Row {
+    let requests = requests::request(c, op);
+    let sampler = async {
+        tokio::time::sleep(w.warmup).await;
+        let before = cpu::snapshot(&b.cpu);
+        tokio::time::sleep(w.measured).await;
+        (before, cpu::snapshot(&b.cpu))
+    };
+    let (mut row, (before, after)) = match load {
+        Load::Rate(r) => tokio::join!(fixed_rate(r, w, requests), sampler),
+        Load::Inflight(k) => tokio::join!(closed_loop(k, w, requests), sampler),
+    };
+    let served = (row.ops + row.errors).max(1) as f64;
+    row.cpu_us = b
+        .cpu
+        .iter()
+        .zip(before.iter().zip(after))
+        .map(|((who, _), (a, b))| (*who, b.saturating_sub(*a) as f64 / 1000.0 / served))
+        .collect();
+    row
+}
+
+async fn measure(o: &Opts, benches: &[(Bench, Client)]) -> Results {
     let w = Window {
         warmup: Duration::from_secs(o.warmup),
         measured: Duration::from_secs(o.secs),
     };
-    let loads = vec![Load::Rate(o.rate), Load::Inflight(o.inflight)];
     let mut res = Results::new();
-    for &load in &loads {
+    for &load in &o.loads {
         println!(
             "\n== {}: median of {} rounds, {} s per row after {} s warm-up",
             match load {
@@ -237,26 +346,43 @@ async fn measure(o: &Opts, targets: &[(Target, Client)]) -> (Results, Vec<Load>)
             o.warmup
         );
         for &op in &o.ops {
-            let mut rounds: Vec<Vec<load::Row>> = targets.iter().map(|_| Vec::new()).collect();
+            let mut rounds: Vec<Vec<load::Row>> = benches.iter().map(|_| Vec::new()).collect();
             for _ in 0..o.rounds {
-                for (n, (_, c)) in targets.iter().enumerate() {
-                    let row = match load {
-                        Load::Rate(r) => fixed_rate(r, w, requests::request(c, op)).await,
-                        Load::Inflight(k) => closed_loop(k, w, requests::request(c, op)).await,
-                    };
-                    rounds[n].push(row);
+                for (n, (b, c)) in benches.iter().enumerate() {
+                    rounds[n].push(row(load, op, w, b, c).await);
                 }
             }
-            for ((t, _), rows) in targets.iter().zip(rounds) {
-                res.insert((load, op, *t), median(rows));
+            for ((b, _), rows) in benches.iter().zip(rounds) {
+                res.insert((load, op, b.target), median(rows));
             }
             let redis = res.get(&(load, op, Target::Redis));
-            for (t, _) in targets {
-                report::print_row(*t, op, load, &res[&(load, op, *t)], redis);
+            for (b, _) in benches {
+                report::print_row(b.target, op, load, &res[&(load, op, b.target)], redis);
             }
         }
     }
-    (res, loads)
+    res
+}
+
+/// Connects, checks and seeds every target, then measures them.
+async fn run(o: Opts, benches: Vec<Bench>) {
+    let mut clients = Vec::new();
+    for b in benches {
+        let c = requests::connect(&b.url).await;
+        let behind = match &b.behind {
+            Some(url) => match requests::connect(url).await {
+                requests::Client::Runtime(r) => Some(r),
+                requests::Client::Component(..) => None,
+            },
+            None => None,
+        };
+        let keeps = b.target != Target::Bare;
+        requests::check(b.target.label(), &c, keeps, behind.as_ref().map(|d| (d, APP_ID))).await;
+        requests::seed(&c).await;
+        clients.push((b, c));
+    }
+    let res = measure(&o, &clients).await;
+    report::summary(&res, &o.loads, &o.ops);
 }
 
 fn loadavg() -> String {
@@ -285,24 +411,13 @@ fn main() {
         requests::KEYS
     );
     let servers = start_servers(&o, &server_rt);
-    load_rt.block_on(async {
-        let mut targets = Vec::new();
-        for (t, url) in &servers.urls {
-            targets.push((*t, requests::connect(url.clone()).await));
-        }
-        for (t, c) in &targets {
-            // For stategate behind daprd: its own door, to find daprd's writes in it.
-            let behind = servers.behind.iter().find(|(b, _)| b == t).map(|(_, url)| url.clone());
-            let direct = match behind {
-                Some(url) => Some(requests::connect(url).await),
-                None => None,
-            };
-            requests::check(t.label(), c, direct.as_ref().map(|d| (d, APP_ID))).await;
-            requests::seed(c).await;
-        }
-        let (res, loads) = measure(&o, &targets).await;
-        report::summary(&res, &loads, &o.ops);
-    });
+    // Spawned, so that the load generator runs on the `load` threads alone, whose CPU is counted.
+    let work = load_rt.spawn(run(o, servers.benches.clone()));
+    if load_rt.block_on(work).is_err() {
+        // The panic's message is already printed; stop the children first (drops below).
+        drop(servers);
+        std::process::exit(1);
+    }
     println!("\nload average {} at the end", loadavg());
     drop(load_rt);
     let Servers {

@@ -16,12 +16,14 @@ pub fn hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 120_000_000, 3).expect("histogram bounds")
 }
 
-/// One measured row: requests answered in the measured window, failures, latency in µs.
+/// One measured row: requests answered in the measured window, failures, latency in µs, and
+/// the CPU time per request of each party (µs), when measured.
 pub struct Row {
     pub ops: u64,
     pub errors: u64,
     pub secs: f64,
     pub h: Histogram<u64>,
+    pub cpu_us: Vec<(&'static str, f64)>,
 }
 
 impl Row {
@@ -105,6 +107,7 @@ where
         errors,
         secs: w.measured.as_secs_f64(),
         h,
+        cpu_us: Vec::new(),
     }
 }
 
@@ -154,5 +157,6 @@ where
         errors,
         secs: w.measured.as_secs_f64(),
         h,
+        cpu_us: Vec::new(),
     }
 }

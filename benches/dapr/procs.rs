@@ -35,6 +35,10 @@ impl Drop for Child {
 }
 
 impl Child {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     fn output(&self) -> String {
         self.log.lock().map(|l| l.join("\n")).unwrap_or_default()
     }
@@ -95,7 +99,7 @@ pub fn daprd_binary() -> PathBuf {
 /// A daprd sidecar serving its gRPC API on a free loopback port.
 pub struct Daprd {
     pub grpc_port: u16,
-    _child: Child,
+    child: Child,
 }
 
 impl Daprd {
@@ -129,10 +133,16 @@ impl Daprd {
                 child.output()
             );
         }
-        Daprd {
-            grpc_port,
-            _child: child,
-        }
+        Daprd { grpc_port, child }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.pid()
+    }
+
+    /// Its gRPC API, for the application's requests.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.grpc_port)
     }
 }
 
@@ -148,7 +158,7 @@ pub enum RedisPersistence {
 /// A redis-server on a free loopback port.
 pub struct Redis {
     pub port: u16,
-    _child: Child,
+    child: Child,
 }
 
 impl Redis {
@@ -176,7 +186,11 @@ impl Redis {
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
-        Redis { port, _child: child }
+        Redis { port, child }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.pid()
     }
 }
 

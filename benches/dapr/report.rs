@@ -20,13 +20,22 @@ pub enum Target {
     Redis,
     /// The same with the append-only file synced before each reply (`appendfsync always`).
     RedisAof,
+    /// Taking the hop apart (run only when named in `--only`): daprd in front of a component
+    /// that answers constants, that component called directly on its socket, and stategate's
+    /// component socket (memory storage) called directly, as daprd calls it.
+    Bare,
+    SocketBare,
+    SocketMemory,
 }
 
-pub const TARGETS: [Target; 6] = [
+pub const TARGETS: [Target; 9] = [
     Target::DirectMemory,
     Target::DirectDurable,
+    Target::SocketMemory,
+    Target::SocketBare,
     Target::Memory,
     Target::Durable,
+    Target::Bare,
     Target::Redis,
     Target::RedisAof,
 ];
@@ -41,7 +50,15 @@ impl Target {
             Target::Durable => "durable",
             Target::Redis => "redis",
             Target::RedisAof => "redis-aof",
+            Target::Bare => "bare",
+            Target::SocketBare => "socket-bare",
+            Target::SocketMemory => "socket-memory",
         }
+    }
+
+    /// Run without `--only`: the comparison the goals are about.
+    pub fn by_default(self) -> bool {
+        !matches!(self, Target::Bare | Target::SocketBare | Target::SocketMemory)
     }
 
     pub fn label(self) -> &'static str {
@@ -52,6 +69,9 @@ impl Target {
             Target::Durable => "daprd > stategate durable",
             Target::Redis => "daprd > redis",
             Target::RedisAof => "daprd > redis aof always",
+            Target::Bare => "daprd > bare component",
+            Target::SocketBare => "bare component (socket)",
+            Target::SocketMemory => "stategate memory (socket)",
         }
     }
 
@@ -60,6 +80,7 @@ impl Target {
         match self {
             Target::Memory => Some(Target::DirectMemory),
             Target::Durable => Some(Target::DirectDurable),
+            Target::Bare => Some(Target::SocketBare),
             _ => None,
         }
     }
@@ -98,8 +119,23 @@ pub fn print_row(t: Target, op: Op, load: Load, r: &Row, redis: Option<&Row>) {
             )
         })
         .unwrap_or_default();
+    // At a fixed rate the CPU a party spends idling (spinning schedulers, timers) is as large
+    // as what requests cost, so per request means little there: the share of a core says more.
+    let cpu: String = r
+        .cpu_us
+        .iter()
+        .map(|(who, us)| match load {
+            Load::Rate(_) => format!(" {who} {:.0}%", us * r.rate() / 10_000.0),
+            Load::Inflight(_) => format!(" {who} {us:.0}"),
+        })
+        .collect();
+    let cpu = match load {
+        _ if cpu.is_empty() => cpu,
+        Load::Rate(_) => format!("  cpu, % of a core:{cpu}"),
+        Load::Inflight(_) => format!("  cpu µs/req:{cpu}"),
+    };
     println!(
-        "{:<27} {:<3} {:<7} {:>7.0}/s  p50 {:>6.3}  p90 {:>6.3}  p99 {:>6.3}  p99.9 {:>7.3} ms{errors}{vs}",
+        "{:<27} {:<3} {:<7} {:>7.0}/s  p50 {:>6.3}  p90 {:>6.3}  p99 {:>6.3}  p99.9 {:>7.3} ms{errors}{vs}{cpu}",
         t.label(),
         op.name(),
         load.name(),
@@ -137,9 +173,9 @@ fn ms(v: Option<f64>) -> String {
 pub fn summary(res: &Results, loads: &[Load], ops: &[Op]) {
     println!("\n== Ratios (median rounds): throughput / p99, stategate behind daprd against Redis behind daprd");
     println!(
-        "| load | op | memory vs redis | durable vs redis | durable vs redis aof always | hop p50, memory | hop p50, durable |"
+        "| load | op | memory vs redis | durable vs redis | durable vs redis aof always | hop p50, memory | hop p50, durable | hop p50, bare component |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     let (mut thr_ok, mut p99_ok, mut hop_ok) = (true, true, true);
     let mut failures = Vec::new();
     for &load in loads {
@@ -150,14 +186,15 @@ pub fn summary(res: &Results, loads: &[Load], ops: &[Op]) {
             let aof = ratio(res, key, Target::Durable, Target::RedisAof);
             let (hm, hd) = (hop(res, key, Target::Memory), hop(res, key, Target::Durable));
             println!(
-                "| {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 load.name(),
                 op.name(),
                 cell(mem),
                 cell(dur),
                 cell(aof),
                 ms(hm),
-                ms(hd)
+                ms(hd),
+                ms(hop(res, key, Target::Bare))
             );
             for (name, r) in [("memory", mem), ("durable", dur)] {
                 let Some((thr, p99)) = r else { continue };
