@@ -109,7 +109,12 @@ pub async fn get(
     Ok(out)
 }
 
-/// Every key of the store, page by page, refusing once there are more than `max_keys`.
+/// How many keys a configuration get of every key may examine, per key it may return: a caller
+/// who may read few keys of a large store is refused (name the keys) instead of walking it all.
+pub const EXAMINED_PER_KEY: usize = 10;
+
+/// Every key of the store, page by page, refusing once there are more than `max_keys`, or once
+/// more than [`EXAMINED_PER_KEY`] x `max_keys` keys were examined.
 async fn all_keys(
     engine: &Engine,
     grant: &Grant,
@@ -119,7 +124,18 @@ async fn all_keys(
 ) -> Result<Vec<String>, DaprError> {
     let mut keys = Vec::new();
     let mut token: Option<String> = None;
+    let most_examined = max_keys.saturating_mul(EXAMINED_PER_KEY);
+    let per_page = examine.max(MAX_LIST_LIMIT);
+    let mut examined = 0usize;
     loop {
+        if examined >= most_examined {
+            return Err(DaprError::Malformed(format!(
+                "a configuration get of every key examines at most {most_examined} keys of the store {}: \
+                 name the keys to get, or page through /v1.0-alpha1/state/{}/keys",
+                store.name, store.name
+            )));
+        }
+        examined = examined.saturating_add(per_page);
         let page = list_keys(
             engine,
             grant,

@@ -85,6 +85,43 @@ async fn get_is_bounded() {
     ));
 }
 
+/// A caller who may read few keys of a large store is refused once the examined keys pass
+/// the bound, instead of walking the whole store for them.
+#[tokio::test]
+async fn get_of_every_key_examines_a_bounded_number_of_keys() {
+    let e = engine().await;
+    for i in 0..3000 {
+        set(&e, &format!("b{i:05}"), b"1", None).await;
+    }
+    set(&e, "z-mine", b"1", None).await;
+    let dir = tempfile::tempdir().unwrap();
+    let acl = dir.path().join("acl.toml");
+    std::fs::write(
+        &acl,
+        "[[rule]]\nclient_ids = [\"dev-1\"]\nallow = [\"read\"]\nkeys = [\"z-*\"]\n",
+    )
+    .unwrap();
+    let access = crate::access::Access::load(
+        &crate::access::AccessSettings {
+            acl_file: Some(acl),
+            ..Default::default()
+        },
+        None,
+    )
+    .unwrap();
+    let grant = access.grant(crate::access::Principal {
+        client_id: Some("dev-1".into()),
+        ..Default::default()
+    });
+    let s = store("configstore");
+    // 3,001 keys to walk for one readable key: past 10 x 100 examined keys, refused.
+    let err = get(&e, &grant, &s, vec![], 100, 1000).await.unwrap_err().to_string();
+    assert!(err.contains("examines at most 1000 keys"), "{err}");
+    // A bound that covers the store finds the one key.
+    let got = get(&e, &grant, &s, vec![], 1000, 1000).await.unwrap();
+    assert_eq!(got.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["z-mine"]);
+}
+
 #[test]
 fn changes_as_items() {
     let v = Hlc::new(5, 1, "n");
