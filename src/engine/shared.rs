@@ -439,6 +439,12 @@ impl Engine {
     /// Drops a client's registrations on every replica.
     pub(super) async fn drop_client_shared(&self, shared: &SharedLog, client: &str, session: Option<u64>) -> usize {
         let held = self.observers().keys_of(client);
+        // Most disconnects are of clients that observe nothing: no Redis call for them. The
+        // local copy follows the shared log; a registration another replica made that is not
+        // applied here yet is left to the idle sweep (on when clients can reach any replica).
+        if held == 0 {
+            return 0;
+        }
         let op = ObserverOp::DropClient {
             client: client.to_owned(),
             session,

@@ -485,3 +485,34 @@ async fn a_stale_record_cache_never_decides_an_answer() {
     let again = a.engine.execute_request(set(), Some(&rid("r1"))).await.unwrap();
     assert_eq!(again, first);
 }
+
+/// A disconnect of a client with no registrations costs no Redis call: every MQTT disconnect
+/// used to run the observe script. (Background scripts, heartbeats, run meanwhile: the script
+/// cache is flushed first and then asked whether the observe script came back into it.)
+#[tokio::test]
+async fn dropping_a_client_without_registrations_calls_no_script() {
+    let server = TestServer::start(Flavor::Redis);
+    let a = replica(&server, "a", Limits::default()).await;
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let observe = redis::Script::new(include_str!("../../storage/redis/observe.lua"));
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.unwrap();
+    assert_eq!(a.engine.drop_client("never-registered", Some(7)).await, 0);
+    let loaded: Vec<bool> = redis::cmd("SCRIPT")
+        .arg("EXISTS")
+        .arg(observe.get_hash())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        loaded,
+        [false],
+        "the observe script ran for a client without registrations"
+    );
+    // A client with registrations is still dropped everywhere through the script.
+    a.run(&["KEYNOTIFY", "k"], client("dev")).await.unwrap();
+    assert_eq!(a.engine.drop_client("dev", None).await, 1);
+}
