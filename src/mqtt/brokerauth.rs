@@ -4,7 +4,9 @@
 //!   client certificate verified by the MQTTS listener is the proof and its configured field
 //!   the identity (a certificate without it is refused); otherwise, with a password file, a
 //!   client needs a username and its password (rmqtt refuses MQTT5 enhanced auth). Nobody is
-//!   ever a superuser: superusers skip the ACL hooks, and in-broker serving is one of them.
+//!   ever a superuser: superusers skip the ACL hooks, and in-broker serving is one of them. The
+//!   service's own client id is refused to all but the service's own connection (client path),
+//!   which logs in with a secret made at startup.
 //! - Once access control is on (a password file or a rules file), topics the state store owns
 //!   are guarded: nobody subscribes to the invoke topic (requests are private to the service),
 //!   to another client's notification topics, or to another client's `clients/<id>/...`
@@ -30,7 +32,8 @@ use crate::config::CertIdentity;
 pub struct BrokerGuard {
     pub access: Access,
     /// The service's client id: with `--mqtt-client-path` its own connection subscribes to the
-    /// invoke topic and publishes notifications (never together with a password file).
+    /// invoke topic and publishes notifications (never together with a password file). Refused
+    /// to every other client.
     pub service_id: String,
     pub client_path: bool,
 }
@@ -95,9 +98,12 @@ impl Authenticate {
     /// Who the client is (`None`: anonymous), or why it is refused. The cheap checks come
     /// before any password hash is computed.
     async fn admit<'a>(&self, info: &'a ConnectInfo) -> Result<Option<&'a str>, AuthResult> {
+        let client_id: &str = info.client_id();
+        if client_id == self.guard.service_id {
+            return self.service(info);
+        }
         self.check_will(info)?;
         let identity = self.identity(info).await?;
-        let client_id: &str = info.client_id();
         if !self.guard.access.may_use_client_id(client_id, identity) {
             tracing::info!(
                 client_id,
@@ -107,6 +113,24 @@ impl Authenticate {
             return Err(AuthResult::NotAuthorized);
         }
         Ok(identity)
+    }
+
+    /// The service's client id belongs to the service alone: a session with it is exempt from
+    /// the topic ACLs (client path), and connecting with it would take over the service's
+    /// session. With `--mqtt-client-path` the service's own connection proves itself with the
+    /// per-process secret ([`Access::service_password`]), which no client can know; in-broker
+    /// serving has no connection, so nobody may use the id.
+    fn service<'a>(&self, info: &'a ConnectInfo) -> Result<Option<&'a str>, AuthResult> {
+        let password = info.password();
+        if self.guard.client_path && password.is_some_and(|p| self.guard.access.is_service_password(p)) {
+            return Ok(info.username().map(|u| &**u));
+        }
+        tracing::warn!(
+            client_id = &**info.client_id(),
+            remote = ?info.id().remote_addr,
+            "mqtt: a client used the service's own client id; refused"
+        );
+        Err(AuthResult::NotAuthorized)
     }
 
     /// rmqtt publishes a Will without calling the publish ACL hook, so its topic is checked

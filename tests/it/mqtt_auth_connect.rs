@@ -9,7 +9,7 @@ use std::time::Duration;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{ConnectReturnCode, LastWill, Packet};
 use rumqttc::v5::{AsyncClient, ConnectionError, Event, MqttOptions};
-use stategate::config::{CertIdentity, Config, MqttTlsListener, TlsFiles};
+use stategate::config::{BrokerChoice, CertIdentity, Config, MqttTlsListener, TlsFiles};
 use stategate::mqtt::NOTIFY_TOPIC_PREFIX;
 
 use crate::mqtt_auth::{password_file, secured};
@@ -283,4 +283,55 @@ async fn with_binding_a_client_id_belongs_to_its_identity() {
     );
     assert!(e.contains("NotAuthorized"), "{e}");
     env.stop().await;
+}
+
+/// With `--mqtt-client-path` the service's own connection is exempt from the topic ACLs: a
+/// client connecting with the service's client id could read every request, and took over the
+/// service's session (knocking it offline). In-broker serving has no session of its own, but
+/// the id signs every answer. The id is refused to every client, with whatever credentials; the
+/// service proves itself with a secret made at startup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_client_id_is_refused_to_every_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let acl = dir.path().join("acl.toml");
+    std::fs::write(
+        &acl,
+        "[[rule]]\nanonymous = true\nallow = [\"read\", \"write\"]\nkeys = [\"*\"]\n",
+    )
+    .unwrap();
+    for client_path in [true, false] {
+        let acl = acl.clone();
+        let env = TestEnv::start_with(Broker::Embedded, |c| {
+            c.broker = BrokerChoice::Embedded {
+                listen: "127.0.0.1:0".parse().unwrap(),
+                client_path,
+            };
+            c.mqtt.client_id = "the-service".into();
+            c.access.acl_file = Some(acl);
+        })
+        .await;
+        let port = env.broker_port;
+        for credentials in [None, Some(("the-service", "a-guess"))] {
+            let e = refused(
+                RawClient::connect_as(port, "the-service", credentials).await,
+                &format!("the service's id with {credentials:?} (client path: {client_path})"),
+            );
+            assert!(e.contains("NotAuthorized"), "{e}");
+        }
+        // The service was not knocked offline: requests are still answered, by it.
+        let mut c = RawClient::connect(port, &unique_id("after")).await;
+        let r = c.request(&[b"SET", b"k", b"v"], &[("__ts", &now_ts())]).await;
+        assert_eq!(prop(&r, "__stat"), Some("200"), "client path: {client_path}");
+        assert_eq!(prop(&r, "__srcId"), Some("the-service"));
+        let ids = env
+            .service
+            .as_ref()
+            .unwrap()
+            .embedded_broker()
+            .unwrap()
+            .client_ids()
+            .await;
+        assert_eq!(ids.iter().any(|id| id == "the-service"), client_path, "{ids:?}");
+        env.stop().await;
+    }
 }
