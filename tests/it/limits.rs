@@ -94,7 +94,9 @@ async fn a_connection_flood_past_the_limit_is_refused_at_once() {
     // The flood: every connection is closed without an answer, none waits in a queue.
     let flood = (0..200).map(|_| async move {
         let mut s = TcpStream::connect(addr).await.unwrap();
-        let _ = s.write_all(b"GET /v1.0/healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await;
+        let _ = s
+            .write_all(b"GET /v1.0/healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            .await;
         until_closed(&mut s).await
     });
     for answer in within("the flood to be refused", futures_util::future::join_all(flood)).await {
