@@ -5,6 +5,7 @@
 //!                             [--inflight 64] [--loads rate,inflight] [--ops GET,SET,TX]
 //!                             [--only direct-memory,direct-durable,memory,durable,redis,redis-aof]
 //!                             [--only bare,socket-bare,socket-memory,direct-memory,memory]
+//!                             [--no-log]
 //! ```
 //!
 //! An application calls daprd's gRPC API (GetState, SaveState, ExecuteStateTransaction with 5
@@ -61,6 +62,8 @@ struct Opts {
     loads: Vec<Load>,
     ops: Vec<Op>,
     only: Vec<String>,
+    /// Run stategate without the log subscriber the binary installs (to price its spans).
+    no_log: bool,
 }
 
 fn opts() -> Opts {
@@ -72,6 +75,7 @@ fn opts() -> Opts {
         loads: vec![],
         ops: vec![Op::Get, Op::Set, Op::Tx],
         only: vec![],
+        no_log: false,
     };
     let (mut inflight, mut loads) = (64, vec!["rate".to_owned(), "inflight".to_owned()]);
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -88,6 +92,7 @@ fn opts() -> Opts {
             "--rate" => o.rate = it.next().and_then(|v| v.parse().ok()).unwrap_or(1000).max(1),
             "--inflight" => inflight = it.next().and_then(|v| v.parse().ok()).unwrap_or(64).max(1),
             "--loads" => loads = list(it.next()),
+            "--no-log" => o.no_log = true,
             "--ops" => o.ops = list(it.next()).iter().filter_map(|s| Op::parse(s)).collect(),
             "--only" => {
                 o.only = list(it.next());
@@ -393,6 +398,9 @@ fn loadavg() -> String {
 
 fn main() {
     let o = opts();
+    // As the binary runs: its log subscriber at its default filter, so the per-request spans
+    // cost what they cost a deployed stategate (nothing is logged per request at `info`).
+    let _log = (!o.no_log).then(|| stategate::telemetry::init(&Config::default().ops));
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let runtime = |name: &str| {
         tokio::runtime::Builder::new_multi_thread()
