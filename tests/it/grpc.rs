@@ -2221,26 +2221,41 @@ async fn watch_sees_mqtt_http_and_dapr_writes() {
     assert_event(&e, b"x-http", Kind::Delete, b"");
     assert!(hlc(&e.version) > hlc(&etag));
 
-    // Dapr gRPC: a transaction's changes arrive in order.
+    // Dapr gRPC: a transaction's changes arrive in order; a key it sets and deletes while
+    // absent before is left as it was, and nobody hears of it.
     within(
         "ExecuteStateTransaction",
         d.execute_state_transaction(tx_req(vec![
+            upsert("x-t0", b"0"),
             upsert("x-t1", b"1"),
             upsert("x-t2", b"2"),
             delete_op("x-t1"),
+            delete_op("x-t0"),
         ])),
     )
     .await
     .expect("transaction");
     let t2 = get_state(&mut d, "x-t2").await.etag;
-    let e1 = next_event(&mut w).await;
-    assert_event(&e1, b"x-t1", Kind::Set, b"1");
     let e2 = next_event(&mut w).await;
     assert_event(&e2, b"x-t2", Kind::Set, b"2");
     assert_eq!(e2.version, t2);
+    // A key that existed before: its set and its delete both arrive, in order.
+    d.save_state(save_req(vec![item("x-t3", b"old")]))
+        .await
+        .expect("save x-t3");
+    let before = next_event(&mut w).await;
+    assert_event(&before, b"x-t3", Kind::Set, b"old");
+    within(
+        "ExecuteStateTransaction",
+        d.execute_state_transaction(tx_req(vec![upsert("x-t3", b"3"), delete_op("x-t3")])),
+    )
+    .await
+    .expect("transaction");
     let e3 = next_event(&mut w).await;
-    assert_event(&e3, b"x-t1", Kind::Delete, b"");
-    assert!(hlc(&e3.version) > hlc(&e1.version));
+    assert_event(&e3, b"x-t3", Kind::Set, b"3");
+    let e4 = next_event(&mut w).await;
+    assert_event(&e4, b"x-t3", Kind::Delete, b"");
+    assert!(hlc(&e4.version) > hlc(&e3.version));
     env.stop().await;
 }
 
