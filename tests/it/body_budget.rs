@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::Code;
 
-use crate::support::{Broker, TestEnv, WAIT, within};
+use crate::support::{Broker, TestEnv, WAIT, rss, within};
 
 /// Sends the headers and `sent` bytes of a save whose Content-Length says `len`, and keeps the
 /// connection open without sending the rest (a refused upload's connection is closed by the
@@ -122,17 +122,6 @@ async fn grpc_messages_past_the_byte_budget_fail_resource_exhausted() {
         .await
         .expect("a message that fits");
     env.stop().await;
-}
-
-/// Resident set of a process, bytes.
-fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .unwrap_or(0)
 }
 
 /// The review's flood, against the real binary with default limits: hundreds of uploads of

@@ -9,7 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::Code;
 
-use crate::support::{Broker, TestEnv, WAIT};
+use crate::support::{Broker, TestEnv, WAIT, rss};
 
 async fn within<F: Future>(what: &str, f: F) -> F::Output {
     match tokio::time::timeout(WAIT, f).await {
@@ -261,17 +261,6 @@ async fn grpc_calls_and_streams_past_their_limits_get_resource_exhausted() {
     client.get(npb::GetRequest { key: b"k".to_vec() }).await.unwrap();
     drop(watch);
     env.stop().await;
-}
-
-/// Resident set of a process, bytes (VmRSS in /proc/<pid>/status).
-fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-        .unwrap_or(0)
 }
 
 /// One HTTP/1.1 save on a fresh connection; the status code, or 0 when the connection was

@@ -87,14 +87,9 @@ impl Proc {
 
     /// Resident memory, bytes.
     fn rss(&self) -> u64 {
-        let pid = self.child.id().expect("running");
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-            .expect("VmRSS")
-            * 1024
+        let rss = crate::support::rss(self.child.id().expect("running"));
+        assert!(rss > 0, "no VmRSS for the service");
+        rss
     }
 
     async fn status(&self) -> Value {
