@@ -369,22 +369,68 @@ impl Grant {
         Some(KeyFilter::new(move |k: &[u8]| allowed.may(Op::Read, k)))
     }
 
-    /// A paging position for the caller: the key itself when the caller may read it (then
-    /// the name tells nothing new), sealed otherwise.
-    pub fn position_token(&self, filter: Option<&KeyFilter>, key: &[u8]) -> Result<String, EngineError> {
+    /// A paging position for the caller, paging through `of`: the key itself when the caller
+    /// may read it (then the name tells nothing new), sealed otherwise, bound to this caller
+    /// and to `of` (see [`Grant::open_position`]).
+    pub fn position_token(&self, filter: Option<&KeyFilter>, key: &[u8], of: Pages<'_>) -> Result<String, EngineError> {
         match (filter, &self.access) {
-            (Some(f), Some(access)) if !f.keeps(key) => access.0.sealer.seal(key).ok_or(EngineError::NotAuthorized),
+            (Some(f), Some(access)) if !f.keeps(key) => access
+                .0
+                .sealer
+                .seal(key, &self.binding(of))
+                .ok_or(EngineError::NotAuthorized),
             _ => Ok(hex::encode_upper(key)),
         }
     }
 
-    /// The key a paging token names (plain upper-case hex, or sealed); `None` if it is neither.
-    pub fn open_position(&self, token: &[u8]) -> Option<Vec<u8>> {
+    /// The key a paging token names (plain upper-case hex, or sealed); `None` if it is
+    /// neither, or sealed for another principal or another `of`: a sealed token names a key
+    /// its holder may not read, and is only good for continuing the pages it came from.
+    pub fn open_position(&self, token: &[u8], of: Pages<'_>) -> Option<Vec<u8>> {
         if seal::Sealer::is_sealed(token) {
-            return self.access.as_ref()?.0.sealer.open(token);
+            return self.access.as_ref()?.0.sealer.open(token, &self.binding(of));
         }
         hex::decode(token).ok().filter(|k| !k.is_empty())
     }
+
+    /// What a sealed token is bound to (its associated data): the operation, the store, and
+    /// this caller's principal, each field length-prefixed so that no two differ only in
+    /// where one ends.
+    fn binding(&self, of: Pages<'_>) -> Vec<u8> {
+        fn field(out: &mut Vec<u8>, v: Option<&[u8]>) {
+            match v {
+                None => out.push(0),
+                Some(v) => {
+                    out.push(1);
+                    out.extend_from_slice(&(v.len() as u64).to_le_bytes());
+                    out.extend_from_slice(v);
+                }
+            }
+        }
+        let mut out = b"stategate paging token 1".to_vec();
+        match of {
+            Pages::Scan => out.push(b's'),
+            Pages::Keys { store } => {
+                out.push(b'k');
+                field(&mut out, Some(store.as_bytes()));
+            }
+        }
+        let p = &self.principal;
+        for v in [&p.client_id, &p.username, &p.token] {
+            field(&mut out, v.as_deref().map(str::as_bytes));
+        }
+        out
+    }
+}
+
+/// What a paging token pages through: a sealed token opens only for the same (and the same
+/// principal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pages<'a> {
+    /// SCAN of engine keys (MQTT, gRPC `statestore.v1`).
+    Scan,
+    /// The key list of the Dapr store named `store`.
+    Keys { store: &'a str },
 }
 
 /// Runs one engine command for `grant`: refused with [`EngineError::NotAuthorized`] (nothing
@@ -414,7 +460,7 @@ pub async fn execute_request(
         Command::Scan(c) => {
             if let Some(filter) = grant.read_filter() {
                 if let Some(t) = &c.token {
-                    let key = grant.open_position(t).ok_or(EngineError::Syntax)?;
+                    let key = grant.open_position(t, Pages::Scan).ok_or(EngineError::Syntax)?;
                     c.token = Some(Bytes::from(hex::encode_upper(key)));
                 }
                 c.filter = Some(filter.clone());
@@ -425,7 +471,7 @@ pub async fn execute_request(
     let mut resp = engine.execute_request(cmd, request).await?;
     if let (Some(filter), Reply::Keys { token: Some(t), .. }) = (&scan_filter, &mut resp.reply) {
         let key = hex::decode(&t[..]).map_err(|_| EngineError::Syntax)?;
-        *t = Bytes::from(grant.position_token(Some(filter), &key)?);
+        *t = Bytes::from(grant.position_token(Some(filter), &key, Pages::Scan)?);
     }
     Ok(resp)
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 
-use crate::access::{self, Grant, Op};
+use crate::access::{self, Grant, Op, Pages};
 use crate::engine::watch::{Selector, WatchSpec};
 use crate::engine::{Del, DelCondition, Engine, EngineError, Entry, KeyFilter, Reply, Set, SetCondition, TxOp};
 use crate::hlc::Hlc;
@@ -446,7 +446,7 @@ pub async fn list_keys(
     let mut after = match token {
         Some(t) => {
             let key = grant
-                .open_position(t.as_bytes())
+                .open_position(t.as_bytes(), Pages::Keys { store: &store.name })
                 .filter(|k| k.starts_with(&prefix) && k.len() > prefix.len())
                 .ok_or_else(|| DaprError::Malformed(format!("invalid token {t:?}")))?;
             Some(Bytes::from(key))
@@ -484,7 +484,7 @@ pub async fn list_keys(
         }
     }
     let token = match after {
-        Some(k) => Some(grant.position_token(readable.as_ref(), &k)?),
+        Some(k) => Some(grant.position_token(readable.as_ref(), &k, Pages::Keys { store: &store.name })?),
         None => None,
     };
     Ok(KeysPage { keys, token })

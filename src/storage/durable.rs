@@ -218,6 +218,7 @@ impl DurableBackend {
             options,
             codec: codec.clone(),
             file,
+            cursor: recovered.cursor,
             seq: recovered.seq,
             seg_bytes: recovered.seg_bytes,
             written: 0,
@@ -374,9 +375,10 @@ impl Backend for DurableBackend {
         // Refused up front while the disk is full; a write that races with the disk filling up
         // is queued, and taken back by the commit thread if it does not fit.
         self.shared.check_writable()?;
+        // Plain here, outside any lock; the commit thread seals it for where it lands.
         let mut frame = Vec::new();
-        format::encode_batch(&self.codec, &mut frame, swaps, self.clock.now_ms());
-        if frame.len() > format::MAX_PAYLOAD {
+        format::encode_batch(&mut frame, swaps, self.clock.now_ms());
+        if frame.len() + format::SEAL_OVERHEAD > format::MAX_PAYLOAD {
             return Err(StorageError::Backend("a write of more than 1 GiB".into()));
         }
         let (outcome, queued) = self.index.swap_then(swaps, max_keys, |undo| {

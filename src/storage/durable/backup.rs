@@ -10,7 +10,9 @@
 //! - Segment rotation is held off while the backup runs (it shares the `snapshotting` flag with
 //!   compaction), so every frame after the starting point is in segment S.
 //! - The log is read from the segment file after the commit thread has written frame L; the
-//!   frames are copied as they are on disk (sealed, when encrypted: the copy needs the same key).
+//!   frames are copied as they are on disk, or, when encrypted, opened and sealed again for
+//!   their place in the copy (a sealed frame is bound to its file and offset, and the copy's
+//!   log is a file of its own that starts at the first frame copied; it needs the same key).
 //! - If writes are taken back meanwhile (the disk was full), the snapshot may hold some of them
 //!   and frames no longer map to lsns: the backup fails instead, and can be taken again.
 
@@ -83,10 +85,11 @@ impl OnlineBackup for DurableBackend {
             file: BackupFile::Snapshot { seq },
             bytes: 0,
         };
-        snap.write_all(&codec.header(FileType::Snapshot, seq))?;
-        let keys = snapshot::write_chunks(&mut snap, &self.index, codec)?;
+        let (header, mut at) = codec.start(FileType::Snapshot, seq);
+        snap.write_all(&header)?;
+        let keys = snapshot::write_chunks(&mut snap, &mut at, &self.index, codec)?;
         let last = shared.last_queued();
-        snapshot::write_end(&mut snap, &self.index, codec, keys, self.clock.now_ms())?;
+        snapshot::write_end(&mut snap, &mut at, &self.index, codec, keys, self.clock.now_ms())?;
         let snapshot_bytes = snap.bytes;
 
         shared.wait_written(last, rollbacks)?;
@@ -99,11 +102,15 @@ impl OnlineBackup for DurableBackend {
         };
         let mut header = vec![0u8; codec.header_len()];
         segment.read_exact(&mut header)?;
+        let original = codec.file_id(&header);
+        let (header, mut at) = codec.start(FileType::Log, seq);
         log.write_all(&header)?;
         segment.seek(SeekFrom::Start(from))?;
         let mut reader = BufReader::with_capacity(1 << 20, segment);
         let records = last - start;
         let mut frame = Vec::new();
+        let mut copy = Vec::new();
+        let mut offset = from;
         for n in 0..records {
             frame.resize(format::FRAME_HEADER_LEN, 0);
             reader.read_exact(&mut frame)?;
@@ -116,13 +123,19 @@ impl OnlineBackup for DurableBackend {
             }
             frame.resize(format::FRAME_HEADER_LEN + len, 0);
             reader.read_exact(&mut frame[format::FRAME_HEADER_LEN..])?;
-            format::read_frame(&frame).map_err(|e| {
+            let bad = |e: format::FormatError| {
                 StorageError::Corrupt(format!(
                     "{}: backup: record {n} after offset {from}: {e}",
                     path.display()
                 ))
-            })?;
-            log.write_all(&frame)?;
+            };
+            let (payload, _) = format::read_frame(&frame).map_err(bad)?;
+            copy.clear();
+            codec
+                .rebind(payload, &original, offset, &mut at, &mut copy)
+                .map_err(bad)?;
+            log.write_all(&copy)?;
+            offset += frame.len() as u64;
         }
         // A rollback after the frames were read would mean they included taken-back writes.
         if shared.rollbacks.load(Ordering::SeqCst) != rollbacks {

@@ -9,10 +9,15 @@
 //!                                                     with magic+seq as associated data, so it
 //!                                                     proves the key before any record is read
 //! magic   = "SGLOG01\n" | "SGSNP01\n"                 plain log / snapshot
-//!         | "SGLOG01E" | "SGSNP01E"                   encrypted
+//!         | "SGLOG02E" | "SGSNP02E"                   encrypted
+//!         | "SGLOG01E" | "SGSNP01E"                   encrypted by earlier releases (read only by
+//!                                                     `rekey` and `export --data-dir`)
 //! frame   = len:u32 crc:u32 payload   (crc32 of payload; len = payload length)
 //! payload = record                                    plain
-//!         | nonce[24] seal(record) tag[16]            encrypted (XChaCha20-Poly1305, crypt.rs)
+//!         | nonce[24] seal(record) tag[16]            encrypted (XChaCha20-Poly1305, crypt.rs),
+//!                                                     associated data = the file's header (56
+//!                                                     bytes) and the frame's offset:u64 in the
+//!                                                     file (01E: none)
 //! record  = kind:u8 ...
 //!   kind 1 (log: one swap_many call)    wall_ms:u64 count:u32 entry{count}
 //!   kind 2 (snapshot: a chunk of keys)  count:u32 entry{count}    (puts only)
@@ -25,6 +30,15 @@
 //! Integers are little-endian. The CRC stays outside the seal: a torn write is found by its
 //! length and CRC as in a plain log, before any decryption, so it is cut as a torn tail; a
 //! frame whose CRC holds but whose seal does not open was tampered with (or the key is wrong).
+//!
+//! Why the header and the offset: a sealed record proves only that the key sealed it, not where.
+//! The header names the file (log or snapshot, format, sequence number) and its random nonce
+//! and tag make it unique to this one file, so with the offset a sealed record opens only where
+//! it was written: one moved within its file, copied into another (an older segment or
+//! snapshot kept aside), or played again at the end is refused as tampering. What this cannot
+//! tell is a file cut short at a record boundary, or replaced whole by an older copy of itself.
+//! The log's frames are therefore sealed by the commit thread, the one writer that knows which
+//! segment and offset a frame lands at (`writer.rs`); writers queue them plain.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -38,13 +52,17 @@ use crate::storage::{Record, Swap};
 
 const LOG_MAGIC: &[u8; 8] = b"SGLOG01\n";
 const SNAP_MAGIC: &[u8; 8] = b"SGSNP01\n";
-const LOG_MAGIC_SEALED: &[u8; 8] = b"SGLOG01E";
-const SNAP_MAGIC_SEALED: &[u8; 8] = b"SGSNP01E";
+const LOG_MAGIC_SEALED: &[u8; 8] = b"SGLOG02E";
+const SNAP_MAGIC_SEALED: &[u8; 8] = b"SGSNP02E";
+/// The format version and mode of encrypted files before records were bound to their place.
+const SEALED_UNBOUND: &[u8; 3] = b"01E";
 pub const PLAIN_HEADER_LEN: usize = 16;
 pub const SEALED_HEADER_LEN: usize = PLAIN_HEADER_LEN + NONCE_LEN + TAG_LEN;
 pub const FRAME_HEADER_LEN: usize = 8;
 /// Largest payload accepted (a guard against a corrupt length; values are at most a few MiB).
 pub const MAX_PAYLOAD: usize = 1 << 30;
+/// What sealing adds to a record.
+pub const SEAL_OVERHEAD: usize = NONCE_LEN + TAG_LEN;
 
 pub const KIND_BATCH: u8 = 1;
 pub const KIND_SNAP_CHUNK: u8 = 2;
@@ -88,6 +106,46 @@ pub enum HeaderError {
     NotEncrypted,
     /// Encrypted under another key.
     WrongKey,
+}
+
+/// The file a frame belongs to, for sealing and opening frames in place: its header (type,
+/// format, sequence number; sealed, also a random nonce and tag unique to this file).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FileId {
+    header: Vec<u8>,
+    /// Encrypted by an earlier release: frames sealed without their place.
+    unbound: bool,
+}
+
+/// The associated data of a sealed frame: its file's header, then its offset.
+type Place = [u8; SEALED_HEADER_LEN + 8];
+
+impl FileId {
+    /// Whether the file's sealed frames are not bound to their place (format 01E).
+    pub fn is_unbound(&self) -> bool {
+        self.unbound
+    }
+
+    /// The associated data of a frame at `offset`; `None` (no associated data) only for the
+    /// earlier format. A sealed header is always 56 bytes; anything shorter is zero-padded, so
+    /// a frame is never sealed with less than its offset.
+    fn place(&self, offset: u64) -> Option<Place> {
+        if self.unbound {
+            return None;
+        }
+        let mut aad = [0u8; SEALED_HEADER_LEN + 8];
+        let n = self.header.len().min(SEALED_HEADER_LEN);
+        aad[..n].copy_from_slice(&self.header[..n]);
+        aad[SEALED_HEADER_LEN..].copy_from_slice(&offset.to_le_bytes());
+        Some(aad)
+    }
+}
+
+/// Where the next frame of a file being written goes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Cursor {
+    pub file: FileId,
+    pub offset: u64,
 }
 
 /// How records are framed: plain, or sealed under a key.
@@ -136,22 +194,39 @@ impl Codec {
         h
     }
 
+    /// A new file's header, and where its first frame goes.
+    pub fn start(&self, file: FileType, seq: u64) -> (Vec<u8>, Cursor) {
+        let header = self.header(file, seq);
+        let cursor = Cursor {
+            file: self.file_id(&header),
+            offset: header.len() as u64,
+        };
+        (header, cursor)
+    }
+
+    /// The identity of the file that `header` (checked already) starts.
+    pub fn file_id(&self, header: &[u8]) -> FileId {
+        let header = &header[..self.header_len().min(header.len())];
+        FileId {
+            header: header.to_vec(),
+            unbound: self.cipher.is_some() && header.get(5..8) == Some(SEALED_UNBOUND),
+        }
+    }
+
     /// The sequence number in a header of this file type, once the header proves it was
-    /// written in this codec's mode (and, sealed, under this key).
+    /// written in this codec's mode (and, sealed, under this key). Sealed headers of the
+    /// earlier, unbound format are accepted here: [`FileId::is_unbound`] tells them.
     pub fn check_header(&self, file: FileType, bytes: &[u8]) -> Result<u64, HeaderError> {
         let magic = bytes.get(..8).ok_or(HeaderError::Incomplete)?;
         let plain = match file {
             FileType::Log => LOG_MAGIC,
             FileType::Snapshot => SNAP_MAGIC,
         };
-        let sealed = match magic[7] {
-            b'\n' => false,
-            b'E' => true,
+        let sealed = match (&magic[5..], magic[..5] == plain[..5]) {
+            (b"01\n", true) => false,
+            (b"01E" | b"02E", true) => true,
             _ => return Err(HeaderError::NotOurs),
         };
-        if magic[..7] != plain[..7] {
-            return Err(HeaderError::NotOurs);
-        }
         let seq_bytes: [u8; 8] = bytes
             .get(8..PLAIN_HEADER_LEN)
             .and_then(|b| b.try_into().ok())
@@ -172,34 +247,72 @@ impl Codec {
         }
     }
 
-    /// Appends one frame around the record that `fill` writes (sealed, when encrypted).
-    pub fn frame(&self, out: &mut Vec<u8>, fill: impl FnOnce(&mut Vec<u8>)) {
+    /// Appends one frame at `at` around the record that `fill` writes (sealed for that place,
+    /// when encrypted), and moves `at` past it.
+    pub fn frame(&self, out: &mut Vec<u8>, at: &mut Cursor, fill: impl FnOnce(&mut Vec<u8>)) {
         let start = out.len();
         out.extend_from_slice(&[0u8; FRAME_HEADER_LEN]);
         fill(out);
         if let Some(c) = &self.cipher {
-            c.seal_tail(out, start + FRAME_HEADER_LEN, b"");
+            let place = at.file.place(at.offset);
+            c.seal_tail(
+                out,
+                start + FRAME_HEADER_LEN,
+                place.as_ref().map_or(&[][..], |p| &p[..]),
+            );
         }
-        let payload_len = (out.len() - start - FRAME_HEADER_LEN) as u32;
-        let crc = crc32fast::hash(&out[start + FRAME_HEADER_LEN..]);
-        out[start..start + 4].copy_from_slice(&payload_len.to_le_bytes());
-        out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+        finish_frame(out, start);
+        at.offset += (out.len() - start) as u64;
     }
 
-    /// The record inside a frame's payload (opened, when encrypted).
-    pub fn open<'a>(&self, payload: &'a [u8]) -> Result<Cow<'a, [u8]>, FormatError> {
+    /// Appends the plain frames of `plain` (as [`encode_batch`] makes them) at `at`, sealed
+    /// for their places when encrypted, and moves `at` past them.
+    pub fn seal_frames(&self, plain: &[u8], at: &mut Cursor, out: &mut Vec<u8>) {
+        if self.cipher.is_none() {
+            out.extend_from_slice(plain);
+            at.offset += plain.len() as u64;
+            return;
+        }
+        let mut pos = 0;
+        // Made in this process a moment ago: every frame checks out.
+        while let Ok((payload, n)) = read_frame(&plain[pos..]) {
+            self.frame(out, at, |p| p.extend_from_slice(payload));
+            pos += n;
+        }
+    }
+
+    /// The record inside a frame's payload that was found at `offset` in `file` (opened, when
+    /// encrypted).
+    pub fn open<'a>(&self, payload: &'a [u8], file: &FileId, offset: u64) -> Result<Cow<'a, [u8]>, FormatError> {
         match &self.cipher {
             None => Ok(Cow::Borrowed(payload)),
-            Some(c) => c
-                .open(payload, b"")
-                .map(Cow::Owned)
-                .map_err(|_| FormatError::Unauthentic),
+            Some(c) => {
+                let place = file.place(offset);
+                c.open(payload, place.as_ref().map_or(&[][..], |p| &p[..]))
+                    .map(Cow::Owned)
+                    .map_err(|_| FormatError::Unauthentic)
+            }
         }
     }
 
-    /// Whether a frame that checks out starts at `buf[0]`, judged cheaply first (used only to
-    /// tell a torn tail from damage in the middle of a log).
-    pub fn looks_like_frame(&self, buf: &[u8]) -> bool {
+    /// Appends a frame found at `offset` in `file` at `to` instead (an online backup's copy of
+    /// the log starts its own file): the same record, sealed for its new place.
+    pub fn rebind(
+        &self,
+        payload: &[u8],
+        file: &FileId,
+        offset: u64,
+        to: &mut Cursor,
+        out: &mut Vec<u8>,
+    ) -> Result<(), FormatError> {
+        let record = self.open(payload, file, offset)?;
+        self.frame(out, to, |p| p.extend_from_slice(&record));
+        Ok(())
+    }
+
+    /// Whether a frame that checks out starts at `buf[0]`, found at `offset` in `file`, judged
+    /// cheaply first (used only to tell a torn tail from damage in the middle of a log).
+    pub fn looks_like_frame(&self, buf: &[u8], file: &FileId, offset: u64) -> bool {
         let Some(head) = buf.get(..FRAME_HEADER_LEN + 1) else {
             return false;
         };
@@ -215,10 +328,18 @@ impl Codec {
             return false;
         }
         match read_frame(buf) {
-            Ok((payload, _)) => self.open(payload).is_ok(),
+            Ok((payload, _)) => self.open(payload, file, offset).is_ok(),
             Err(_) => false,
         }
     }
+}
+
+/// Writes a frame's length and CRC into the 8 bytes at `start`, around the payload after them.
+fn finish_frame(out: &mut [u8], start: usize) {
+    let payload_len = (out.len() - start - FRAME_HEADER_LEN) as u32;
+    let crc = crc32fast::hash(&out[start + FRAME_HEADER_LEN..]);
+    out[start..start + 4].copy_from_slice(&payload_len.to_le_bytes());
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// The frame at the start of `buf`: its payload and its whole length.
@@ -238,21 +359,24 @@ pub fn read_frame(buf: &[u8]) -> Result<(&[u8], usize), FormatError> {
     Ok((payload, FRAME_HEADER_LEN + len))
 }
 
-/// One swap_many call as a log frame: every key's outcome, all or nothing.
-pub fn encode_batch(codec: &Codec, out: &mut Vec<u8>, swaps: &[Swap], wall_ms: u64) {
-    codec.frame(out, |p| {
-        p.push(KIND_BATCH);
-        p.extend_from_slice(&wall_ms.to_le_bytes());
-        p.extend_from_slice(&(swaps.len() as u32).to_le_bytes());
-        for s in swaps {
-            put_entry(p, &s.key, s.new.as_ref());
-        }
-    });
+/// One swap_many call as a plain log frame: every key's outcome, all or nothing. Writers make
+/// it before they know where it lands; the commit thread seals it for its place, when
+/// encrypted ([`Codec::seal_frames`]).
+pub fn encode_batch(out: &mut Vec<u8>, swaps: &[Swap], wall_ms: u64) {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; FRAME_HEADER_LEN]);
+    out.push(KIND_BATCH);
+    out.extend_from_slice(&wall_ms.to_le_bytes());
+    out.extend_from_slice(&(swaps.len() as u32).to_le_bytes());
+    for s in swaps {
+        put_entry(out, &s.key, s.new.as_ref());
+    }
+    finish_frame(out, start);
 }
 
-/// A snapshot chunk of live records.
-pub fn encode_chunk(codec: &Codec, out: &mut Vec<u8>, records: &[(Bytes, Record)]) {
-    codec.frame(out, |p| {
+/// A snapshot chunk of live records, at `at`.
+pub fn encode_chunk(codec: &Codec, out: &mut Vec<u8>, at: &mut Cursor, records: &[(Bytes, Record)]) {
+    codec.frame(out, at, |p| {
         p.push(KIND_SNAP_CHUNK);
         p.extend_from_slice(&(records.len() as u32).to_le_bytes());
         for (k, r) in records {
@@ -263,8 +387,15 @@ pub fn encode_chunk(codec: &Codec, out: &mut Vec<u8>, records: &[(Bytes, Record)
 
 /// The last frame of a snapshot: how many keys it holds, the highest version ever stored, and
 /// the wall clock when it was written.
-pub fn encode_end(codec: &Codec, out: &mut Vec<u8>, keys: u64, max_version: Option<&Hlc>, wall_ms: u64) {
-    codec.frame(out, |p| {
+pub fn encode_end(
+    codec: &Codec,
+    out: &mut Vec<u8>,
+    at: &mut Cursor,
+    keys: u64,
+    max_version: Option<&Hlc>,
+    wall_ms: u64,
+) {
+    codec.frame(out, at, |p| {
         p.push(KIND_SNAP_END);
         p.extend_from_slice(&keys.to_le_bytes());
         put_opt_hlc(p, max_version);

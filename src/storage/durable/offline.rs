@@ -37,7 +37,8 @@ pub struct RekeyReport {
 }
 
 /// Rewrites a stopped store under another key (`new`; `None`: decrypted), reading it with
-/// `old` (`None`: it is not encrypted). Recovers it, writes one snapshot of everything under
+/// `old` (`None`: it is not encrypted). Under the same key twice it is the upgrade of a store
+/// encrypted by an earlier release, whose files the service refuses (`recovery.rs`). Recovers it, writes one snapshot of everything under
 /// the new key as the next sequence number, then removes every older file. A crash before the
 /// snapshot is renamed into place leaves the store under the old key; after, under the new one
 /// (recovery removes what the snapshot replaced).
@@ -49,7 +50,8 @@ pub fn rekey(
     let _lock = lock_dir(dir)?;
     let (old_codec, new_codec) = (codec_for(old)?, codec_for(new)?);
     let index = MemoryBackend::default();
-    let recovered = recovery::recover(dir, &index, &old_codec, Mode::ReadWrite)?;
+    // Files of the earlier encrypted format are read too: this is their upgrade.
+    let recovered = recovery::recover(dir, &index, &old_codec, Mode::Upgrade)?;
     drop(recovered.file);
     if let Some(floor) = clock_floor(index.max_version_now(), recovered.wall_ms) {
         index.observe_version(&floor);
@@ -58,10 +60,11 @@ pub fn rekey(
     let tmp = dir.join(format!("snap-{seq:020}.tmp"));
     let written = (|| -> std::io::Result<(u64, u64)> {
         let mut out = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
-        out.write_all(&new_codec.header(FileType::Snapshot, seq))?;
-        let keys = snapshot::write_chunks(&mut out, &index, &new_codec)?;
+        let (header, mut at) = new_codec.start(FileType::Snapshot, seq);
+        out.write_all(&header)?;
+        let keys = snapshot::write_chunks(&mut out, &mut at, &index, &new_codec)?;
         let wall_ms = SystemClock.now_ms().max(recovered.wall_ms);
-        snapshot::write_end(&mut out, &index, &new_codec, keys, wall_ms)?;
+        snapshot::write_end(&mut out, &mut at, &index, &new_codec, keys, wall_ms)?;
         let file = out.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
         Ok((keys, file.metadata()?.len()))

@@ -16,11 +16,18 @@
 //!
 //! A read-only recovery ([`Mode::ReadOnly`]: `stategate export` of a stopped directory) applies
 //! the same rules but changes nothing on disk: a torn tail is skipped, not cut.
+//!
+//! Encrypted files of an earlier release (format 01E: records sealed without their place, so
+//! they could be reordered or replayed unnoticed) are refused by the service's recovery
+//! ([`Mode::ReadWrite`]) before anything is read or changed, with the command that upgrades
+//! them; only `rekey` ([`Mode::Upgrade`], which rewrites the store in the current format) and
+//! the read-only recovery read them. Accepting them at every start would keep that hole open
+//! for good: anyone who can write the directory could put such a file back.
 
 use std::fs::File;
 use std::path::Path;
 
-use super::format::{self, Codec, Decoder, FileType, HeaderError, Payload};
+use super::format::{self, Codec, Cursor, Decoder, FileId, FileType, HeaderError, Payload};
 use super::{segment_name, snapshot_name, sync_dir, writer};
 use crate::storage::StorageError;
 use crate::storage::memory::MemoryBackend;
@@ -31,6 +38,8 @@ use crate::storage::memory::MemoryBackend;
 pub(super) enum Mode {
     ReadWrite,
     ReadOnly,
+    /// Read-write, for `rekey`: files of the earlier encrypted format are read too.
+    Upgrade,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +69,8 @@ pub(super) fn parse_name(name: &str) -> Option<FileKind> {
 pub(super) struct Recovered {
     /// The newest segment, open for appending (`None` in a read-only recovery).
     pub file: Option<File>,
+    /// Where the newest segment's next frame goes.
+    pub cursor: Cursor,
     pub seq: u64,
     pub seg_bytes: u64,
     pub snapshot_bytes: u64,
@@ -118,7 +129,7 @@ fn check_header(path: &Path, codec: &Codec, file: FileType, data: &[u8], seq: u6
 }
 
 pub(super) fn recover(dir: &Path, index: &MemoryBackend, codec: &Codec, mode: Mode) -> Result<Recovered, StorageError> {
-    let writable = mode == Mode::ReadWrite;
+    let writable = mode != Mode::ReadOnly;
     let mut segments = Vec::new();
     let mut snapshots = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io_at(dir))? {
@@ -139,8 +150,21 @@ pub(super) fn recover(dir: &Path, index: &MemoryBackend, codec: &Codec, mode: Mo
     segments.sort_unstable();
     snapshots.sort_unstable();
 
-    let mut decoder = Decoder::default();
     let base = snapshots.last().copied();
+    let first = base.unwrap_or(1);
+    if mode == Mode::ReadWrite {
+        let read = base.map(|s| dir.join(snapshot_name(s))).into_iter().chain(
+            segments
+                .iter()
+                .filter(|&&s| s >= first)
+                .map(|&s| dir.join(segment_name(s))),
+        );
+        for path in read {
+            refuse_unbound(&path, codec)?;
+        }
+    }
+
+    let mut decoder = Decoder::default();
     let mut wall_ms = 0;
     let snapshot_bytes = match base {
         Some(seq) => load_snapshot(
@@ -161,7 +185,6 @@ pub(super) fn recover(dir: &Path, index: &MemoryBackend, codec: &Codec, mode: Mo
         std::fs::remove_file(&path).map_err(io_at(&path))?;
         removed = true;
     }
-    let first = base.unwrap_or(1);
     for &s in segments.iter().filter(|&&s| writable && s < first) {
         let path = dir.join(segment_name(s));
         std::fs::remove_file(&path).map_err(io_at(&path))?;
@@ -186,6 +209,7 @@ pub(super) fn recover(dir: &Path, index: &MemoryBackend, codec: &Codec, mode: Mo
 
     let mut log_records = 0;
     let segments_replayed = segments.len();
+    let mut last_file = FileId::default();
     for (i, &s) in segments.iter().enumerate() {
         let last = i + 1 == segments.len();
         let path = dir.join(segment_name(s));
@@ -196,20 +220,21 @@ pub(super) fn recover(dir: &Path, index: &MemoryBackend, codec: &Codec, mode: Mo
             codec,
             mode,
         };
-        replay_segment(&segment, index, &mut decoder, &mut log_records, &mut wall_ms)?;
+        last_file = replay_segment(&segment, index, &mut decoder, &mut log_records, &mut wall_ms)?;
     }
 
-    let (file, seq) = match (segments.last(), mode) {
-        (Some(&s), Mode::ReadOnly) => (None, s),
-        (None, Mode::ReadOnly) => (None, first),
-        (Some(&s), Mode::ReadWrite) => {
+    let (file, seq, file_id) = match (segments.last(), mode) {
+        (Some(&s), Mode::ReadOnly) => (None, s, last_file),
+        (None, Mode::ReadOnly) => (None, first, last_file),
+        (Some(&s), Mode::ReadWrite | Mode::Upgrade) => {
             let path = dir.join(segment_name(s));
             let file = File::options().append(true).open(&path).map_err(io_at(&path))?;
-            (Some(file), s)
+            (Some(file), s, last_file)
         }
-        (None, Mode::ReadWrite) => {
-            let file = writer::create_segment(dir, first, codec).map_err(io_at(&dir.join(segment_name(first))))?;
-            (Some(file), first)
+        (None, Mode::ReadWrite | Mode::Upgrade) => {
+            let (file, cursor) =
+                writer::create_segment(dir, first, codec).map_err(io_at(&dir.join(segment_name(first))))?;
+            (Some(file), first, cursor.file)
         }
     };
     let seg_bytes = match &file {
@@ -218,6 +243,10 @@ pub(super) fn recover(dir: &Path, index: &MemoryBackend, codec: &Codec, mode: Mo
     };
     Ok(Recovered {
         file,
+        cursor: Cursor {
+            file: file_id,
+            offset: seg_bytes,
+        },
         seq,
         seg_bytes,
         snapshot_bytes,
@@ -237,11 +266,14 @@ fn load_snapshot(
 ) -> Result<u64, StorageError> {
     let data = std::fs::read(path).map_err(io_at(path))?;
     check_header(path, codec, FileType::Snapshot, &data, seq)?;
+    let file = codec.file_id(&data);
     let mut pos = codec.header_len();
     let mut keys = 0u64;
     while pos < data.len() {
         let (payload, n) = format::read_frame(&data[pos..]).map_err(|e| corrupt(path, pos, e))?;
-        let record = codec.open(payload).map_err(|e| corrupt(path, pos, e))?;
+        let record = codec
+            .open(payload, &file, pos as u64)
+            .map_err(|e| corrupt(path, pos, e))?;
         match decoder.decode(&record).map_err(|e| corrupt(path, pos, e))? {
             Payload::Entries {
                 kind: format::KIND_SNAP_CHUNK,
@@ -291,13 +323,14 @@ struct Segment<'a> {
     mode: Mode,
 }
 
+/// Replays one segment; returns its identity (a header rewritten here gets a new one).
 fn replay_segment(
     seg: &Segment<'_>,
     index: &MemoryBackend,
     decoder: &mut Decoder,
     records: &mut u64,
     wall_ms: &mut u64,
-) -> Result<(), StorageError> {
+) -> Result<FileId, StorageError> {
     let (path, codec) = (seg.path, seg.codec);
     let data = std::fs::read(path).map_err(io_at(path))?;
     if data.len() < codec.header_len() {
@@ -312,22 +345,26 @@ fn replay_segment(
             Ok(_) | Err(HeaderError::Incomplete | HeaderError::WrongKey) => {}
         }
         if seg.mode == Mode::ReadOnly {
-            return Ok(());
+            return Ok(FileId::default());
         }
         cut_torn_tail(path, 0, data.len(), "incomplete header")?;
         let mut f = File::options().write(true).open(path).map_err(io_at(path))?;
-        std::io::Write::write_all(&mut f, &codec.header(FileType::Log, seg.seq)).map_err(io_at(path))?;
+        let header = codec.header(FileType::Log, seg.seq);
+        std::io::Write::write_all(&mut f, &header).map_err(io_at(path))?;
         f.sync_all().map_err(io_at(path))?;
-        return Ok(());
+        return Ok(codec.file_id(&header));
     }
     check_header(path, codec, FileType::Log, &data, seg.seq)?;
+    let file = codec.file_id(&data);
     let mut pos = codec.header_len();
     while pos < data.len() {
         match format::read_frame(&data[pos..]) {
             Ok((payload, n)) => {
                 // The CRC holds, so the bytes are as written: a seal that does not open is
-                // tampering, not a torn write.
-                let record = codec.open(payload).map_err(|e| corrupt(path, pos, e))?;
+                // tampering (changed, moved or replayed), not a torn write.
+                let record = codec
+                    .open(payload, &file, pos as u64)
+                    .map_err(|e| corrupt(path, pos, e))?;
                 match decoder.decode(&record) {
                     Ok(Payload::Entries {
                         kind: format::KIND_BATCH,
@@ -350,7 +387,7 @@ fn replay_segment(
                     return Err(corrupt(path, pos, format!("{e} in a segment that is not the last")));
                 }
                 // A torn tail has no valid frame after the damage; corruption does.
-                if let Some(at) = (pos + 1..data.len()).find(|&o| codec.looks_like_frame(&data[o..])) {
+                if let Some(at) = (pos + 1..data.len()).find(|&o| codec.looks_like_frame(&data[o..], &file, o as u64)) {
                     return Err(corrupt(
                         path,
                         pos,
@@ -359,13 +396,39 @@ fn replay_segment(
                 }
                 if seg.mode == Mode::ReadOnly {
                     tracing::warn!(file = %path.display(), offset = pos, reason = %e, "skipping a torn tail of the log (read-only)");
-                    return Ok(());
+                    return Ok(file);
                 }
-                return cut_torn_tail(path, pos, data.len(), &e.to_string());
+                cut_torn_tail(path, pos, data.len(), &e.to_string())?;
+                return Ok(file);
             }
         }
     }
-    Ok(())
+    Ok(file)
+}
+
+/// The service does not run on encrypted files of the earlier format (see the module docs):
+/// it stops before reading or changing anything, naming the upgrade.
+fn refuse_unbound(path: &Path, codec: &Codec) -> Result<(), StorageError> {
+    let Some(cipher) = codec.cipher() else {
+        return Ok(());
+    };
+    let mut header = Vec::new();
+    let file = File::open(path).map_err(io_at(path))?;
+    std::io::Read::read_to_end(&mut std::io::Read::take(file, codec.header_len() as u64), &mut header)
+        .map_err(io_at(path))?;
+    if !codec.file_id(&header).is_unbound() {
+        return Ok(());
+    }
+    let dir = path.parent().unwrap_or(Path::new(".")).display();
+    let key = cipher.key_path().display();
+    Err(StorageError::Encryption(format!(
+        "{} was encrypted by an earlier release, whose records are not bound to their place in \
+         the file (they could be reordered or replayed unnoticed); nothing was read or changed. \
+         Upgrade the store once, with the service stopped: `stategate rekey --data-dir {dir} \
+         --encryption-key-file {key} --new-encryption-key-file {key}` rewrites it in the current \
+         format under the same key (a crash midway leaves it as it was)",
+        path.display()
+    )))
 }
 
 fn cut_torn_tail(path: &Path, at: usize, len: usize, why: &str) -> Result<(), StorageError> {

@@ -17,7 +17,7 @@ use bytes::Bytes;
 
 use crate::hlc::Clock;
 
-use super::format::{self, Codec, FileType};
+use super::format::{self, Codec, Cursor, FileType};
 use super::{Shared, segment_name, snapshot_name, sync_dir};
 use crate::storage::StorageError;
 use crate::storage::memory::MemoryBackend;
@@ -60,11 +60,12 @@ fn write_tmp(
     // given up (`wait_written` fails).
     let rollbacks = shared.rollbacks.load(std::sync::atomic::Ordering::SeqCst);
     let mut out = BufWriter::with_capacity(1 << 20, File::create(tmp)?);
-    out.write_all(&codec.header(FileType::Snapshot, seq))?;
-    let keys = write_chunks(&mut out, index, codec)?;
+    let (header, mut at) = codec.start(FileType::Snapshot, seq);
+    out.write_all(&header)?;
+    let keys = write_chunks(&mut out, &mut at, index, codec)?;
     // Every write the chunks above reflect was queued before this point.
     let reflected = shared.last_queued();
-    write_end(&mut out, index, codec, keys, clock.now_ms())?;
+    write_end(&mut out, &mut at, index, codec, keys, clock.now_ms())?;
     let file = out.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()?;
     let bytes = file.metadata()?.len();
@@ -75,9 +76,14 @@ fn write_tmp(
     Ok(bytes)
 }
 
-/// Writes every record of the index as snapshot chunks, a chunk of keys at a time (writers
-/// wait for one chunk at most). Returns how many keys it wrote.
-pub(super) fn write_chunks(out: &mut impl Write, index: &MemoryBackend, codec: &Codec) -> std::io::Result<u64> {
+/// Writes every record of the index as snapshot chunks from `at` on, a chunk of keys at a
+/// time (writers wait for one chunk at most). Returns how many keys it wrote.
+pub(super) fn write_chunks(
+    out: &mut impl Write,
+    at: &mut Cursor,
+    index: &MemoryBackend,
+    codec: &Codec,
+) -> std::io::Result<u64> {
     let mut after: Option<Bytes> = None;
     let mut keys = 0u64;
     let mut buf = Vec::new();
@@ -89,7 +95,7 @@ pub(super) fn write_chunks(out: &mut impl Write, index: &MemoryBackend, codec: &
         after = Some(last.clone());
         keys += chunk.len() as u64;
         buf.clear();
-        format::encode_chunk(codec, &mut buf, &chunk);
+        format::encode_chunk(codec, &mut buf, at, &chunk);
         out.write_all(&buf)?;
     }
 }
@@ -97,13 +103,14 @@ pub(super) fn write_chunks(out: &mut impl Write, index: &MemoryBackend, codec: &
 /// The end record: the key count, the highest version ever stored, the wall clock.
 pub(super) fn write_end(
     out: &mut impl Write,
+    at: &mut Cursor,
     index: &MemoryBackend,
     codec: &Codec,
     keys: u64,
     wall_ms: u64,
 ) -> std::io::Result<()> {
     let mut buf = Vec::new();
-    format::encode_end(codec, &mut buf, keys, index.max_version_now().as_ref(), wall_ms);
+    format::encode_end(codec, &mut buf, at, keys, index.max_version_now().as_ref(), wall_ms);
     out.write_all(&buf)
 }
 

@@ -629,7 +629,7 @@ fn decoding_never_panics_and_frames_check_out() {
             new: None,
         },
     ];
-    format::encode_batch(&format::Codec::plain(), &mut out, &swaps, 42);
+    format::encode_batch(&mut out, &swaps, 42);
     let (payload, n) = format::read_frame(&out).unwrap();
     assert_eq!(n, out.len());
     let mut dec = format::Decoder::default();
@@ -794,5 +794,6 @@ async fn records_are_stamped_with_the_injected_clock() {
 }
 
 mod backup;
+mod binding;
 mod crypt;
 mod full;

@@ -1,7 +1,9 @@
 //! The commit thread: the only writer of log segments.
 //!
-//! It takes everything queued at once, writes it with one `write`, syncs per the fsync mode,
-//! and acknowledges every frame of the group. While it syncs, new frames queue up and become
+//! It takes everything queued at once, seals it when the store is encrypted (only here is it
+//! known which segment and offset each frame lands at, and a sealed frame is bound to both:
+//! `format.rs`), writes it with one `write`, syncs per the fsync mode, and acknowledges every
+//! frame of the group. While it syncs, new frames queue up and become
 //! the next group: concurrent writers share one `fdatasync` (group commit). When the segment
 //! outgrows its budget, it syncs it, starts the next one and hands a snapshot to a thread.
 
@@ -13,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::format::{Codec, FileType};
+use super::format::{Codec, Cursor, FileType};
 use super::shared::{Ack, Refused, Shared, lock};
 use super::{DurableOptions, FsyncMode, Lsn, segment_name, snapshot, sync_dir};
 use crate::storage::memory::{MemoryBackend, Undo};
@@ -50,6 +52,9 @@ pub(super) struct Writer {
     pub codec: Arc<Codec>,
     /// The open segment, positioned at its end.
     pub file: File,
+    /// The open segment's identity, for sealing its frames in place (the offset is set to
+    /// `seg_bytes` before each group).
+    pub cursor: Cursor,
     pub seq: u64,
     pub seg_bytes: u64,
     pub written: Lsn,
@@ -69,6 +74,8 @@ pub(super) struct Writer {
 impl Writer {
     pub fn run(mut self) {
         let mut buf = Vec::new();
+        // The group as written: `buf` sealed for its places, when encrypted.
+        let mut sealed = Vec::new();
         let mut group: Vec<Ack> = Vec::new();
         let mut undos: Vec<Undo> = Vec::new();
         // A log recovered over budget (written during a snapshot that a crash interrupted, say)
@@ -127,7 +134,16 @@ impl Writer {
                 std::mem::swap(&mut undos, &mut q.undos);
                 (q.last, q.shutdown)
             };
-            match self.commit(&buf, last, shutdown) {
+            let out = match self.codec.cipher() {
+                Some(_) => {
+                    sealed.clear();
+                    self.cursor.offset = self.seg_bytes;
+                    self.codec.seal_frames(&buf, &mut self.cursor, &mut sealed);
+                    &sealed
+                }
+                None => &buf,
+            };
+            match self.commit(out, last, shutdown) {
                 Ok(()) => {
                     // `commit` acknowledged the whole group (synced or written, per the mode).
                     self.options.metrics.commit(group.len());
@@ -141,7 +157,7 @@ impl Writer {
                     }
                 }
                 Err(Fault::Full { err, good }) => {
-                    self.refused_bytes = buf.len();
+                    self.refused_bytes = out.len();
                     if let Err(e) = self.refuse(&err, good, &mut group, &mut undos) {
                         self.failed(&e, &mut group);
                         return;
@@ -351,7 +367,7 @@ impl Writer {
             self.shared.publish(self.written, self.written);
         }
         let seq = self.seq + 1;
-        let file = match create_segment(&self.dir, seq, &self.codec) {
+        let (file, cursor) = match create_segment(&self.dir, seq, &self.codec) {
             Ok(f) => f,
             Err(e) if is_full(&e) => {
                 // Not fatal: the current segment goes on; the rotation is tried again later.
@@ -365,6 +381,7 @@ impl Writer {
             Err(e) => return Err(e),
         };
         self.file = file;
+        self.cursor = cursor;
         self.seq = seq;
         self.seg_bytes = self.codec.header_len() as u64;
         self.synced_len = self.seg_bytes;
@@ -409,14 +426,16 @@ impl Writer {
     }
 }
 
-/// Creates segment `seq` with its header, durable (file and directory entry) before use.
-pub(super) fn create_segment(dir: &std::path::Path, seq: u64, codec: &Codec) -> std::io::Result<File> {
+/// Creates segment `seq` with its header, durable (file and directory entry) before use;
+/// returns it with where its first frame goes.
+pub(super) fn create_segment(dir: &std::path::Path, seq: u64, codec: &Codec) -> std::io::Result<(File, Cursor)> {
     let mut file = File::options()
         .create_new(true)
         .append(true)
         .open(dir.join(segment_name(seq)))?;
-    file.write_all(&codec.header(FileType::Log, seq))?;
+    let (header, cursor) = codec.start(FileType::Log, seq);
+    file.write_all(&header)?;
     file.sync_all()?;
     sync_dir(dir)?;
-    Ok(file)
+    Ok((file, cursor))
 }

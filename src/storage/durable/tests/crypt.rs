@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use super::*;
 use crate::storage::durable::crypt::{Cipher, EncryptionKey, NONCE_LEN};
-use crate::storage::durable::format::{Codec, FileType, FormatError, HeaderError};
+use crate::storage::durable::format::{Codec, Cursor, FileType, FormatError, HeaderError};
 
 fn key(byte: u8) -> EncryptionKey {
     EncryptionKey::from_bytes([byte; 32], format!("/keys/{byte}.key"))
@@ -46,35 +46,46 @@ fn sealed_frame_ends(path: &Path) -> Vec<usize> {
     ends
 }
 
-fn batch(codec: &Codec, key: &[u8], value: &[u8]) -> Vec<u8> {
+/// A log frame as the commit thread writes it first in segment 1, and where it was written.
+fn batch(codec: &Codec, key: &[u8], value: &[u8]) -> (Vec<u8>, Cursor) {
     let swap = Swap {
         key: b(key),
         expected: None,
         new: Some(rec(value, v(1, 2))),
     };
+    let mut plain = Vec::new();
+    format::encode_batch(&mut plain, &[swap], 42);
+    let (_, at) = codec.start(FileType::Log, 1);
     let mut out = Vec::new();
-    format::encode_batch(codec, &mut out, &[swap], 42);
-    out
+    codec.seal_frames(&plain, &mut at.clone(), &mut out);
+    (out, at)
 }
 
 #[test]
 fn sealed_frames_round_trip_and_refuse_tampering() {
     let codec = sealed(1);
-    let out = batch(&codec, b"secret-key", b"secret-value");
+    let (out, at) = batch(&codec, b"secret-key", b"secret-value");
+    let (file, offset) = (&at.file, at.offset);
     assert!(
         !out.windows(6).any(|w| w == b"secret"),
         "no plaintext in a sealed frame"
     );
     let (payload, n) = format::read_frame(&out).unwrap();
     assert_eq!(n, out.len());
-    let record = codec.open(payload).unwrap();
+    let record = codec.open(payload, file, offset).unwrap();
     match format::Decoder::default().decode(&record).unwrap() {
         format::Payload::Entries { entries, .. } => assert_eq!(entries[0].0, b(b"secret-key")),
         other => panic!("{other:?}"),
     }
     // Another open of the same key reads it; another key does not.
-    assert!(sealed(1).open(payload).is_ok());
-    assert_eq!(sealed(2).open(payload), Err(FormatError::Unauthentic));
+    assert!(sealed(1).open(payload, file, offset).is_ok());
+    assert_eq!(sealed(2).open(payload, file, offset), Err(FormatError::Unauthentic));
+    // Nor does the same key at another offset, or in another file (even of the same name).
+    assert_eq!(codec.open(payload, file, offset + 1), Err(FormatError::Unauthentic));
+    let (_, twin) = codec.start(FileType::Log, 1);
+    assert_eq!(codec.open(payload, &twin.file, offset), Err(FormatError::Unauthentic));
+    let (_, snap) = codec.start(FileType::Snapshot, 1);
+    assert_eq!(codec.open(payload, &snap.file, offset), Err(FormatError::Unauthentic));
     // Cut anywhere: incomplete (a torn write), never garbage.
     for cut in 0..out.len() {
         assert!(format::read_frame(&out[..cut]).is_err(), "cut at {cut}");
@@ -86,7 +97,7 @@ fn sealed_frames_round_trip_and_refuse_tampering() {
         let crc = crc32fast::hash(&bad[format::FRAME_HEADER_LEN..]);
         bad[4..8].copy_from_slice(&crc.to_le_bytes());
         let (p, _) = format::read_frame(&bad).unwrap();
-        assert_eq!(codec.open(p), Err(FormatError::Unauthentic), "byte {at}");
+        assert_eq!(codec.open(p, file, offset), Err(FormatError::Unauthentic), "byte {at}");
     }
 }
 
@@ -97,7 +108,7 @@ fn nonces_never_repeat_within_an_open_or_across_opens() {
     for _open in 0..2 {
         let codec = sealed(7);
         for i in 0..5_000u32 {
-            let out = batch(&codec, &i.to_le_bytes(), b"v");
+            let (out, _) = batch(&codec, &i.to_le_bytes(), b"v");
             let (payload, _) = format::read_frame(&out).unwrap();
             let nonce: [u8; NONCE_LEN] = payload[..NONCE_LEN].try_into().unwrap();
             assert!(seen.insert(nonce), "nonce repeated at record {i}");
