@@ -33,7 +33,7 @@ pub const MAX_INPUT_BYTES: u64 = 64 * 1024 * 1024;
 /// Largest MQTT packet and gRPC message the client accepts.
 pub const MAX_MESSAGE_BYTES: usize = 80 * 1024 * 1024;
 
-/// Exit statuses scripts can rely on (listed in `args::EXIT_CODES` and the README).
+/// Exit statuses scripts can rely on (listed in `args::EXIT_CODES` and docs/cli.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
     Done = 0,

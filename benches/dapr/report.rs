@@ -1,5 +1,5 @@
 //! Printing: one line per measured row (the median round), then the comparison the goals are
-//! about, as a Markdown table ready for the README: stategate behind daprd against Redis
+//! about, as a Markdown table ready for docs/performance.md: stategate behind daprd against Redis
 //! behind daprd (throughput and p99 ratios), and the cost of daprd's hop at p50.
 
 use std::collections::HashMap;

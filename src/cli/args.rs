@@ -258,7 +258,7 @@ pub struct SetArgs {
     /// Only if the key does not exist.
     #[arg(long, env = "STATEGATE_NX", value_parser = BoolishValueParser::new(), conflicts_with_all = ["nex", "if_version"])]
     pub nx: bool,
-    /// Only if the key does not exist or already holds this value (HTTP: emulated, see README).
+    /// Only if the key does not exist or already holds this value (HTTP: emulated, see docs/cli.md).
     #[arg(long, env = "STATEGATE_NEX", value_parser = BoolishValueParser::new(), conflicts_with = "if_version")]
     pub nex: bool,
     /// Expire after this many milliseconds (HTTP: rounded up to whole seconds).

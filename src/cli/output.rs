@@ -1,5 +1,5 @@
 //! What the client prints: for people (text, escaped where it is not printable), `--json` (one
-//! object per line, documented in the README) or `--raw` (exact bytes).
+//! object per line, documented in docs/cli.md) or `--raw` (exact bytes).
 //!
 //! Rendering is pure (it returns the bytes and notes to print) so it is unit-tested here; only
 //! [`Output::print`] does I/O.

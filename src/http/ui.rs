@@ -190,7 +190,7 @@ mod tests {
 
     #[test]
     fn the_console_stays_small() {
-        // README, section Web console, quotes this number: update both together.
+        // docs/console.md quotes this number: update both together.
         assert!(page_bytes() < 100 * 1024, "the console weighs {} bytes", page_bytes());
     }
 

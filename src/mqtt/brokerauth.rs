@@ -176,7 +176,7 @@ impl Authenticate {
             };
         }
         if !self.guard.access.mqtt_auth_required() {
-            // Without a password file a username is whatever the client says (README).
+            // Without a password file a username is whatever the client says (docs/security.md).
             return Ok(user);
         }
         match (user, info.password()) {

@@ -12,7 +12,7 @@
 //! Requests are acknowledged (PUBACK) by the MQTT client on receipt, in receive order, batched
 //! with the reads: a request's real acknowledgement is its answer. rumqttc writes and flushes
 //! every queued request separately, so manual acks would cost one more write per request (they
-//! measured 0.65x of the echo limit at 64 in flight; see README). A request lost in a crash
+//! measured 0.65x of the echo limit at 64 in flight; see docs/performance.md). A request lost in a crash
 //! before it ran is simply unanswered: the client times out; nothing it was told is lost.
 //! Behind one client connection the service cannot tell publishers apart except by what they
 //! claim (`__srcId`): the per-caller limit is keyed by that (or the response topic), and a

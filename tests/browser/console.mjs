@@ -11,7 +11,7 @@
 // Environment: CONSOLE_URL (the console, through the test's proxy), SERVICE_URL (the HTTP
 // door itself, for checks made as another client), MODE (`open` or `token`), API_TOKEN (token
 // mode), ARTIFACTS (screenshot directory), CHROMIUM, PLAYWRIGHT_DIR (node_modules holding
-// playwright-core), SCREENSHOT (optional: where to write the README screenshot).
+// playwright-core), SCREENSHOT (optional: where to write docs/console.png).
 //
 // Every wait is bounded and waits for something on the page; there are no fixed sleeps. Any
 // JavaScript error, CSP violation or unexpected failed request fails the run.
@@ -424,7 +424,7 @@ async function openRun() {
     await page.locator('#key-list li.open').waitFor();
     await page.evaluate(() => document.activeElement.blur());
     await page.screenshot({ path: process.env.SCREENSHOT });
-    console.log('README screenshot: ' + process.env.SCREENSHOT);
+    console.log('docs screenshot: ' + process.env.SCREENSHOT);
   }
 }
 

@@ -643,7 +643,7 @@ async fn console_in_chromium() {
     })
     .await;
     seed(&env, None).await;
-    // `STATEGATE_UPDATE_SCREENSHOT=1` also rewrites the README's screenshot.
+    // `STATEGATE_UPDATE_SCREENSHOT=1` also rewrites docs/console.png.
     let readme_shot = std::env::var_os("STATEGATE_UPDATE_SCREENSHOT")
         .map(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/console.png"));
     run_driver(&b, &env, "open", None, readme_shot.as_deref()).await;
