@@ -194,13 +194,15 @@ pub enum StorageHealth {
 /// Which file of an online backup some bytes belong to (see [`OnlineBackup`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackupFile {
-    /// `snap-<seq>.snap`: sent first, whole.
+    /// `snap-<seq>.snap`: sent first, whole (none before the store's first compaction).
     Snapshot { seq: u64 },
-    /// `log-<seq>.log`: sent after the snapshot.
+    /// `log-<seq>.log`: the log segments after the snapshot, one after another.
     Log { seq: u64 },
 }
 
-/// Where an online backup goes, in order: every byte of the snapshot, then of the log.
+/// Where an online backup goes, a file at a time: every byte of the snapshot, then of each
+/// log segment in order. A sink that waits for a reader must bound the wait (the HTTP door's
+/// `--backup-send-timeout`): the backup holds its files open until it ends.
 pub trait BackupSink {
     fn write(&mut self, file: BackupFile, bytes: &[u8]) -> std::io::Result<()>;
 }
@@ -208,8 +210,9 @@ pub trait BackupSink {
 /// What an online backup holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BackupInfo {
+    /// The first file's sequence number (the snapshot's, or the first segment's).
     pub seq: u64,
-    /// Keys in the snapshot.
+    /// Keys stored at the copy's point of the log.
     pub keys: u64,
     /// Log records replayed over the snapshot at restore.
     pub log_records: u64,
@@ -218,10 +221,11 @@ pub struct BackupInfo {
 }
 
 /// A consistent copy of a store as of one moment, taken while it serves (durable backend:
-/// `durable/backup.rs`). Blocks the calling thread while it copies.
+/// `durable/backup.rs`). Blocks the calling thread while it copies, at the sink's pace; holds
+/// nothing up meanwhile (compaction goes on).
 pub trait OnlineBackup {
-    /// Sends the copy to `sink`: a data directory of one snapshot and one log segment that
-    /// recovery turns into the store's state at one point of its log.
+    /// Sends the copy to `sink`: a data directory (a snapshot and the log segments after it)
+    /// that recovery turns into the store's state at one point of its log.
     fn backup(&self, sink: &mut dyn BackupSink) -> Result<BackupInfo, StorageError>;
 }
 

@@ -1,33 +1,42 @@
 //! Online backup: a consistent copy of the store as of one point in the log, taken while
-//! writes go on.
+//! writes go on, and sent at the reader's pace without holding compaction up.
 //!
-//! The copy is a data directory of two files: `snap-S.snap`, a fuzzy snapshot of the index
-//! (written like a compaction snapshot, a chunk of keys at a time), and `log-S.log`, the frames
-//! of segment S from the moment the snapshot started reading up to the last write it may
-//! reflect (lsn L). Records are whole, so replaying those frames over the snapshot ends in
-//! exactly the state after write L: the state at one point of the log, as recovery builds it.
+//! The copy is the store's own files as of one moment, the ones recovery reads: the newest
+//! snapshot `snap-S.snap` and the log segments from S on (every segment when there is no
+//! snapshot yet), the open one cut where its last written frame ends (lsn L). Recovery of the
+//! copy replays those segments over the snapshot, as after a clean stop at L: the state after
+//! write L, one point of the log. Every write acknowledged before the backup started is in it
+//! (acknowledged implies written, in every fsync mode).
 //!
-//! - Segment rotation is held off while the backup runs (it shares the `snapshotting` flag with
-//!   compaction), so every frame after the starting point is in segment S.
-//! - The log is read from the segment file after the commit thread has written frame L; the
-//!   frames are copied as they are on disk, or, when encrypted, opened and sealed again for
-//!   their place in the copy (a sealed frame is bound to its file and offset, and the copy's
-//!   log is a file of its own that starts at the first frame copied; it needs the same key).
-//! - If writes are taken back meanwhile (the disk was full), the snapshot may hold some of them
-//!   and frames no longer map to lsns: the backup fails instead, and can be taken again.
+//! - The files are chosen and opened under the `snapshotting` flag (a compaction in progress
+//!   is waited for, and none starts meanwhile), which is released before the first byte is
+//!   sent: rotation and compaction go on while a client reads the copy, however slowly. A file
+//!   that compaction removes meanwhile stays readable through its open handle; its space
+//!   returns when the backup ends. A reader that stops reading is cut off by the sink (over
+//!   HTTP after `--backup-send-timeout`), which ends the backup.
+//! - Bytes before the published end of a segment never change: the commit thread publishes a
+//!   length after writing the frames before it, and cuts a segment back (disk full) only to a
+//!   length it has not published.
+//! - Frames are copied as they are on disk, each checked on the way (length, checksum). The
+//!   copy keeps every file's name, header and offsets, so an encrypted frame, sealed for its
+//!   file and offset, opens in the copy as it does in the store (with the same key).
 
 use std::fs::File;
-use std::io::{BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{BufReader, Read};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::format::{self, FileType};
+use super::format::{self, Codec, FileType};
+use super::recovery::{FileKind, parse_name};
 use super::shared::lock;
-use super::{DurableBackend, segment_name, snapshot};
+use super::{DurableBackend, segment_name, snapshot_name};
 use crate::storage::{BackupFile, BackupInfo, BackupSink, OnlineBackup, StorageError};
 
 /// How often a backup looks again whether a compaction it waits for has finished.
 const FLAG_POLL: Duration = Duration::from_millis(20);
+/// Bytes handed to the sink at once.
+const SEND_BYTES: usize = 256 * 1024;
 
 /// Holds the `snapshotting` flag; releases it when dropped.
 struct Held<'a>(&'a std::sync::atomic::AtomicBool);
@@ -38,26 +47,71 @@ impl Drop for Held<'_> {
     }
 }
 
-/// Sends what is written to a sink as one of the backup's files.
+/// One file of the copy, open, and where its copy ends.
+struct Source {
+    file: BackupFile,
+    path: PathBuf,
+    handle: File,
+    end: u64,
+}
+
+/// Gathers what goes to a sink into pieces of [`SEND_BYTES`].
 struct ToSink<'a> {
     sink: &'a mut dyn BackupSink,
     file: BackupFile,
-    bytes: u64,
+    pending: Vec<u8>,
 }
 
-impl Write for ToSink<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.sink.write(self.file, buf)?;
-        self.bytes += buf.len() as u64;
-        Ok(buf.len())
+impl ToSink<'_> {
+    fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.pending.extend_from_slice(bytes);
+        if self.pending.len() >= SEND_BYTES {
+            self.flush()?;
+        }
+        Ok(())
     }
+
     fn flush(&mut self) -> std::io::Result<()> {
+        if !self.pending.is_empty() {
+            self.sink.write(self.file, &self.pending)?;
+            self.pending.clear();
+        }
         Ok(())
     }
 }
 
 impl OnlineBackup for DurableBackend {
     fn backup(&self, sink: &mut dyn BackupSink) -> Result<BackupInfo, StorageError> {
+        let (sources, keys) = self.open_copy()?;
+        let seq = match sources.first().map(|s| s.file) {
+            Some(BackupFile::Snapshot { seq } | BackupFile::Log { seq }) => seq,
+            None => return Err(StorageError::Backend("backup: the store has no log segment".into())),
+        };
+        let mut info = BackupInfo {
+            seq,
+            keys,
+            log_records: 0,
+            snapshot_bytes: 0,
+            log_bytes: 0,
+        };
+        for source in &sources {
+            let (bytes, frames) = copy(&self.codec, source, sink)?;
+            match source.file {
+                BackupFile::Snapshot { .. } => info.snapshot_bytes += bytes,
+                BackupFile::Log { .. } => {
+                    info.log_bytes += bytes;
+                    info.log_records += frames;
+                }
+            }
+        }
+        Ok(info)
+    }
+}
+
+impl DurableBackend {
+    /// The files of the copy, open, and the keys stored at its point of the log. Holds the
+    /// `snapshotting` flag only while it lists and opens them.
+    fn open_copy(&self) -> Result<(Vec<Source>, u64), StorageError> {
         let shared = &self.shared;
         // Wait for a compaction in progress to finish, then keep rotation off.
         let _held = loop {
@@ -71,82 +125,108 @@ impl OnlineBackup for DurableBackend {
             }
             std::thread::sleep(FLAG_POLL);
         };
-        let rollbacks = shared.rollbacks.load(Ordering::SeqCst);
-        // Every write up to `start` is in the index already; every later one is written to
-        // segment `seq` from offset `from` on.
-        let (start, seq, from) = {
+        // Every frame before `end` in segment `open` is written, and stays as it is.
+        let (open, end) = {
             let p = lock(&shared.progress);
-            (p.written, p.segment, p.segment_len)
+            (p.segment, p.segment_len)
         };
-        let codec = &self.codec;
-
-        let mut snap = ToSink {
-            sink: &mut *sink,
-            file: BackupFile::Snapshot { seq },
-            bytes: 0,
-        };
-        let (header, mut at) = codec.start(FileType::Snapshot, seq);
-        snap.write_all(&header)?;
-        let keys = snapshot::write_chunks(&mut snap, &mut at, &self.index, codec)?;
-        let last = shared.last_queued();
-        snapshot::write_end(&mut snap, &mut at, &self.index, codec, keys, self.clock.now_ms())?;
-        let snapshot_bytes = snap.bytes;
-
-        shared.wait_written(last, rollbacks)?;
-        let path = self.dir.join(segment_name(seq));
-        let mut segment = File::open(&path)?;
-        let mut log = ToSink {
-            sink,
-            file: BackupFile::Log { seq },
-            bytes: 0,
-        };
-        let mut header = vec![0u8; codec.header_len()];
-        segment.read_exact(&mut header)?;
-        let original = codec.file_id(&header);
-        let (header, mut at) = codec.start(FileType::Log, seq);
-        log.write_all(&header)?;
-        segment.seek(SeekFrom::Start(from))?;
-        let mut reader = BufReader::with_capacity(1 << 20, segment);
-        let records = last - start;
-        let mut frame = Vec::new();
-        let mut copy = Vec::new();
-        let mut offset = from;
-        for n in 0..records {
-            frame.resize(format::FRAME_HEADER_LEN, 0);
-            reader.read_exact(&mut frame)?;
-            let len = u32::from_le_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize;
-            if len == 0 || len > format::MAX_PAYLOAD {
-                return Err(StorageError::Corrupt(format!(
-                    "{}: backup: record {n} after offset {from} has length {len}",
-                    path.display()
-                )));
+        let keys = self.index.key_count();
+        let mut snapshots = Vec::new();
+        let mut segments = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let name = entry?.file_name();
+            match name.to_str().and_then(parse_name) {
+                Some(FileKind::Snapshot(s)) => snapshots.push(s),
+                Some(FileKind::Segment(s)) => segments.push(s),
+                Some(FileKind::Temp) | None => {}
             }
-            frame.resize(format::FRAME_HEADER_LEN + len, 0);
-            reader.read_exact(&mut frame[format::FRAME_HEADER_LEN..])?;
-            let bad = |e: format::FormatError| {
-                StorageError::Corrupt(format!(
-                    "{}: backup: record {n} after offset {from}: {e}",
-                    path.display()
-                ))
+        }
+        // What recovery reads: the newest snapshot and the segments from it on.
+        let base = snapshots.iter().max().copied();
+        let first = base.unwrap_or(1);
+        segments.retain(|&s| s >= first && s <= open);
+        segments.sort_unstable();
+        if segments.last() != Some(&open) {
+            return Err(StorageError::Backend(format!(
+                "backup: {} is not in {}",
+                segment_name(open),
+                self.dir.display()
+            )));
+        }
+        let mut sources = Vec::with_capacity(segments.len() + 1);
+        let files = base
+            .map(|seq| BackupFile::Snapshot { seq })
+            .into_iter()
+            .chain(segments.into_iter().map(|seq| BackupFile::Log { seq }));
+        for file in files {
+            let path = self.dir.join(match file {
+                BackupFile::Snapshot { seq } => snapshot_name(seq),
+                BackupFile::Log { seq } => segment_name(seq),
+            });
+            let handle = File::open(&path)?;
+            let end = match file {
+                BackupFile::Log { seq } if seq == open => end,
+                _ => handle.metadata()?.len(),
             };
-            let (payload, _) = format::read_frame(&frame).map_err(bad)?;
-            copy.clear();
-            codec
-                .rebind(payload, &original, offset, &mut at, &mut copy)
-                .map_err(bad)?;
-            log.write_all(&copy)?;
-            offset += frame.len() as u64;
+            sources.push(Source {
+                file,
+                path,
+                handle,
+                end,
+            });
         }
-        // A rollback after the frames were read would mean they included taken-back writes.
-        if shared.rollbacks.load(Ordering::SeqCst) != rollbacks {
-            return Err(super::shared::full("writes were taken back during the backup"));
-        }
-        Ok(BackupInfo {
-            seq,
-            keys,
-            log_records: records,
-            snapshot_bytes,
-            log_bytes: log.bytes,
-        })
+        Ok((sources, keys))
     }
+}
+
+/// Sends one file of the copy: its header, then its frames up to `source.end`, each checked.
+/// Returns the bytes and frames sent.
+fn copy(codec: &Codec, source: &Source, sink: &mut dyn BackupSink) -> Result<(u64, u64), StorageError> {
+    let (kind, seq) = match source.file {
+        BackupFile::Snapshot { seq } => (FileType::Snapshot, seq),
+        BackupFile::Log { seq } => (FileType::Log, seq),
+    };
+    let path = source.path.display();
+    let corrupt = |offset: u64, what: &dyn std::fmt::Display| {
+        StorageError::Corrupt(format!("{path}: backup: at offset {offset}: {what}"))
+    };
+    // Read to the end or to a partial frame: a frame cut off is damage, not the end.
+    let short = |offset: u64, e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => corrupt(offset, &"the file ends inside a frame"),
+        _ => StorageError::Io(e),
+    };
+    let mut reader = BufReader::with_capacity(1 << 20, (&source.handle).take(source.end));
+    let mut out = ToSink {
+        sink,
+        file: source.file,
+        pending: Vec::with_capacity(SEND_BYTES),
+    };
+    let mut frame = vec![0u8; codec.header_len()];
+    reader.read_exact(&mut frame).map_err(|e| short(0, e))?;
+    match codec.check_header(kind, &frame) {
+        Ok(s) if s == seq => {}
+        Ok(s) => return Err(corrupt(0, &format!("the header says {s}, not the number in its name"))),
+        Err(e) => return Err(corrupt(0, &format!("not a header of this store ({e:?})"))),
+    }
+    out.send(&frame)?;
+    let mut offset = frame.len() as u64;
+    let mut frames = 0u64;
+    while offset < source.end {
+        frame.resize(format::FRAME_HEADER_LEN, 0);
+        reader.read_exact(&mut frame).map_err(|e| short(offset, e))?;
+        let len = u32::from_le_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize;
+        if len == 0 || len > format::MAX_PAYLOAD {
+            return Err(corrupt(offset, &format!("a frame of length {len}")));
+        }
+        frame.resize(format::FRAME_HEADER_LEN + len, 0);
+        reader
+            .read_exact(&mut frame[format::FRAME_HEADER_LEN..])
+            .map_err(|e| short(offset, e))?;
+        format::read_frame(&frame).map_err(|e| corrupt(offset, &e))?;
+        out.send(&frame)?;
+        offset += frame.len() as u64;
+        frames += 1;
+    }
+    out.flush()?;
+    Ok((offset, frames))
 }

@@ -295,21 +295,6 @@ impl Codec {
         }
     }
 
-    /// Appends a frame found at `offset` in `file` at `to` instead (an online backup's copy of
-    /// the log starts its own file): the same record, sealed for its new place.
-    pub fn rebind(
-        &self,
-        payload: &[u8],
-        file: &FileId,
-        offset: u64,
-        to: &mut Cursor,
-        out: &mut Vec<u8>,
-    ) -> Result<(), FormatError> {
-        let record = self.open(payload, file, offset)?;
-        self.frame(out, to, |p| p.extend_from_slice(&record));
-        Ok(())
-    }
-
     /// Whether a frame that checks out starts at `buf[0]`, found at `offset` in `file`, judged
     /// cheaply first (used only to tell a torn tail from damage in the middle of a log).
     pub fn looks_like_frame(&self, buf: &[u8], file: &FileId, offset: u64) -> bool {

@@ -63,7 +63,7 @@ pub(super) struct Progress {
     /// The disk is full: writes are refused until the commit thread finds space again.
     pub full: Option<Arc<str>>,
     /// The segment being appended to and its length after the last frame written (an online
-    /// backup copies the log from there).
+    /// backup copies the log up to there).
     pub segment: u64,
     pub segment_len: u64,
 }

@@ -134,3 +134,146 @@ async fn a_backup_under_load_is_one_point_of_the_log() {
 async fn memory_has_no_online_backup() {
     assert!(Store::memory().backend().online_backup().is_none());
 }
+
+/// Lets a [`Stalled`] sink go when dropped (the test's asserts may fail while it waits).
+struct LetGo(std::sync::mpsc::Sender<()>);
+
+impl Drop for LetGo {
+    fn drop(&mut self) {
+        let _ = self.0.send(());
+    }
+}
+
+/// A client that stops reading: the first write waits until the test lets it go, then the
+/// bytes go to a directory.
+struct Stalled {
+    entered: Option<std::sync::mpsc::Sender<()>>,
+    go: std::sync::mpsc::Receiver<()>,
+    to: DirSink,
+}
+
+impl BackupSink for Stalled {
+    fn write(&mut self, file: BackupFile, bytes: &[u8]) -> std::io::Result<()> {
+        if let Some(entered) = self.entered.take() {
+            let _ = entered.send(());
+            let _ = self.go.recv();
+        }
+        self.to.write(file, bytes)
+    }
+}
+
+/// A backup whose reader stops reading holds nothing up: the log is rotated and compacted
+/// meanwhile (the segments the backup copies are removed), and once the reader goes on, the
+/// copy is still the store as of the moment the backup started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_backup_reader_does_not_hold_compaction_up() {
+    for encrypted in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = options(&dir.path().join("data"));
+        o.fsync = FsyncMode::Never;
+        o.segment_bytes = 4096;
+        if encrypted {
+            o.encryption = Some(crate::storage::durable::EncryptionKey::from_bytes([7; 32], "k"));
+        }
+        let backend = Arc::new(DurableBackend::open(o.clone()).unwrap());
+        let store = Store(backend.clone());
+        for i in 0..200u32 {
+            put(&store, format!("a-{i:04}").as_bytes(), rec(&[b'a'; 64], v(1, 0))).await;
+        }
+        let to = dir.path().join("backup");
+        std::fs::create_dir(&to).unwrap();
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (go_tx, go) = std::sync::mpsc::channel();
+        let let_go = LetGo(go_tx);
+        let mut sink = Stalled {
+            entered: Some(entered_tx),
+            go,
+            to: DirSink(to.clone()),
+        };
+        let running = {
+            let backend = backend.clone();
+            std::thread::spawn(move || backend.backup(&mut sink))
+        };
+        let started = tokio::task::spawn_blocking(move || entered.recv_timeout(Duration::from_secs(30)));
+        started.await.unwrap().expect("the backup sent its first bytes");
+        let segment = lock(&backend.shared.progress).segment;
+
+        // Far more than a segment's budget while the reader does not read.
+        for i in 0..1000u32 {
+            put(&store, format!("b-{i:04}").as_bytes(), rec(&[b'b'; 128], v(2, 0))).await;
+        }
+        let now = lock(&backend.shared.progress).segment;
+        assert!(
+            now > segment,
+            "encrypted {encrypted}: the log was rotated while the backup's reader stalled (segment {segment}, now {now})"
+        );
+        // The compaction that rotation started: it removes the segments the backup copies.
+        let compaction = lock(&backend.snapshot).take();
+        if let Some(c) = compaction {
+            tokio::task::spawn_blocking(move || c.join()).await.unwrap().unwrap();
+        }
+        let snaps = files(&dir.path().join("data"), "snap-");
+        assert!(!snaps.is_empty(), "a snapshot was committed meanwhile");
+        assert!(
+            !dir.path().join("data").join(segment_name(segment)).exists(),
+            "the segment the backup started in was compacted away"
+        );
+
+        drop(let_go);
+        let info = tokio::task::spawn_blocking(move || running.join())
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("the backup completes once its reader goes on");
+        eprintln!("encrypted {encrypted}: {info:?}");
+        let mut ro = o.clone();
+        ro.dir = to.clone();
+        let copy = Store::new(DurableBackend::open(ro).unwrap());
+        assert_eq!(
+            copy.backend().len().await.unwrap(),
+            200,
+            "the store when the backup started"
+        );
+        assert!(get(&copy, b"a-0199").await.is_some());
+        assert!(
+            get(&copy, b"b-0000").await.is_none(),
+            "written after the backup started"
+        );
+    }
+}
+
+/// The copy is checked as it is read: a damaged frame in the store's snapshot fails the backup
+/// (naming the file) instead of sending a copy that would not open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_file_fails_the_backup() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = options(dir.path());
+    o.segment_bytes = 1024;
+    let backend = Arc::new(DurableBackend::open(o).unwrap());
+    let store = Store(backend.clone());
+    for i in 0..100u32 {
+        put(&store, format!("k-{i:04}").as_bytes(), rec(&[b'v'; 64], v(1, 0))).await;
+    }
+    let compaction = lock(&backend.snapshot).take();
+    if let Some(c) = compaction {
+        tokio::task::spawn_blocking(move || c.join()).await.unwrap().unwrap();
+    }
+    let snap = files(dir.path(), "snap-").pop().expect("a snapshot was written");
+    flip_byte(&snap, format::PLAIN_HEADER_LEN + format::FRAME_HEADER_LEN + 3);
+    let to = dir.path().join("backup");
+    std::fs::create_dir(&to).unwrap();
+    let got = {
+        let backend = backend.clone();
+        tokio::task::spawn_blocking(move || backend.backup(&mut DirSink(to)))
+            .await
+            .unwrap()
+    };
+    match got {
+        Err(StorageError::Corrupt(m)) => assert!(m.contains("snap-"), "{m}"),
+        other => panic!("a damaged snapshot is not copied: {other:?}"),
+    }
+    assert!(
+        !backend.shared.snapshotting.load(Ordering::Acquire),
+        "the backup let the log go"
+    );
+}
