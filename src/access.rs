@@ -38,6 +38,8 @@ pub struct AccessSettings {
     pub mqtt_auth_file: Option<PathBuf>,
     /// Per-key rules (TOML).
     pub acl_file: Option<PathBuf>,
+    /// Principals whose compiled rules are kept (0: [`rules::DEFAULT_CACHED_PRINCIPALS`]).
+    pub acl_cache_principals: usize,
     /// Named HTTP/gRPC tokens, `name:token` per line.
     pub api_token_file: Option<PathBuf>,
     /// External broker: take the claimed `__srcId` as the caller's client id for rules.
@@ -84,9 +86,14 @@ struct Loaded {
     rules: Option<Arc<RuleSet>>,
 }
 
-/// A missing or wrong HTTP/gRPC token (401 / UNAUTHENTICATED).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BadToken;
+/// Why an HTTP or gRPC call was not let in.
+#[derive(Debug)]
+pub enum Refusal {
+    /// A missing or wrong token (401 / UNAUTHENTICATED).
+    BadToken,
+    /// The caller's rate is spent ([`EngineError::RateLimited`]).
+    Limited(EngineError),
+}
 
 /// The access decisions of a running service (a cheap handle).
 #[derive(Clone, Debug)]
@@ -98,6 +105,8 @@ struct Inner {
     api_token: Option<String>,
     loaded: ArcSwap<Loaded>,
     reloads: AtomicU64,
+    /// Tells open streams that the files were read again.
+    reloaded: tokio::sync::watch::Sender<u64>,
     limits: limits::Limits,
     sealer: seal::Sealer,
     /// Password checks running at once (argon2 costs ~20 MiB and tens of ms each).
@@ -119,6 +128,7 @@ impl Access {
             api_token,
             loaded: ArcSwap::from_pointee(loaded),
             reloads: AtomicU64::new(0),
+            reloaded: tokio::sync::watch::Sender::new(0),
             limits: limits::Limits::new(&settings.limits),
             sealer: seal::Sealer::new().ok_or(FileError::NoRandomness)?,
             verify_slots: tokio::sync::Semaphore::new(MAX_CONCURRENT_VERIFIES),
@@ -149,6 +159,8 @@ impl Access {
         );
         self.0.loaded.store(Arc::new(loaded));
         let n = self.0.reloads.fetch_add(1, Ordering::SeqCst) + 1;
+        // Streams whose token this reload removed end (see `Grant::revoked`).
+        self.0.reloaded.send_replace(n);
         tracing::info!(
             reloads = n,
             users = summary.0,
@@ -227,20 +239,29 @@ impl Access {
             .unwrap_or(false)
     }
 
-    /// The HTTP/gRPC principal for a presented token: `Ok` with the token's name, `Ok` with an
-    /// anonymous principal when no token is configured, `Err` for a missing or wrong token.
-    pub fn identify_token(&self, given: Option<&str>) -> Result<Principal, BadToken> {
-        if !self.tokens_required() {
-            return Ok(Principal::default());
-        }
-        let loaded = self.0.loaded.load();
-        match given.and_then(|g| loaded.tokens.name_of(g)) {
-            Some(name) => Ok(Principal {
+    /// Lets an HTTP or gRPC call in: the token presented (`dapr-api-token`) names the caller
+    /// (anonymous when no token is configured), one request is taken from the caller's rate,
+    /// and the caller's [`Grant`] is what the handlers check. The one admission path of both
+    /// doors.
+    pub fn admit_token(&self, given: Option<&str>) -> Result<Grant, Refusal> {
+        let (principal, credential) = if self.tokens_required() {
+            let loaded = self.0.loaded.load();
+            let given = given.ok_or(Refusal::BadToken)?;
+            let name = loaded.tokens.name_of(given).ok_or(Refusal::BadToken)?;
+            let principal = Principal {
                 token: Some(name.to_owned()),
                 ..Principal::default()
-            }),
-            None => Err(BadToken),
-        }
+            };
+            (principal, Some(identity::fingerprint(given)))
+        } else {
+            (Principal::default(), None)
+        };
+        self.admit(&principal).map_err(Refusal::Limited)?;
+        Ok(Grant {
+            access: Some(self.clone()),
+            principal,
+            credential,
+        })
     }
 
     /// What `principal` may do, for one request or one stream.
@@ -248,6 +269,7 @@ impl Access {
         Grant {
             access: Some(self.clone()),
             principal,
+            credential: None,
         }
     }
 
@@ -292,7 +314,13 @@ fn read_files(s: &AccessSettings, api_token: Option<&str>) -> Result<Loaded, Fil
     }
     .with_default(api_token);
     let rules = match &s.acl_file {
-        Some(p) => Some(Arc::new(RuleSet::parse(p, &read(p)?)?)),
+        Some(p) => {
+            let capacity = match s.acl_cache_principals {
+                0 => rules::DEFAULT_CACHED_PRINCIPALS,
+                n => n,
+            };
+            Some(Arc::new(RuleSet::parse(p, &read(p)?)?.with_cache_capacity(capacity)))
+        }
         None => None,
     };
     Ok(Loaded {
@@ -303,12 +331,15 @@ fn read_files(s: &AccessSettings, api_token: Option<&str>) -> Result<Loaded, Fil
 }
 
 /// One caller's permissions. Checks read the rules in force at the time of the check, so a
-/// long stream follows a reload.
+/// long stream follows a reload; a reload that removes the caller's token ends its streams
+/// ([`Grant::revoked`]).
 #[derive(Debug, Clone)]
 pub struct Grant {
     /// `None`: everything allowed (the Dapr component socket: daprd, trusted by file mode).
     access: Option<Access>,
     principal: Principal,
+    /// The token that vouched for the caller, when one did.
+    credential: Option<identity::Fingerprint>,
 }
 
 impl Grant {
@@ -317,11 +348,37 @@ impl Grant {
         Grant {
             access: None,
             principal: Principal::default(),
+            credential: None,
         }
     }
 
     pub fn principal(&self) -> &Principal {
         &self.principal
+    }
+
+    /// Whether the token that vouched for this caller is gone: removed or replaced by a
+    /// reload (the token file, or `--api-token`).
+    pub fn is_revoked(&self) -> bool {
+        let (Some(access), Some(print), Some(name)) = (&self.access, &self.credential, &self.principal.token) else {
+            return false;
+        };
+        !access.0.loaded.load().tokens.holds(name, print)
+    }
+
+    /// Resolves once a reload has revoked this caller's token; never for a caller no token
+    /// vouched for. Every stream (SSE, gRPC Watch, configuration subscriptions) ends with it:
+    /// a reconnect meets the files in force.
+    pub async fn revoked(&self) {
+        let Some(access) = self.access.as_ref().filter(|_| self.credential.is_some()) else {
+            return std::future::pending().await;
+        };
+        let mut reloads = access.0.reloaded.subscribe();
+        // Subscribed before looking: a reload after the look wakes the loop.
+        while !self.is_revoked() {
+            if reloads.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
     }
 
     fn allowed(&self) -> Option<Arc<rules::Allowed>> {

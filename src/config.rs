@@ -205,6 +205,11 @@ pub struct ServeArgs {
     /// Largest HTTP request body, bytes.
     #[arg(long, env = "STATEGATE_HTTP_BODY_LIMIT", default_value_t = 4 * 1024 * 1024)]
     pub http_body_limit: usize,
+    /// How long an online backup (`stategate backup`) waits for its client to take the next
+    /// chunk, e.g. `30s`; past it the backup ends, the files it holds open are let go and the
+    /// copy is cut short.
+    #[arg(long, env = "STATEGATE_BACKUP_SEND_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub backup_send_timeout: Duration,
     /// Most operations in one transaction.
     #[arg(long, env = "STATEGATE_MAX_TRANSACTION_OPS", default_value_t = 1000)]
     pub max_transaction_ops: usize,
@@ -303,6 +308,11 @@ pub struct ServeArgs {
     /// who can connect may do everything. Reloaded on SIGHUP.
     #[arg(long, env = "STATEGATE_ACL_FILE")]
     pub acl_file: Option<PathBuf>,
+    /// Principals whose compiled rules are kept in memory (the least used are dropped past
+    /// it, and compiled again when they return).
+    #[arg(long, env = "STATEGATE_ACL_CACHE_PRINCIPALS", default_value_t = crate::access::rules::DEFAULT_CACHED_PRINCIPALS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub acl_cache_principals: usize,
     /// Named HTTP/gRPC tokens, `name:token` per line (each name a principal for the rules).
     /// Set: every HTTP/gRPC call needs one of them in `dapr-api-token`. Reloaded on SIGHUP.
     #[arg(long, env = "STATEGATE_API_TOKEN_FILE")]
@@ -517,6 +527,7 @@ impl Config {
             max_bulk_keys: a.max_bulk_keys.max(1),
             api_token: a.api_token.filter(|t| !t.is_empty()),
             body_limit: a.http_body_limit,
+            backup_send_timeout: a.backup_send_timeout.max(Duration::from_millis(1)),
             max_transaction_ops: a.max_transaction_ops.max(1),
             app_id: a.node_id.clone(),
             ui: !a.no_ui,
@@ -533,6 +544,7 @@ impl Config {
         let access = AccessSettings {
             mqtt_auth_file: a.mqtt_auth_file,
             acl_file: a.acl_file,
+            acl_cache_principals: a.acl_cache_principals,
             api_token_file: a.api_token_file,
             trust_src_id: a.mqtt_trust_src_id,
             bind_client_id: a.mqtt_bind_client_id,

@@ -17,7 +17,7 @@ use tonic::service::Interceptor;
 use tonic::transport::Server;
 use tonic::{Request, Status};
 
-use crate::access::{Access, Grant};
+use crate::access::{Access, Grant, Refusal};
 use crate::dapr::StoreSpec;
 use crate::engine::Engine;
 use crate::http::HttpSettings;
@@ -77,14 +77,11 @@ struct Identify(Access);
 impl Interceptor for Identify {
     fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
         let given = req.metadata().get("dapr-api-token").and_then(|v| v.to_str().ok());
-        let principal = self
-            .0
-            .identify_token(given)
-            .map_err(|_| Status::unauthenticated("invalid api token"))?;
-        self.0
-            .admit(&principal)
-            .map_err(|e| error::from_engine(error::Surface::Native, e))?;
-        req.extensions_mut().insert(self.0.grant(principal));
+        let grant = self.0.admit_token(given).map_err(|r| match r {
+            Refusal::BadToken => Status::unauthenticated("invalid api token"),
+            Refusal::Limited(e) => error::from_engine(error::Surface::Native, e),
+        })?;
+        req.extensions_mut().insert(grant);
         Ok(req)
     }
 }

@@ -21,7 +21,7 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::access::{Access, Grant};
+use crate::access::{Access, Grant, Refusal};
 use crate::dapr::{StoreSpec, Stores};
 use crate::engine::Engine;
 use crate::listener::Listener;
@@ -73,6 +73,9 @@ pub struct HttpSettings {
     pub max_inflight: usize,
     /// Most server-sent event streams open at once; past it 503.
     pub max_streams: usize,
+    /// How long the online backup's stream waits for its client to take the next chunk; past
+    /// it the backup ends and the stream is cut short (`--backup-send-timeout`).
+    pub backup_send_timeout: Duration,
     /// What the door accepts from web browsers (`Origin` and `Host` checks).
     pub browser: BrowserPolicy,
     /// Live Dapr configuration subscriptions: clones of these settings share it, so the HTTP and
@@ -96,6 +99,7 @@ impl Default for HttpSettings {
             ui: true,
             max_inflight: 1024,
             max_streams: 1024,
+            backup_send_timeout: Duration::from_secs(30),
             browser: BrowserPolicy::default(),
             subscriptions: Arc::default(),
         }
@@ -356,14 +360,14 @@ async fn identify(State(settings): State<Arc<HttpSettings>>, mut req: Request, n
         return next.run(req).await;
     }
     let given = req.headers().get("dapr-api-token").and_then(|v| v.to_str().ok());
-    let Ok(principal) = settings.access.identify_token(given) else {
-        return (StatusCode::UNAUTHORIZED, "invalid api token").into_response();
-    };
-    if let Err(e) = settings.access.admit(&principal) {
-        return ApiError::from_engine(Op::Get, e).into_response();
+    match settings.access.admit_token(given) {
+        Ok(grant) => {
+            req.extensions_mut().insert(grant);
+            next.run(req).await
+        }
+        Err(Refusal::BadToken) => (StatusCode::UNAUTHORIZED, "invalid api token").into_response(),
+        Err(Refusal::Limited(e)) => ApiError::from_engine(Op::Get, e).into_response(),
     }
-    req.extensions_mut().insert(settings.access.grant(principal));
-    next.run(req).await
 }
 
 /// The caller's permissions, as [`identify`] found them.

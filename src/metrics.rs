@@ -191,6 +191,7 @@ struct Handles {
     slots: Vec<OnceLock<Slot>>,
     streams: IntGaugeVec,
     notifications_sent: IntCounter,
+    notifications_withheld: IntCounter,
     notifications_dropped: IntCounter,
     registrations: IntGauge,
     observing_clients: IntGauge,
@@ -299,6 +300,12 @@ impl Metrics {
     pub fn notification_sent(&self) {
         if let Some(h) = &self.0.handles {
             h.notifications_sent.inc();
+        }
+    }
+
+    pub fn notification_withheld(&self) {
+        if let Some(h) = &self.0.handles {
+            h.notifications_withheld.inc();
         }
     }
 
@@ -504,6 +511,10 @@ impl Handles {
             notifications_sent: counter(
                 "keynotify_notifications_sent_total",
                 "KEYNOTIFY notifications published.",
+            ),
+            notifications_withheld: counter(
+                "keynotify_notifications_withheld_total",
+                "KEYNOTIFY notifications not sent because the rules in force no longer let the observer observe the key.",
             ),
             notifications_dropped: counter(
                 "keynotify_notifications_dropped_total",

@@ -135,6 +135,12 @@ impl Tokens {
         self.entries.len()
     }
 
+    /// Whether the token whose [`fingerprint`] is `print` is still the token named `name`
+    /// (a reload may have removed or replaced it).
+    pub fn holds(&self, name: &str, print: &Fingerprint) -> bool {
+        self.entries.iter().any(|(n, t)| n == name && fingerprint(t) == *print)
+    }
+
     /// The name of the token `given`, if it is one. Every token is compared, each in constant
     /// time, so the answer's timing tells nothing about any token.
     pub fn name_of(&self, given: &str) -> Option<&str> {
@@ -146,6 +152,17 @@ impl Tokens {
         }
         found
     }
+}
+
+/// A token's SHA-256: what a grant keeps of the token that vouched for it, so that a reload
+/// can tell whether that token still holds without the secret staying in memory.
+pub type Fingerprint = [u8; 32];
+
+pub fn fingerprint(token: &str) -> Fingerprint {
+    let d = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
 }
 
 /// Whether `given` is the configured token, compared in constant time (a caller timing the

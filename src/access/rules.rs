@@ -18,9 +18,9 @@
 //! placeholder the principal lacks matches nothing. Rules only allow: what no rule allows is
 //! denied.
 
-use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use glob::Pattern;
 use serde::Deserialize;
@@ -121,14 +121,33 @@ impl Rule {
     }
 }
 
-/// Most principals whose compiled rules are kept; past it the cache starts again.
-const MAX_CACHED_PRINCIPALS: usize = 10_000;
+/// Principals whose compiled rules are kept unless configured otherwise
+/// (`--acl-cache-principals`).
+pub const DEFAULT_CACHED_PRINCIPALS: usize = 10_000;
 
-/// A parsed rules file.
-#[derive(Debug)]
+/// A parsed rules file, with the rules of the principals seen lately compiled.
+///
+/// Every access check of every door asks [`RuleSet::allowed`], so the cache is on the hot
+/// path: a hit takes only the read lock of one of the cache's shards (no lock shared by all
+/// checks), a miss compiles outside any lock (two callers may compile the same principal at
+/// once; the second insert wins, both results are equal), and past its capacity the cache
+/// evicts the principals seen least (CLOCK-Pro), one at a time: a fleet of devices larger
+/// than the cache, or a client churning ids, costs compiles for the newcomers only, never a
+/// clear-all that makes every principal compile again.
 pub struct RuleSet {
     rules: Vec<Rule>,
-    cache: Mutex<HashMap<Principal, Arc<Allowed>>>,
+    cache: quick_cache::sync::Cache<Principal, Arc<Allowed>>,
+    /// Principals compiled so far (a miss of the cache).
+    compiled: AtomicU64,
+}
+
+impl std::fmt::Debug for RuleSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuleSet")
+            .field("rules", &self.rules)
+            .field("cached", &self.cache.len())
+            .finish()
+    }
 }
 
 /// What one principal may do: key globs per operation, placeholders filled in.
@@ -221,8 +240,25 @@ impl RuleSet {
         }
         Ok(RuleSet {
             rules,
-            cache: Mutex::new(HashMap::new()),
+            cache: quick_cache::sync::Cache::new(DEFAULT_CACHED_PRINCIPALS),
+            compiled: AtomicU64::new(0),
         })
+    }
+
+    /// Keeps the compiled rules of up to `principals` principals (at least 1).
+    pub fn with_cache_capacity(mut self, principals: usize) -> RuleSet {
+        self.cache = quick_cache::sync::Cache::new(principals.max(1));
+        self
+    }
+
+    /// Principals whose rules were compiled (cache misses) so far.
+    pub fn compiled(&self) -> u64 {
+        self.compiled.load(Ordering::Relaxed)
+    }
+
+    /// Principals whose compiled rules are kept now.
+    pub fn cached(&self) -> usize {
+        self.cache.len()
     }
 
     pub fn len(&self) -> usize {
@@ -233,17 +269,14 @@ impl RuleSet {
         self.rules.is_empty()
     }
 
-    /// What `p` may do (computed once per principal and kept).
+    /// What `p` may do (compiled once per principal and kept while it is used).
     pub fn allowed(&self, p: &Principal) -> Arc<Allowed> {
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(a) = cache.get(p) {
-            return a.clone();
+        if let Some(a) = self.cache.get(p) {
+            return a;
         }
+        self.compiled.fetch_add(1, Ordering::Relaxed);
         let a = Arc::new(self.compile(p));
-        if cache.len() >= MAX_CACHED_PRINCIPALS {
-            cache.clear();
-        }
-        cache.insert(p.clone(), a.clone());
+        self.cache.insert(p.clone(), a.clone());
         a
     }
 
@@ -275,5 +308,59 @@ fn fill(k: &KeyGlob, p: &Principal) -> Option<Pattern> {
             }
             Pattern::new(&s).ok()
         }
+    }
+}
+
+#[cfg(test)]
+mod cache_tests {
+    use super::*;
+
+    fn rules() -> RuleSet {
+        let text = "[[rule]]\nclient_ids = [\"*\"]\nallow = [\"read\"]\nkeys = [\"devices/{clientId}/*\"]\n";
+        RuleSet::parse(Path::new("acl.toml"), text).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn device(n: usize) -> Principal {
+        Principal {
+            client_id: Some(format!("dev-{n}")),
+            ..Principal::default()
+        }
+    }
+
+    /// A fleet three times the cache's size passing through costs a compile per newcomer; the
+    /// principal in constant use is compiled once (a clear-all at the limit compiled it again).
+    #[test]
+    fn churn_past_the_capacity_never_evicts_a_principal_in_use() {
+        let rules = rules();
+        let hot = Principal {
+            client_id: Some("gateway".into()),
+            ..Principal::default()
+        };
+        let fleet = 3 * DEFAULT_CACHED_PRINCIPALS;
+        for n in 0..fleet {
+            assert!(rules.allowed(&hot).may(Op::Read, b"devices/gateway/t"));
+            assert!(rules.allowed(&device(n)).may(Op::Read, format!("devices/dev-{n}/t").as_bytes()));
+        }
+        assert_eq!(rules.compiled(), fleet as u64 + 1, "the gateway compiled once");
+        assert!(
+            rules.cached() <= DEFAULT_CACHED_PRINCIPALS + DEFAULT_CACHED_PRINCIPALS / 10,
+            "bounded: {} cached",
+            rules.cached()
+        );
+    }
+
+    #[test]
+    fn the_capacity_is_configurable_and_a_hit_compiles_nothing() {
+        let rules = rules().with_cache_capacity(100);
+        for n in 0..1_000 {
+            rules.allowed(&device(n));
+        }
+        assert!(rules.cached() <= 110, "{} cached", rules.cached());
+        let before = rules.compiled();
+        rules.allowed(&device(999));
+        assert_eq!(rules.compiled(), before, "the newest principal is still cached");
+        // An evicted principal gets the same answer, compiled again.
+        assert!(rules.allowed(&device(0)).may(Op::Read, b"devices/dev-0/x"));
+        assert!(!rules.allowed(&device(0)).may(Op::Read, b"devices/dev-1/x"));
     }
 }

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 
 use super::{DaprError, ENCODING_METADATA, MAX_LIST_LIMIT, StoreSpec, list_keys, ttl_metadata};
-use crate::access::{Grant, Op};
+use crate::access::{Grant, Op, Principal};
 use crate::engine::{Change, ChangeKind, Engine, Entry};
 use crate::hlc::Hlc;
 
@@ -165,8 +165,15 @@ async fn all_keys(
 /// doors share one registry.
 #[derive(Debug, Default)]
 pub struct Subscriptions {
-    live: Mutex<HashMap<String, Arc<Notify>>>,
+    live: Mutex<HashMap<String, Live>>,
     opened: AtomicU64,
+}
+
+/// A live subscription: who opened it (only they may end it by id) and how to end it.
+#[derive(Debug)]
+struct Live {
+    owner: Principal,
+    stop: Arc<Notify>,
 }
 
 /// One subscription; dropping it (the stream ended) removes it from the registry.
@@ -178,19 +185,25 @@ pub struct Subscription {
 }
 
 impl Subscriptions {
-    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Notify>>> {
+    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Registers a subscription under a new id (128 random-looking bits: ids are not guessable
     /// in practice, though the api token, not the id, is what protects them).
-    pub fn open(self: &Arc<Subscriptions>) -> Subscription {
+    pub fn open(self: &Arc<Subscriptions>, owner: &Principal) -> Subscription {
         let n = self.opened.fetch_add(1, Ordering::Relaxed);
         let a = std::collections::hash_map::RandomState::new().hash_one(n);
         let b = std::collections::hash_map::RandomState::new().hash_one(!n);
         let id = format!("{a:016x}{b:016x}");
         let stop = Arc::new(Notify::new());
-        self.live().insert(id.clone(), stop.clone());
+        self.live().insert(
+            id.clone(),
+            Live {
+                owner: owner.clone(),
+                stop: stop.clone(),
+            },
+        );
         Subscription {
             id,
             stop,
@@ -198,12 +211,18 @@ impl Subscriptions {
         }
     }
 
-    /// Ends the subscription `id`; false when there is none (ended already, or never existed).
-    pub fn close(&self, id: &str) -> bool {
-        match self.live().remove(id) {
-            Some(stop) => {
+    /// Ends the subscription `id` if `caller` opened it; false when there is none (ended
+    /// already, never existed, or someone else's: the same answer, so an id found elsewhere
+    /// tells nothing and ends nothing).
+    pub fn close(&self, id: &str, caller: &Principal) -> bool {
+        let mut live = self.live();
+        if live.get(id).is_none_or(|l| l.owner != *caller) {
+            return false;
+        }
+        match live.remove(id) {
+            Some(l) => {
                 // A stored permit: the stream ends even if it is not waiting right now.
-                stop.notify_one();
+                l.stop.notify_one();
                 true
             }
             None => false,
@@ -213,8 +232,8 @@ impl Subscriptions {
     /// Ends every subscription (the service is stopping); returns how many there were.
     pub fn close_all(&self) -> usize {
         let all: Vec<_> = self.live().drain().collect();
-        for (_, stop) in &all {
-            stop.notify_one();
+        for (_, l) in &all {
+            l.stop.notify_one();
         }
         all.len()
     }

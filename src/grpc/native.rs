@@ -162,6 +162,7 @@ impl pb::state_store_server::StateStore for Native {
         let since = hlc(&r.since_version).map_err(|_| Status::invalid_argument("since_version is not a version"))?;
         let slot = self.access.open_stream(grant.principal()).map_err(err)?;
         // Only keys the caller may read, by the rules in force when each is sent.
+        let caller = grant.clone();
         let spec = WatchSpec {
             only: selector.only_keys(),
             wanted: KeyFilter::new(move |k| selector.wants(k, || String::from_utf8_lossy(k)) && grant.may(Op::Read, k)),
@@ -176,13 +177,22 @@ impl pb::state_store_server::StateStore for Native {
                 watch_event(item)
             });
         // Ends with UNAVAILABLE "shutting down" when the service stops (graceful shutdown
-        // waits for open streams).
+        // waits for open streams), UNAUTHENTICATED when a reload removed the caller's token.
         let active = self.obs.metrics.stream_opened(crate::metrics::Stream::GrpcWatch);
         let obs = self.obs.clone();
-        let stream = futures_util::StreamExt::take_until(stream, async move { obs.stopped().await });
+        let ending = caller.clone();
+        let stream = futures_util::StreamExt::take_until(stream, async move {
+            tokio::select! {
+                () = obs.stopped() => {}
+                () = ending.revoked() => {}
+            }
+        });
         let stopping = self.obs.stopping.clone();
         let last = futures_util::stream::once(async move {
             let _active = active;
+            if caller.is_revoked() {
+                return Some(Err(Status::unauthenticated("the token of this stream was revoked")));
+            }
             (*stopping.borrow()).then(|| Err(Status::unavailable("the service is shutting down; watch again")))
         })
         .filter_map(|e| e);

@@ -277,14 +277,16 @@ impl pb::dapr_server::Dapr for Runtime {
         &self,
         req: Request<pb::UnsubscribeConfigurationRequest>,
     ) -> Result<Response<pb::UnsubscribeConfigurationResponse>, Status> {
-        self.do_unsubscribe_configuration(req.into_inner())
+        let grant = grant_of(&req)?;
+        self.do_unsubscribe_configuration(&grant, req.into_inner())
     }
 
     async fn unsubscribe_configuration(
         &self,
         req: Request<pb::UnsubscribeConfigurationRequest>,
     ) -> Result<Response<pb::UnsubscribeConfigurationResponse>, Status> {
-        self.do_unsubscribe_configuration(req.into_inner())
+        let grant = grant_of(&req)?;
+        self.do_unsubscribe_configuration(&grant, req.into_inner())
     }
 
     async fn try_lock_alpha1(&self, req: Request<pb::TryLockRequest>) -> Result<Response<pb::TryLockResponse>, Status> {

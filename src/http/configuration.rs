@@ -117,7 +117,8 @@ fn json_event(name: &str, body: &impl serde::Serialize) -> Event {
     responses(
         (status = 200, content_type = "text/event-stream",
          description = "`subscribe` {id}; `update` {id, items}; `reset`/`synced` around a snapshot; \
-                        `overflow` or `failed` end the stream; so does unsubscribe"),
+                        `overflow` or `failed` end the stream; so do unsubscribe and a final `revoked` \
+                        (a reload removed the caller's token)"),
         (status = 400, body = ErrorBody),
     )
 )]
@@ -149,11 +150,12 @@ pub async fn subscribe_configuration(
         .open_stream(grant.principal())
         .map_err(|e| ApiError::from_engine(op, e))?;
     // Only keys the caller may read, by the rules in force when each is sent.
+    let caller = grant.clone();
     let watch = store
         .watch(engine_keys, &[])
         .map_err(|e| ApiError::from_dapr(op, e))?
         .and(move |k| grant.may(AccessOp::Read, k));
-    let subscription = st.settings.subscriptions.open();
+    let subscription = st.settings.subscriptions.open(caller.principal());
     let id = subscription.id().to_owned();
     let first = json_event(
         "subscribe",
@@ -205,11 +207,23 @@ pub async fn subscribe_configuration(
     });
     // The subscription lives as long as the stream (as does its slot of the caller's stream
     // limit); unsubscribe ends it, and so does the service stopping (`Running::shutdown`
-    // closes every subscription).
+    // closes every subscription) or a reload that removes the caller's token (a last
+    // `revoked` event says so).
+    let ending = caller.clone();
+    let last = futures_util::stream::once(async move {
+        caller
+            .is_revoked()
+            .then(|| Event::default().event("revoked").data(super::sse::REVOKED_EVENT))
+    })
+    .filter_map(|e| e);
     let stream = futures_util::stream::once(async move { first })
         .chain(futures_util::StreamExt::take_until(events, async move {
-            subscription.stopped().await
+            tokio::select! {
+                () = subscription.stopped() => {}
+                () = ending.revoked() => {}
+            }
         }))
+        .chain(last)
         .map(move |e| {
             let _open = &slot;
             Ok(e)
@@ -229,17 +243,19 @@ pub async fn subscribe_configuration(
     responses(
         (status = 200, body = dto::UnsubscribeResponse, description = "`ok: true`: the subscription ended"),
         (status = 404, body = ErrorBody,
-         description = "ERR_CONFIGURATION_UNSUBSCRIBE: no live subscription has this id (daprd answers 500 \
-                        with `{ok: false}` here; a client's mistake is a 4xx in Dapr's error shape)"),
+         description = "ERR_CONFIGURATION_UNSUBSCRIBE: no live subscription of the caller has this id (daprd \
+                        answers 500 with `{ok: false}` here; a client's mistake is a 4xx in Dapr's error shape); \
+                        another caller's subscription is answered the same, so ids tell nothing"),
         (status = 400, body = ErrorBody),
     )
 )]
 pub async fn unsubscribe_configuration(
     State(st): State<AppState>,
+    Caller(grant): Caller,
     DaprPath((store, id)): DaprPath<(String, String)>,
 ) -> Result<Response, ApiError> {
     st.configuration_store(&store, Op::ConfigurationUnsubscribe)?;
-    if st.settings.subscriptions.close(&id) {
+    if st.settings.subscriptions.close(&id, grant.principal()) {
         return Ok(axum::Json(dto::UnsubscribeResponse {
             ok: true,
             message: String::new(),

@@ -24,6 +24,10 @@ use crate::hlc::Hlc;
 /// How often an idle stream sends a comment, so proxies keep it open.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
+/// The data of the last event of a stream whose token a reload removed (state and
+/// configuration subscriptions alike); a reconnect with that token gets 401.
+pub const REVOKED_EVENT: &str = "{\"message\":\"the token of this stream was revoked\"}";
+
 /// Where a watch over HTTP starts: the `Last-Event-ID` header (what a browser's EventSource sends
 /// when it reconnects) wins over `since` (the first connection's choice), and either wins over
 /// `snapshot`. Either id must be a version; anything else is a 400.
@@ -186,7 +190,8 @@ fn snapshot_event(store: &StoreSpec, key: &[u8], entry: &Entry, base64: bool) ->
                         `reset`, `synced` around a snapshot (events in between carry `snapshot: true` \
                         and repeat the id asked for, empty for a fresh snapshot; `synced`'s id is the \
                         resume position); a reader that falls behind gets a final `overflow` event \
-                        and the stream ends; a storage failure a final `failed`"),
+                        and the stream ends; a storage failure a final `failed`; the service stopping \
+                        a final `shutdown`; a reload that removed the caller's token a final `revoked`"),
         (status = 400, body = ErrorBody),
     )
 )]
@@ -231,6 +236,7 @@ pub async fn subscribe(
         .open_stream(grant.principal())
         .map_err(|e| ApiError::from_engine(Op::Subscribe, e))?;
     // Only keys the caller may read, by the rules in force when each is sent.
+    let caller = grant.clone();
     let watch = spec
         .watch(keys, &patterns)
         .map_err(|e| ApiError::from_dapr(Op::Subscribe, e))?
@@ -240,13 +246,23 @@ pub async fn subscribe(
         let _open = &slot;
         Ok(to_event(&spec, item, base64, &asked))
     });
-    // Ends with a final `shutdown` event when the service stops (graceful shutdown waits for it).
+    // Ends with a final `shutdown` event when the service stops (graceful shutdown waits for
+    // it), or `revoked` when a reload removed the caller's token.
     let active = st.obs.metrics.stream_opened(crate::metrics::Stream::Sse);
     let obs = st.obs.clone();
-    let stream = futures_util::StreamExt::take_until(stream, async move { obs.stopped().await });
+    let ending = caller.clone();
+    let stream = futures_util::StreamExt::take_until(stream, async move {
+        tokio::select! {
+            () = obs.stopped() => {}
+            () = ending.revoked() => {}
+        }
+    });
     let stopping = st.obs.stopping.clone();
     let last = futures_util::stream::once(async move {
         let _active = active;
+        if caller.is_revoked() {
+            return Some(Ok(Event::default().event("revoked").data(REVOKED_EVENT)));
+        }
         (*stopping.borrow()).then(|| {
             Ok(Event::default()
                 .event("shutdown")

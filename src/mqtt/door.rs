@@ -17,7 +17,7 @@ use super::dedup::{Dedup, Seen};
 use super::request::{
     self, Caller, Outgoing, PROP_PROTOCOL_VERSION, PROP_SOURCE_ID, PROP_TIMESTAMP, PROTOCOL_VERSION, Request,
 };
-use crate::access::Access;
+use crate::access::{Access, Op, Principal};
 use crate::access::limits::{PerKeyCounts, PerKeySlot};
 use crate::engine::{ChangeKind, Engine, KeyNotification, KeyNotifyReceiver, RequestId};
 
@@ -32,6 +32,17 @@ pub trait Sink: Send + Sync + 'static {
     async fn notify(&self, client_id: &str, out: &Outgoing) {
         let _ = client_id;
         self.publish(out).await;
+    }
+
+    /// Who observer `client_id` is for the rules, as its requests were judged (see
+    /// `request::principal`). Through a client connection the broker vouches for nothing:
+    /// the id (registered from the request's `__srcId`) counts only when `--mqtt-trust-src-id`
+    /// says so.
+    async fn observer(&self, access: &Access, client_id: &str) -> Principal {
+        Principal {
+            client_id: access.trust_src_id().then(|| client_id.to_owned()),
+            ..Principal::default()
+        }
     }
 }
 
@@ -281,10 +292,23 @@ impl Door {
     }
 }
 
-/// Publishes KEYNOTIFY notifications through `sink`, in change order, until `stop`.
-pub async fn notifier(
+/// Publishes `door`'s KEYNOTIFY notifications through `sink`, in change order, until `stop`.
+/// Each observer is sent a change only if the rules in force now let it observe the key: a
+/// registration made before a reload took `observe` away stays, silent.
+pub fn notifier(
+    feed: KeyNotifyReceiver,
+    sink: Arc<dyn Sink>,
+    door: &Door,
+    stop: watch::Receiver<bool>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let (access, service_id, metrics) = (door.access.clone(), door.service_id.clone(), door.metrics.clone());
+    send_notifications(feed, sink, access, service_id, stop, metrics)
+}
+
+async fn send_notifications(
     mut feed: KeyNotifyReceiver,
     sink: Arc<dyn Sink>,
+    access: Access,
     service_id: String,
     mut stop: watch::Receiver<bool>,
     metrics: crate::metrics::Metrics,
@@ -303,6 +327,13 @@ pub async fn notifier(
         });
         let version = change.version.to_string();
         for client_id in observers {
+            if access.has_rules() {
+                let observer = sink.observer(&access, &client_id).await;
+                if !access.grant(observer).may(Op::Observe, &change.key) {
+                    metrics.notification_withheld();
+                    continue;
+                }
+            }
             let out = Outgoing {
                 topic: request::notify_topic(&client_id, &change.key),
                 payload: payload.clone(),

@@ -29,11 +29,12 @@ use rmqtt::codec::v5::{PublishAckReason, PublishProperties};
 use rmqtt::context::ServerContext;
 use rmqtt::hook::{Handler, HookResult, Parameter, ReturnType, Type};
 use rmqtt::session::SessionState;
-use rmqtt::types::{CodecPublish, From, Id, Publish, PublishAclResult, PublishResult};
+use rmqtt::types::{ClientId, CodecPublish, From, Id, Publish, PublishAclResult, PublishResult};
 use tokio::sync::{Semaphore, watch};
 use tracing::{debug, warn};
 
 use super::INVOKE_TOPIC;
+use crate::access::{Access, Principal};
 use super::broker::session_token;
 use super::door::{self, Door, Sink};
 use super::request::{CONTENT_TYPE, Caller, Outgoing, Request};
@@ -107,6 +108,18 @@ impl Sink for BrokerSink {
             self.forward(targeted, &out.topic).await;
         }
         self.forward(packet.into(), &out.topic).await;
+    }
+
+    /// As the broker authenticated it: the client id, and the username of its session here
+    /// (none when it is not connected to this broker: then only rules for the id apply).
+    async fn observer(&self, _access: &Access, client_id: &str) -> Principal {
+        let id = Id::from(self.scx.node.id(), ClientId::from(client_id));
+        let session = self.scx.extends.shared().await.entry(id).session();
+        Principal {
+            client_id: Some(client_id.to_owned()),
+            username: session.and_then(|s| s.id.username.as_ref().map(|u| u.to_string())),
+            token: None,
+        }
     }
 }
 
@@ -249,13 +262,7 @@ impl InBroker {
         door.metrics().mqtt_link(crate::metrics::Link::Subscribed);
         let (stop, stop_rx) = watch::channel(false);
         let notifier = match door.engine().keynotify_feed() {
-            Some(feed) => Some(tokio::spawn(door::notifier(
-                feed,
-                sink,
-                door.service_id().to_owned(),
-                stop_rx,
-                door.metrics().clone(),
-            ))),
+            Some(feed) => Some(tokio::spawn(door::notifier(feed, sink, &door, stop_rx))),
             None => {
                 warn!("mqtt: another door already takes KEYNOTIFY notifications; in-broker serving sends none");
                 None

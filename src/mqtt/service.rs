@@ -188,9 +188,8 @@ impl MqttService {
             Some(feed) => tasks.push(tokio::spawn(door::notifier(
                 feed,
                 Arc::new(ClientSink(client.clone())),
-                settings.client_id.clone(),
+                &door,
                 stop_rx.clone(),
-                metrics,
             ))),
             None => warn!("mqtt: another door already takes KEYNOTIFY notifications; this one sends none"),
         }

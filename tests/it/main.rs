@@ -30,6 +30,7 @@ mod pki;
 mod pysdk;
 mod redis;
 mod resources;
+mod revocation;
 mod scaleout;
 mod scaleout_aio;
 mod scaleout_register;

@@ -143,16 +143,28 @@ fn changes_as_items() {
 #[tokio::test]
 async fn subscriptions_end_by_id_and_leave_when_dropped() {
     let subs = Arc::new(Subscriptions::default());
-    let a = subs.open();
-    let b = subs.open();
+    let owner = crate::access::Principal {
+        token: Some("app".into()),
+        ..Default::default()
+    };
+    let a = subs.open(&owner);
+    let b = subs.open(&owner);
     assert_ne!(a.id(), b.id());
     assert_eq!(a.id().len(), 32);
     assert_eq!(subs.len(), 2);
+    // Someone else's id ends nothing.
+    for other in [crate::access::Principal::default(), crate::access::Principal {
+        token: Some("viewer".into()),
+        ..Default::default()
+    }] {
+        assert!(!subs.close(a.id(), &other));
+    }
+    assert_eq!(subs.len(), 2);
     // Closed before anyone waits: the stop is not lost.
-    assert!(subs.close(a.id()));
+    assert!(subs.close(a.id(), &owner));
     a.stopped().await;
-    assert!(!subs.close(a.id()), "already ended");
-    assert!(!subs.close("nope"));
+    assert!(!subs.close(a.id(), &owner), "already ended");
+    assert!(!subs.close("nope", &owner));
     drop(b);
     assert!(subs.is_empty());
 }

@@ -114,11 +114,12 @@ impl Runtime {
             .open_stream(grant.principal())
             .map_err(|e| err(e.into()))?;
         // Only keys the caller may read, by the rules in force when each is sent.
+        let caller = grant.clone();
         let watch = store
             .watch(keys, &[])
             .map_err(err)?
             .and(move |k| grant.may(Op::Read, k));
-        let subscription = self.settings.subscriptions.open();
+        let subscription = self.settings.subscriptions.open(caller.principal());
         let id = subscription.id().to_owned();
         let first = pb::SubscribeConfigurationResponse {
             id: id.clone(),
@@ -143,18 +144,31 @@ impl Runtime {
                 WatchItem::Snapshot { .. } | WatchItem::Reset | WatchItem::Synced { .. } => None,
             }
         });
-        let stream = tokio_stream::once(Ok(first)).chain(futures_util::StreamExt::take_until(changes, async move {
-            subscription.stopped().await
-        }));
+        // Unsubscribe ends it, and so does a reload that removes the caller's token
+        // (UNAUTHENTICATED last).
+        let ending = caller.clone();
+        let changes = futures_util::StreamExt::take_until(changes, async move {
+            tokio::select! {
+                () = subscription.stopped() => {}
+                () = ending.revoked() => {}
+            }
+        });
+        let last = tokio_stream::once(()).filter_map(move |()| {
+            caller
+                .is_revoked()
+                .then(|| Err(Status::unauthenticated("the token of this stream was revoked")))
+        });
+        let stream = tokio_stream::once(Ok(first)).chain(changes).chain(last);
         Ok(Response::new(Box::pin(stream)))
     }
 
     pub(super) fn do_unsubscribe_configuration(
         &self,
+        grant: &Grant,
         r: pb::UnsubscribeConfigurationRequest,
     ) -> Result<Response<pb::UnsubscribeConfigurationResponse>, Status> {
-        // As daprd: the id alone names the subscription; an unknown one is `ok: false`.
-        let ok = self.settings.subscriptions.close(&r.id);
+        // As daprd, an unknown id is `ok: false`; so is another caller's subscription.
+        let ok = self.settings.subscriptions.close(&r.id, grant.principal());
         Ok(Response::new(pb::UnsubscribeConfigurationResponse {
             ok,
             message: if ok {
