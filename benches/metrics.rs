@@ -198,7 +198,7 @@ fn main() {
                 "embedded",
             );
             let inflight = stategate::listener::inflight::InFlight::new(settings.max_inflight, settings.max_streams);
-            stategate::http::router_observed(engine.clone(), settings, info, inflight, obs)
+            stategate::http::router_observed(engine.clone(), settings, Default::default(), info, inflight, obs)
         };
         let (off, on) = (router(Metrics::disabled()), router(Metrics::new()));
         http_round(off.clone(), &a).await;

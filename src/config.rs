@@ -352,12 +352,7 @@ impl Default for ServeArgs {
     }
 }
 
-/// `--log-format`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
+pub use crate::telemetry::LogFormat;
 
 /// Where the MQTT door gets its broker.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -383,6 +378,8 @@ pub struct Config {
     /// Where the HTTP door listens (`None`: off).
     pub http_listen: Option<SocketAddr>,
     pub http: HttpSettings,
+    /// What the Dapr APIs of the HTTP and gRPC doors share.
+    pub dapr: crate::dapr::DaprSettings,
     pub storage: StorageConfig,
     /// Where the gRPC door listens (`None`: off).
     pub grpc_listen: Option<SocketAddr>,
@@ -520,16 +517,19 @@ impl Config {
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(Stores::new(specs))
         };
-        let http = HttpSettings {
+        let dapr = crate::dapr::DaprSettings {
             stores: stores(&a.state_stores, "statestore", "--state-store")?,
             lock_stores: stores(&a.lock_stores, "lockstore", "--lock-store")?,
             configuration_stores: stores(&a.configuration_stores, "configstore", "--configuration-store")?,
             max_bulk_keys: a.max_bulk_keys.max(1),
+            max_transaction_ops: a.max_transaction_ops.max(1),
+            app_id: a.node_id.clone(),
+            ..crate::dapr::DaprSettings::default()
+        };
+        let http = HttpSettings {
             api_token: a.api_token.filter(|t| !t.is_empty()),
             body_limit: a.http_body_limit,
             backup_send_timeout: a.backup_send_timeout.max(Duration::from_millis(1)),
-            max_transaction_ops: a.max_transaction_ops.max(1),
-            app_id: a.node_id.clone(),
             ui: !a.no_ui,
             browser: crate::http::BrowserPolicy {
                 allowed_origins: a.http_allowed_origins,
@@ -631,6 +631,7 @@ impl Config {
             limits,
             http_listen,
             http,
+            dapr,
             storage,
             grpc_listen,
             dapr_component_socket: a.dapr_component_socket,

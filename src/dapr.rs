@@ -21,7 +21,7 @@ mod stores;
 pub use json::{
     base64_json, check_decodes, compact_json, content_type_of, decode_value, is_json, stored_value, value_to_json,
 };
-pub use stores::{KeyPrefix, StoreSpec, Stores};
+pub use stores::{DaprSettings, KeyPrefix, StoreSpec, Stores};
 
 /// The separator Dapr puts between a key prefix and a key.
 pub const PREFIX_SEPARATOR: &str = "||";

@@ -20,7 +20,7 @@ use tonic::{Request, Status};
 use crate::access::{Access, Grant, Refusal};
 use crate::dapr::StoreSpec;
 use crate::engine::Engine;
-use crate::http::HttpSettings;
+use crate::dapr::DaprSettings;
 use crate::listener::Listener;
 use crate::listener::inflight::InFlight;
 
@@ -185,7 +185,7 @@ const HANDOFF_QUEUE: usize = 16;
 /// readiness ([`crate::health::drive_grpc_health`]).
 pub async fn serve_tcp<H: tonic_health::pb::health_server::Health>(
     engine: Engine,
-    settings: Arc<HttpSettings>,
+    settings: Arc<DaprSettings>,
     listener: Listener,
     limits: GrpcLimits,
     obs: crate::health::Observe,

@@ -22,7 +22,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::access::{Access, Grant, Refusal};
-use crate::dapr::{StoreSpec, Stores};
+use crate::dapr::{DaprSettings, StoreSpec};
 use crate::engine::Engine;
 use crate::listener::Listener;
 use crate::listener::body_budget::BudgetedBody;
@@ -44,29 +44,16 @@ pub use browser::BrowserPolicy;
 use error::{ApiError, Op};
 pub use status::ServiceInfo;
 
-/// HTTP door settings.
+/// HTTP door settings (what the Dapr APIs of both doors share is [`DaprSettings`]).
 #[derive(Debug, Clone)]
 pub struct HttpSettings {
-    pub stores: Stores,
-    /// Dapr lock stores (`/v1.0-alpha1/lock/{store}`, gRPC TryLockAlpha1).
-    pub lock_stores: Stores,
-    /// Dapr configuration stores (`/v1.0/configuration/{store}`, gRPC GetConfiguration).
-    pub configuration_stores: Stores,
     /// When set, every route but health needs header `dapr-api-token` with this value (or
-    /// one of `access`'s named tokens).
+    /// one of the named tokens of the access files).
     pub api_token: Option<String>,
-    /// Who may do what: tokens, rules, limits (`lib::start` loads it with `api_token`).
-    pub access: Access,
     /// Largest request body, bytes.
     pub body_limit: usize,
     /// Longest a request may take before it is answered 408 (server-sent events excepted).
     pub request_timeout: Duration,
-    /// Most operations in one transaction.
-    pub max_transaction_ops: usize,
-    /// Most keys in one bulk get or configuration get.
-    pub max_bulk_keys: usize,
-    /// The id reported by `/v1.0/metadata`.
-    pub app_id: String,
     /// Serve the web console at `/ui`.
     pub ui: bool,
     /// Most requests executing at once (event streams excepted); past it 503.
@@ -78,30 +65,19 @@ pub struct HttpSettings {
     pub backup_send_timeout: Duration,
     /// What the door accepts from web browsers (`Origin` and `Host` checks).
     pub browser: BrowserPolicy,
-    /// Live Dapr configuration subscriptions: clones of these settings share it, so the HTTP and
-    /// gRPC doors end each other's subscriptions by id.
-    pub subscriptions: Arc<crate::dapr::configuration::Subscriptions>,
 }
 
 impl Default for HttpSettings {
     fn default() -> HttpSettings {
         HttpSettings {
-            stores: Stores::default(),
-            lock_stores: Stores::named("lockstore"),
-            configuration_stores: Stores::named("configstore"),
             api_token: None,
-            access: Access::open(),
             body_limit: 4 * 1024 * 1024,
             request_timeout: Duration::from_secs(30),
-            max_transaction_ops: 1000,
-            max_bulk_keys: 10_000,
-            app_id: "stategate".into(),
             ui: true,
             max_inflight: 1024,
             max_streams: 1024,
             backup_send_timeout: Duration::from_secs(30),
             browser: BrowserPolicy::default(),
-            subscriptions: Arc::default(),
         }
     }
 }
@@ -111,24 +87,25 @@ impl Default for HttpSettings {
 pub struct AppState {
     engine: Engine,
     settings: Arc<HttpSettings>,
+    dapr: Arc<DaprSettings>,
     info: Arc<ServiceInfo>,
     obs: crate::health::Observe,
 }
 
 impl AppState {
     fn store(&self, name: &str, op: Op) -> Result<&StoreSpec, ApiError> {
-        self.settings.stores.get(name).map_err(|e| ApiError::from_dapr(op, e))
+        self.dapr.stores.get(name).map_err(|e| ApiError::from_dapr(op, e))
     }
 
     fn lock_store(&self, name: &str, op: Op) -> Result<&StoreSpec, ApiError> {
-        self.settings
+        self.dapr
             .lock_stores
             .get_kind(name, "lock")
             .map_err(|e| ApiError::from_dapr(op, e))
     }
 
     fn configuration_store(&self, name: &str, op: Op) -> Result<&StoreSpec, ApiError> {
-        self.settings
+        self.dapr
             .configuration_stores
             .get_kind(name, "configuration")
             .map_err(|e| ApiError::from_dapr(op, e))
@@ -239,9 +216,9 @@ pub fn openapi_json() -> String {
 }
 
 /// The HTTP door's router. `info` is what the status route reports about the service.
-pub fn router(engine: Engine, settings: HttpSettings, info: ServiceInfo) -> Router {
+pub fn router(engine: Engine, settings: HttpSettings, dapr: DaprSettings, info: ServiceInfo) -> Router {
     let inflight = InFlight::new(settings.max_inflight, settings.max_streams);
-    router_observed(engine, settings, info, inflight, crate::health::Observe::default())
+    router_observed(engine, settings, dapr, info, inflight, crate::health::Observe::default())
 }
 
 /// [`router`] counting requests in `inflight` (tests read it to know a request is in flight),
@@ -249,14 +226,17 @@ pub fn router(engine: Engine, settings: HttpSettings, info: ServiceInfo) -> Rout
 pub fn router_observed(
     engine: Engine,
     settings: HttpSettings,
+    dapr: DaprSettings,
     info: ServiceInfo,
     inflight: InFlight,
     obs: crate::health::Observe,
 ) -> Router {
     let settings = Arc::new(settings);
+    let dapr = Arc::new(dapr);
     let state = AppState {
         engine,
         settings: settings.clone(),
+        dapr: dapr.clone(),
         info: Arc::new(info),
         obs,
     };
@@ -282,7 +262,13 @@ pub fn router_observed(
         )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(settings.clone(), identify))
+        .layer(middleware::from_fn_with_state(
+            Admission {
+                access: dapr.access.clone(),
+                ui: settings.ui,
+            },
+            identify,
+        ))
         .layer(axum::extract::DefaultBodyLimit::max(settings.body_limit))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
@@ -348,12 +334,19 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
+/// What [`identify`] needs: who may do what, and whether the console's files are served.
+#[derive(Clone)]
+struct Admission {
+    access: Access,
+    ui: bool,
+}
+
 /// Who is calling. `dapr-api-token` is checked as Dapr does it (401 with a plain-text body)
 /// when tokens are configured; then one request is taken from the caller's rate (429 past it)
 /// and the caller's [`Grant`] goes to the handlers in the request's extensions. Health is
 /// exempt (`/healthz`, `/readyz`, Dapr's `/v1.0/healthz`), and so are the web console's own files (they hold no data; the console sends the
 /// token on every data call it makes).
-async fn identify(State(settings): State<Arc<HttpSettings>>, mut req: Request, next: Next) -> Response {
+async fn identify(State(settings): State<Admission>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path();
     let probe = path == "/healthz" || path == "/readyz" || path.starts_with("/v1.0/healthz");
     if probe || (settings.ui && ui::is_public(path)) {

@@ -103,7 +103,7 @@ pub async fn start_observed(
 ) -> Result<Running, StartError> {
     // One access handle for every door: tokens, rules and limits are decided in one place.
     let access = access::Access::load(&config.access, config.http.api_token.as_deref())?;
-    config.http.access = access.clone();
+    config.dapr.access = access.clone();
     config.mqtt.access = access.clone();
     tls::install_provider();
     let engine = Engine::open(store, &config.node_id, clock, config.limits.clone()).await?;
@@ -122,7 +122,7 @@ pub async fn start_observed(
         engine: Some(engine.clone()),
         readiness_cache: Arc::default(),
     };
-    let _ = obs.sources.engine.set(engine.clone());
+    obs.sources.add(Arc::new(engine.clone()));
 
     #[cfg(feature = "embedded-broker")]
     let mut broker = None;
@@ -290,6 +290,7 @@ pub async fn start_observed(
             let router = http::router_observed(
                 engine.clone(),
                 config.http.clone(),
+                config.dapr.clone(),
                 info,
                 limits.http_inflight.clone(),
                 obs.clone(),
@@ -304,7 +305,7 @@ pub async fn start_observed(
         }
     };
 
-    let dapr_settings = Arc::new(config.http.clone());
+    let dapr_settings = Arc::new(config.dapr.clone());
     let mut grpc_tasks = Vec::new();
     let mut grpc_health = None;
     let grpc_addr = match grpc_listener {
@@ -340,7 +341,7 @@ pub async fn start_observed(
         let listener = grpc::bind_component_socket(path)?;
         tracing::info!(path = %path.display(), "Dapr pluggable state component listening");
         let (engine, mut stop_rx, metrics) = (engine.clone(), stop_rx.clone(), metrics.clone());
-        let (max_ops, max_bulk) = (config.http.max_transaction_ops, config.http.max_bulk_keys);
+        let (max_ops, max_bulk) = (config.dapr.max_transaction_ops, config.dapr.max_bulk_keys);
         grpc_tasks.push(tokio::spawn(async move {
             let shutdown = async move {
                 let _ = stop_rx.changed().await;
@@ -387,14 +388,14 @@ pub async fn start_observed(
             MqttService::start_observed(engine.clone(), settings, Duration::from_secs(10), metrics.clone()).await?,
         )
     };
-    let _ = obs.sources.mqtt_door.set(match &mqtt {
+    obs.sources.add(match &mqtt {
         MqttDoor::Client(c) => c.door().clone(),
         #[cfg(feature = "embedded-broker")]
         MqttDoor::InBroker(i) => i.door().clone(),
     });
     #[cfg(feature = "embedded-broker")]
     if let Some(b) = &broker {
-        let _ = obs.sources.broker_connections.set(Arc::new(b.connection_counter()));
+        obs.sources.add(b.mirror());
     }
     let metrics_task = match config.ops.metrics_listen {
         Some(addr) if metrics.is_enabled() => {
@@ -446,7 +447,7 @@ pub async fn start_observed(
         certs,
         cert_watcher,
         limits,
-        subscriptions: config.http.subscriptions.clone(),
+        subscriptions: config.dapr.subscriptions.clone(),
     })
 }
 

@@ -55,7 +55,7 @@ fn main() {
     // Inside the runtime: the OTLP exporter (feature `otlp`) needs one.
     let logs = {
         let _entered = runtime.enter();
-        stategate::telemetry::init(&config.ops)
+        stategate::telemetry::init(&config.ops.log_filter, config.ops.log_format)
     };
     if let Err(e) = runtime.block_on(serve(argv, config, layered, logs)) {
         eprintln!("stategate: {e}");

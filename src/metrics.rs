@@ -11,14 +11,12 @@
 //! where `prometheus-client`'s take a mutex per observation.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
-
-use crate::engine::Engine;
 
 /// Which door served a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -378,34 +376,29 @@ impl Metrics {
         }
     }
 
-    /// Copies engine and storage state into the gauges, then renders the text exposition
-    /// format. `None` when metrics are disabled.
+    /// Copies what the parts of the service report (keys, bytes, registrations...) into the
+    /// gauges, then renders the text exposition format. `None` when metrics are disabled.
     pub async fn render(&self, sources: &Sources) -> Option<String> {
         let h = self.0.handles.as_ref()?;
-        if let Some(engine) = sources.engine.get() {
-            if let Ok(n) = engine.key_count().await {
-                h.keys.set(n as i64);
+        let m = sources.read().await;
+        let set = |g: &IntGauge, v: Option<u64>| {
+            if let Some(v) = v {
+                g.set(i64::try_from(v).unwrap_or(i64::MAX));
             }
-            if let Ok(Some(b)) = engine.value_bytes().await {
-                h.value_bytes.set(b as i64);
-            }
-            h.storage_writable
-                .set(i64::from(engine.storage_health() == crate::storage::StorageHealth::Ok));
-            h.registrations.set(engine.registrations() as i64);
-            h.observing_clients.set(engine.observing_clients() as i64);
-            h.feed_held.set(engine.feed_held().1 as i64);
-            add_to(
-                &h.notifications_dropped,
-                &self.0.state.last_dropped,
-                engine.keynotify_dropped(),
-            );
-            add_to(&h.expired, &self.0.state.last_expired, engine.expired_count());
+        };
+        set(&h.keys, m.keys);
+        set(&h.value_bytes, m.value_bytes);
+        set(&h.storage_writable, m.storage_writable.map(u64::from));
+        set(&h.registrations, m.registrations);
+        set(&h.observing_clients, m.observing_clients);
+        set(&h.feed_held, m.feed_held);
+        set(&h.response_cache_bytes, m.response_cache_bytes);
+        set(&h.broker_connections, m.broker_connections);
+        if let Some(n) = m.keynotify_dropped {
+            add_to(&h.notifications_dropped, &self.0.state.last_dropped, n);
         }
-        if let Some(door) = sources.mqtt_door.get() {
-            h.response_cache_bytes.set(door.response_cache_held().1 as i64);
-        }
-        if let Some(count) = sources.broker_connections.get() {
-            h.broker_connections.set(count() as i64);
+        if let Some(n) = m.expired {
+            add_to(&h.expired, &self.0.state.last_expired, n);
         }
         let mut out = String::new();
         match prometheus::TextEncoder::new().encode_utf8(&h.registry.gather(), &mut out) {
@@ -418,12 +411,69 @@ impl Metrics {
     }
 }
 
+/// What the gauges mirror, as one part of the service knows it; `None`: not this part's.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Mirrored {
+    pub keys: Option<u64>,
+    pub value_bytes: Option<u64>,
+    pub storage_writable: Option<bool>,
+    pub registrations: Option<u64>,
+    pub observing_clients: Option<u64>,
+    pub feed_held: Option<u64>,
+    /// Cumulative: KEYNOTIFY notifications dropped so far.
+    pub keynotify_dropped: Option<u64>,
+    /// Cumulative: keys expired so far.
+    pub expired: Option<u64>,
+    pub response_cache_bytes: Option<u64>,
+    pub broker_connections: Option<u64>,
+}
+
+impl Mirrored {
+    /// `self` with what `other` knows on top.
+    fn and(self, other: Mirrored) -> Mirrored {
+        Mirrored {
+            keys: other.keys.or(self.keys),
+            value_bytes: other.value_bytes.or(self.value_bytes),
+            storage_writable: other.storage_writable.or(self.storage_writable),
+            registrations: other.registrations.or(self.registrations),
+            observing_clients: other.observing_clients.or(self.observing_clients),
+            feed_held: other.feed_held.or(self.feed_held),
+            keynotify_dropped: other.keynotify_dropped.or(self.keynotify_dropped),
+            expired: other.expired.or(self.expired),
+            response_cache_bytes: other.response_cache_bytes.or(self.response_cache_bytes),
+            broker_connections: other.broker_connections.or(self.broker_connections),
+        }
+    }
+}
+
+/// A part of the service whose state the gauges mirror (the engine, the MQTT door, the
+/// broker): the metrics know these parts only through this.
+#[async_trait::async_trait]
+pub trait Mirror: Send + Sync + 'static {
+    /// What this part knows now; read when `/metrics` is scraped.
+    async fn mirrored(&self) -> Mirrored;
+}
+
 /// Where `/metrics` reads the state it mirrors. Shared, and filled in as the parts start.
 #[derive(Default)]
 pub struct Sources {
-    pub engine: OnceLock<Engine>,
-    pub mqtt_door: OnceLock<Arc<crate::mqtt::door::Door>>,
-    pub broker_connections: OnceLock<Arc<dyn Fn() -> usize + Send + Sync>>,
+    parts: Mutex<Vec<Arc<dyn Mirror>>>,
+}
+
+impl Sources {
+    /// Adds a part whose state the gauges mirror from now on.
+    pub fn add(&self, part: Arc<dyn Mirror>) {
+        self.parts.lock().unwrap_or_else(|e| e.into_inner()).push(part);
+    }
+
+    async fn read(&self) -> Mirrored {
+        let parts = self.parts.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut out = Mirrored::default();
+        for p in parts {
+            out = out.and(p.mirrored().await);
+        }
+        out
+    }
 }
 
 impl std::fmt::Debug for Sources {

@@ -8,7 +8,12 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry, reload};
 
-use crate::config::{LogFormat, OpsSettings};
+/// How log records are written (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
 
 /// Changes the log filter of the running process.
 pub struct LogControl {
@@ -29,11 +34,12 @@ impl LogControl {
     }
 }
 
-/// Installs the global subscriber. Call once, before the runtime starts.
-pub fn init(ops: &OpsSettings) -> LogControl {
-    let filter = EnvFilter::try_new(&ops.log_filter).unwrap_or_else(|_| EnvFilter::new("stategate=info"));
+/// Installs the global subscriber, with `log_filter` (a tracing filter) and `format`. Call
+/// once, before the runtime starts.
+pub fn init(log_filter: &str, format: LogFormat) -> LogControl {
+    let filter = EnvFilter::try_new(log_filter).unwrap_or_else(|_| EnvFilter::new("stategate=info"));
     let (filter, handle) = reload::Layer::new(filter);
-    let output = match ops.log_format {
+    let output = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
             // A log file or a pipe gets no escape codes.

@@ -233,8 +233,8 @@ fn flags_parse_with_and_without_the_subcommand() {
 #[test]
 fn store_and_history_flags() {
     let c = Config::default();
-    assert_eq!(c.http.lock_stores.names().collect::<Vec<_>>(), ["lockstore"]);
-    assert_eq!(c.http.configuration_stores.names().collect::<Vec<_>>(), ["configstore"]);
+    assert_eq!(c.dapr.lock_stores.names().collect::<Vec<_>>(), ["lockstore"]);
+    assert_eq!(c.dapr.configuration_stores.names().collect::<Vec<_>>(), ["configstore"]);
     assert_eq!(c.limits.feed, FeedLimits::default());
     let cli = Cli::try_parse_from([
         "stategate",
@@ -247,7 +247,7 @@ fn store_and_history_flags() {
     ])
     .unwrap();
     let c = Config::from_args(cli.serve).unwrap();
-    assert_eq!(c.http.lock_stores.names().collect::<Vec<_>>(), ["locks", "leases"]);
+    assert_eq!(c.dapr.lock_stores.names().collect::<Vec<_>>(), ["locks", "leases"]);
     assert_eq!(c.limits.feed.max_events, 10);
     assert_eq!(c.limits.feed.max_age, Duration::from_secs(5));
     let cli = Cli::try_parse_from(["stategate", "--configuration-store", "a=x||y"]).unwrap();

@@ -167,3 +167,40 @@ impl StoreSpec {
         })
     }
 }
+
+/// What the Dapr APIs of every door share: the stores, who may do what, the limits of a
+/// request, the live configuration subscriptions.
+#[derive(Debug, Clone)]
+pub struct DaprSettings {
+    pub stores: Stores,
+    /// Dapr lock stores (`/v1.0-alpha1/lock/{store}`, gRPC TryLockAlpha1).
+    pub lock_stores: Stores,
+    /// Dapr configuration stores (`/v1.0/configuration/{store}`, gRPC GetConfiguration).
+    pub configuration_stores: Stores,
+    /// Who may do what: tokens, rules, limits (`lib::start` loads it).
+    pub access: crate::access::Access,
+    /// Most operations in one transaction.
+    pub max_transaction_ops: usize,
+    /// Most keys in one bulk get or configuration get.
+    pub max_bulk_keys: usize,
+    /// The id reported by the metadata APIs.
+    pub app_id: String,
+    /// Live configuration subscriptions: clones share it, so the HTTP and gRPC doors end each
+    /// other's subscriptions by id.
+    pub subscriptions: std::sync::Arc<super::configuration::Subscriptions>,
+}
+
+impl Default for DaprSettings {
+    fn default() -> DaprSettings {
+        DaprSettings {
+            stores: Stores::default(),
+            lock_stores: Stores::named("lockstore"),
+            configuration_stores: Stores::named("configstore"),
+            access: crate::access::Access::open(),
+            max_transaction_ops: 1000,
+            max_bulk_keys: 10_000,
+            app_id: "stategate".into(),
+            subscriptions: std::sync::Arc::default(),
+        }
+    }
+}

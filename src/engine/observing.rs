@@ -126,3 +126,21 @@ impl Engine {
         EngineError::QuotaExceeded
     }
 }
+
+/// What the metrics mirror of the engine and its storage, read at each scrape.
+#[async_trait::async_trait]
+impl crate::metrics::Mirror for Engine {
+    async fn mirrored(&self) -> crate::metrics::Mirrored {
+        crate::metrics::Mirrored {
+            keys: self.key_count().await.ok().map(|n| n as u64),
+            value_bytes: self.value_bytes().await.ok().flatten().map(|b| b as u64),
+            storage_writable: Some(self.storage_health() == crate::storage::StorageHealth::Ok),
+            registrations: Some(self.registrations() as u64),
+            observing_clients: Some(self.observing_clients() as u64),
+            feed_held: Some(self.feed_held().1 as u64),
+            keynotify_dropped: Some(self.keynotify_dropped()),
+            expired: Some(self.expired_count()),
+            ..Default::default()
+        }
+    }
+}

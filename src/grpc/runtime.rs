@@ -13,13 +13,13 @@ use super::pb::dapr::proto::common::v1 as common;
 use super::pb::dapr::proto::runtime::v1 as pb;
 use crate::dapr::{self, DaprError, DeleteItem, SaveItem, TxItem, query};
 use crate::engine::Engine;
-use crate::http::HttpSettings;
+use crate::dapr::DaprSettings;
 
 mod blocks;
 
 pub struct Runtime {
     pub(crate) engine: Engine,
-    pub(crate) settings: Arc<HttpSettings>,
+    pub(crate) settings: Arc<DaprSettings>,
 }
 
 const RUNTIME: Surface = Surface::Runtime { transaction: false };

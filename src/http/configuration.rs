@@ -74,7 +74,7 @@ pub async fn get_configuration(
         &grant,
         store,
         keys,
-        st.settings.max_bulk_keys,
+        st.dapr.max_bulk_keys,
         st.engine.limits().scan_page.saturating_mul(10),
     )
     .await
@@ -145,7 +145,7 @@ pub async fn subscribe_configuration(
     };
     let engine_keys = config::subscription_keys(&store, &keys).map_err(|e| ApiError::from_dapr(op, e))?;
     let slot = st
-        .settings
+        .dapr
         .access
         .open_stream(grant.principal())
         .map_err(|e| ApiError::from_engine(op, e))?;
@@ -155,7 +155,7 @@ pub async fn subscribe_configuration(
         .watch(engine_keys, &[])
         .map_err(|e| ApiError::from_dapr(op, e))?
         .and(move |k| grant.may(AccessOp::Read, k));
-    let subscription = st.settings.subscriptions.open(caller.principal());
+    let subscription = st.dapr.subscriptions.open(caller.principal());
     let id = subscription.id().to_owned();
     let first = json_event(
         "subscribe",
@@ -255,7 +255,7 @@ pub async fn unsubscribe_configuration(
     DaprPath((store, id)): DaprPath<(String, String)>,
 ) -> Result<Response, ApiError> {
     st.configuration_store(&store, Op::ConfigurationUnsubscribe)?;
-    if st.settings.subscriptions.close(&id, grant.principal()) {
+    if st.dapr.subscriptions.close(&id, grant.principal()) {
         return Ok(axum::Json(dto::UnsubscribeResponse {
             ok: true,
             message: String::new(),

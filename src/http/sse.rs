@@ -231,7 +231,7 @@ pub async fn subscribe(
         Start::Live | Start::Snapshot => None,
     };
     let slot = st
-        .settings
+        .dapr
         .access
         .open_stream(grant.principal())
         .map_err(|e| ApiError::from_engine(Op::Subscribe, e))?;

@@ -296,7 +296,7 @@ pub async fn bulk_get(
 ) -> Result<axum::Json<Vec<dto::BulkItem>>, ApiError> {
     let store = st.store(&store, Op::BulkGet)?;
     let req: dto::BulkGetRequest = parse_object_or_null(&body.0)?;
-    let entries = dapr::bulk_get(&st.engine, &grant, store, req.keys, st.settings.max_bulk_keys)
+    let entries = dapr::bulk_get(&st.engine, &grant, store, req.keys, st.dapr.max_bulk_keys)
         .await
         .map_err(|e| ApiError::from_dapr(Op::BulkGet, e))?;
     let out = entries
@@ -428,7 +428,7 @@ pub async fn transaction(
             }
         });
     }
-    dapr::transact(&st.engine, &grant, store, &items, st.settings.max_transaction_ops)
+    dapr::transact(&st.engine, &grant, store, &items, st.dapr.max_transaction_ops)
         .await
         .map_err(|e| ApiError::from_dapr(Op::Transaction, e))?;
     Ok(StatusCode::NO_CONTENT)
@@ -497,7 +497,7 @@ pub async fn healthz_outbound() -> StatusCode {
 /// The stores and their features.
 #[utoipa::path(get, path = "/v1.0/metadata", tag = "metadata", responses((status = 200, body = dto::Metadata)))]
 pub async fn metadata(State(st): State<AppState>) -> axum::Json<dto::Metadata> {
-    let settings = &st.settings;
+    let settings = &st.dapr;
     let components = dapr::components(&settings.stores, &settings.lock_stores, &settings.configuration_stores)
         .into_iter()
         .map(|c| dto::ComponentMetadata {
@@ -508,7 +508,7 @@ pub async fn metadata(State(st): State<AppState>) -> axum::Json<dto::Metadata> {
         })
         .collect();
     axum::Json(dto::Metadata {
-        id: st.settings.app_id.clone(),
+        id: st.dapr.app_id.clone(),
         runtime_version: env!("CARGO_PKG_VERSION").into(),
         components,
     })

@@ -285,6 +285,11 @@ impl EmbeddedBroker {
         move || scx.connections.count().max(0) as usize
     }
 
+    /// What the metrics mirror of the broker: its connections.
+    pub fn mirror(&self) -> Arc<dyn crate::metrics::Mirror> {
+        Arc::new(Connections(self.scx.clone()))
+    }
+
     /// Stops accepting and ends the broker's tasks as far as rmqtt allows.
     ///
     /// The listening socket is closed first. Then every session is kicked: connected clients get
@@ -428,3 +433,16 @@ impl SharedSubscription for RoundRobin {
 
 #[cfg(test)]
 mod tests;
+
+/// The broker's connection count, for the metrics.
+struct Connections(ServerContext);
+
+#[async_trait::async_trait]
+impl crate::metrics::Mirror for Connections {
+    async fn mirrored(&self) -> crate::metrics::Mirrored {
+        crate::metrics::Mirrored {
+            broker_connections: Some(self.0.connections.count().max(0) as u64),
+            ..Default::default()
+        }
+    }
+}

@@ -292,6 +292,17 @@ impl Door {
     }
 }
 
+/// What the metrics mirror of the door: the bytes its response cache holds.
+#[async_trait]
+impl crate::metrics::Mirror for Door {
+    async fn mirrored(&self) -> crate::metrics::Mirrored {
+        crate::metrics::Mirrored {
+            response_cache_bytes: Some(self.response_cache_held().1 as u64),
+            ..Default::default()
+        }
+    }
+}
+
 /// Publishes `door`'s KEYNOTIFY notifications through `sink`, in change order, until `stop`.
 /// Each observer is sent a change only if the rules in force now let it observe the key: a
 /// registration made before a reload took `observe` away stays, silent.

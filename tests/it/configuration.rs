@@ -111,7 +111,7 @@ async fn python_sdk_get_subscribe_unsubscribe_see_every_door() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_get_and_the_sse_subscription() {
     use stategate::grpc::pb::dapr::proto::runtime::v1 as rpb;
-    let env = TestEnv::start_with(Broker::Embedded, |c| c.http.max_bulk_keys = 3).await;
+    let env = TestEnv::start_with(Broker::Embedded, |c| c.dapr.max_bulk_keys = 3).await;
     let c = reqwest::Client::new();
     let base = format!("{}/v1.0/configuration/{STORE}", env.http());
     assert_eq!(c.get(&base).send().await.unwrap().status(), 204, "no items");

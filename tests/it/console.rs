@@ -636,7 +636,7 @@ async fn console_in_chromium() {
     };
     let env = TestEnv::start_with(Broker::Embedded, |cfg| {
         // A second store, with its own key prefix, for the store picker and paging.
-        cfg.http.stores =
+        cfg.dapr.stores =
             stategate::dapr::Stores::new(vec!["statestore".parse().unwrap(), "orders=name".parse().unwrap()]);
         // A short history, so the driver can outlast it (`@@churn`).
         cfg.limits.feed.max_events = HISTORY;

@@ -1070,7 +1070,7 @@ async fn percent_encoded_keys_round_trip() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stores_with_key_prefixes() {
     let env = TestEnv::start_with(Broker::Embedded, |c| {
-        c.http.stores = stategate::dapr::Stores::new(vec!["statestore".parse().unwrap(), "s2=name".parse().unwrap()])
+        c.dapr.stores = stategate::dapr::Stores::new(vec!["statestore".parse().unwrap(), "s2=name".parse().unwrap()])
     })
     .await;
     let d1 = Dapr::new(&env, "statestore");

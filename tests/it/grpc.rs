@@ -1115,7 +1115,7 @@ async fn dapr_bulk_get_and_bulk_delete() {
 
 /// ExecuteStateTransaction: in order, all or nothing, INTERNAL on any conflict.
 async fn dapr_transactions(storage: Storage) {
-    let env = TestEnv::start_on(Broker::Embedded, storage, |c| c.http.max_transaction_ops = 4).await;
+    let env = TestEnv::start_on(Broker::Embedded, storage, |c| c.dapr.max_transaction_ops = 4).await;
     let (_, mut d) = clients(&env).await;
     save(&mut d, vec![item("t1", b"1"), item("t2", b"2")]).await;
     within(
@@ -1314,7 +1314,7 @@ async fn dapr_query() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dapr_metadata_and_store_prefixes() {
     let env = TestEnv::start_with(Broker::Embedded, |c| {
-        c.http.stores =
+        c.dapr.stores =
             stategate::dapr::Stores::new(vec!["statestore".parse().unwrap(), "orders=name".parse().unwrap()])
     })
     .await;
@@ -1782,7 +1782,7 @@ fn any_json(v: serde_json::Value) -> prost_types::Any {
 /// Every RPC of the four component services, over the Unix socket, with daprd-style keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn component_api_over_unix_socket() {
-    let (env, _dir, ch) = component_env(|c| c.http.max_transaction_ops = 7).await;
+    let (env, _dir, ch) = component_env(|c| c.dapr.max_transaction_ops = 7).await;
     let mut s = cpb::state_store_client::StateStoreClient::new(ch.clone());
     let mut tx = cpb::transactional_state_store_client::TransactionalStateStoreClient::new(ch.clone());
     let mut q = cpb::queriable_state_store_client::QueriableStateStoreClient::new(ch.clone());

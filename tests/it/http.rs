@@ -424,7 +424,7 @@ async fn api_token_is_required_when_configured() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metadata_lists_stores_and_features() {
     let env = TestEnv::start_with(Broker::Embedded, |c| {
-        c.http.stores =
+        c.dapr.stores =
             stategate::dapr::Stores::new(vec!["statestore".parse().unwrap(), "orders=name".parse().unwrap()])
     })
     .await;
@@ -565,7 +565,7 @@ async fn cross_door_versions_and_notifications(storage: Storage) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_keys_pages_in_key_order_within_a_store() {
     let env = TestEnv::start_with(Broker::Embedded, |c| {
-        c.http.stores =
+        c.dapr.stores =
             stategate::dapr::Stores::new(vec!["statestore".parse().unwrap(), "orders=name".parse().unwrap()]);
         c.limits.scan_page = 7;
     })

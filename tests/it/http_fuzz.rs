@@ -294,7 +294,7 @@ async fn still_works(c: &reqwest::Client, base: &str) {
 /// Both stores: the default one and one with the `name` key prefix (longer engine keys).
 async fn fuzz_env() -> TestEnv {
     TestEnv::start_with(Broker::Embedded, |c| {
-        c.http.stores = stategate::dapr::Stores::new(vec!["statestore".parse().unwrap(), "s2=name".parse().unwrap()])
+        c.dapr.stores = stategate::dapr::Stores::new(vec!["statestore".parse().unwrap(), "s2=name".parse().unwrap()])
     })
     .await
 }

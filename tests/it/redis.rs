@@ -32,7 +32,7 @@ async fn replica(server: &TestServer, node: &str, max_keys: Option<u64>) -> Test
     let node = node.to_owned();
     TestEnv::start_on(Broker::Embedded, Storage::Shared(store), move |c| {
         c.node_id = node.clone();
-        c.http.app_id = node;
+        c.dapr.app_id = node;
         c.limits.max_keys = max_keys;
     })
     .await

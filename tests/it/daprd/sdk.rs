@@ -21,7 +21,7 @@ pub async fn stategate_for(app_id: &str, sockets: &Path, storage: Storage) -> Te
     let app = app_id.to_owned();
     TestEnv::start_on(Broker::Embedded, storage, move |c| {
         c.dapr_component_socket = Some(socket);
-        c.http.stores = Stores::new(vec![
+        c.dapr.stores = Stores::new(vec![
             StoreSpec {
                 name: "statestore".into(),
                 prefix: KeyPrefix::None,
