@@ -4,7 +4,11 @@
 //! streams an online backup of the durable store.
 //!
 //! Memory stays bounded: the export holds one page of records at a time, the backup a few
-//! chunks (the producer waits while the client reads).
+//! chunks (the producer waits while the client reads). A backup's producer waits at most
+//! `--backup-send-timeout` for the client to take a chunk: past it the backup ends, letting go
+//! of the files it holds open, and the stream is cut short (compaction never waits for the
+//! client either way: `storage/durable/backup.rs`). A stalled export holds only its page and its
+//! connection: no thread, no storage state.
 //!
 //! Access rules (`--acl-file`) apply: the export holds only the keys the caller may read (it
 //! shows what GET shows of each: value, version, deadline, fencing token); an import needs
@@ -13,12 +17,14 @@
 //! keys to come included, as files that pause log compaction while they are read) needs `read`
 //! and `admin` on every key (`*` rules).
 
+use std::time::Duration;
+
 use axum::body::Body as RawBody;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::{BufMut, Bytes, BytesMut};
-use futures_util::stream;
+use futures_util::{StreamExt, stream};
 
 use super::error::{ApiError, ErrorBody, Op};
 use super::{AppState, Caller, DaprQuery, dto};
@@ -29,7 +35,7 @@ use crate::storage::{BackupFile, BackupSink};
 
 /// Chunks of the backup stream the producer may run ahead of the client.
 const BACKUP_CHUNKS_AHEAD: usize = 4;
-/// Bytes gathered into one chunk of the backup stream.
+/// Bytes of one part of the backup stream (a larger frame is split into several).
 const BACKUP_CHUNK_BYTES: usize = 256 * 1024;
 
 /// Export every live record (stategate extension).
@@ -173,8 +179,12 @@ pub async fn import(
 /// end    = 0:u8 keys:u64 log_records:u64          the backup is complete
 /// ```
 /// Integers little-endian. A stream without its end was cut short: the copy is incomplete.
+///
+/// Runs on a blocking thread; each chunk waits at most `timeout` for room in the stream.
 struct StreamSink {
-    tx: tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+    tx: tokio::sync::mpsc::Sender<Bytes>,
+    runtime: tokio::runtime::Handle,
+    timeout: Duration,
     buf: BytesMut,
     file: Option<BackupFile>,
 }
@@ -185,9 +195,23 @@ pub const BACKUP_END: u8 = 0;
 
 impl StreamSink {
     fn send(&mut self, chunk: Bytes) -> std::io::Result<()> {
-        self.tx
-            .blocking_send(Ok(chunk))
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away"))
+        let sent = self
+            .runtime
+            .block_on(tokio::time::timeout(self.timeout, self.tx.send(chunk)));
+        match sent {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "the client went away",
+            )),
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "the client took nothing for {} (--backup-send-timeout)",
+                    humantime::format_duration(self.timeout)
+                ),
+            )),
+        }
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
@@ -215,9 +239,15 @@ impl BackupSink for StreamSink {
             self.flush()?;
             self.file = Some(file);
         }
-        self.buf.extend_from_slice(bytes);
-        if self.buf.len() >= BACKUP_CHUNK_BYTES {
-            self.flush()?;
+        // Parts of at most a chunk, however large a frame the backup hands over at once.
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let take = rest.len().min(BACKUP_CHUNK_BYTES - self.buf.len());
+            self.buf.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            if self.buf.len() >= BACKUP_CHUNK_BYTES {
+                self.flush()?;
+            }
         }
         Ok(())
     }
@@ -253,10 +283,16 @@ pub async fn backup(State(st): State<AppState>, Caller(grant): Caller) -> Result
         ));
     }
     let (tx, rx) = tokio::sync::mpsc::channel(BACKUP_CHUNKS_AHEAD);
+    // The end part, or the error that cuts the stream: after every chunk, and never waiting.
+    let (end_tx, end_rx) = tokio::sync::oneshot::channel();
     let engine = st.engine.clone();
+    let timeout = st.settings.backup_send_timeout;
+    let runtime = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
         let mut sink = StreamSink {
-            tx: tx.clone(),
+            tx,
+            runtime,
+            timeout,
             buf: BytesMut::new(),
             file: None,
         };
@@ -265,6 +301,7 @@ pub async fn backup(State(st): State<AppState>, Caller(grant): Caller) -> Result
                 .map_err(|e| crate::engine::EngineError::Storage(e.into()))
                 .map(|()| info)
         });
+        drop(sink);
         let last = match done {
             Ok(info) => {
                 tracing::info!(
@@ -280,12 +317,94 @@ pub async fn backup(State(st): State<AppState>, Caller(grant): Caller) -> Result
                 Ok(end.freeze())
             }
             Err(e) => {
-                tracing::error!(cause = %e, "online backup failed");
+                if by_client(&e) {
+                    tracing::warn!(cause = %e, "online backup cut short");
+                } else {
+                    tracing::error!(cause = %e, "online backup failed");
+                }
                 Err(std::io::Error::other(e.to_string()))
             }
         };
-        let _ = tx.blocking_send(last);
+        let _ = end_tx.send(last);
     });
-    let body = RawBody::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let end = stream::once(async {
+        end_rx
+            .await
+            .unwrap_or_else(|_| Err(std::io::Error::other("the backup ended without an answer")))
+    });
+    let body = RawBody::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok).chain(end));
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response())
+}
+
+/// Whether a backup ended because of its client (gone, or too slow), not of the store.
+fn by_client(e: &crate::engine::EngineError) -> bool {
+    matches!(
+        e,
+        crate::engine::EngineError::Storage(crate::storage::StorageError::Io(io))
+            if matches!(io.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::BrokenPipe)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sink(tx: tokio::sync::mpsc::Sender<Bytes>) -> StreamSink {
+        StreamSink {
+            tx,
+            runtime: tokio::runtime::Handle::current(),
+            timeout: Duration::from_millis(50),
+            buf: BytesMut::new(),
+            file: None,
+        }
+    }
+
+    /// A client that takes nothing: the backup's sink gives up after its timeout (the backup
+    /// then ends) instead of waiting for as long as the connection stays open.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_backup_stream_nobody_reads_times_out() {
+        let (tx, _client) = tokio::sync::mpsc::channel(1);
+        let mut sink = sink(tx);
+        // A full chunk goes as a head and a body: the body finds no room.
+        let got = tokio::task::spawn_blocking(move || sink.write(BackupFile::Log { seq: 1 }, &[0; BACKUP_CHUNK_BYTES]))
+            .await
+            .unwrap();
+        assert_eq!(got.unwrap_err().kind(), std::io::ErrorKind::TimedOut);
+    }
+
+    /// However large a frame the backup hands over, the stream holds parts of a chunk (the
+    /// client refuses parts over 64 MiB; memory stays a few chunks ahead of the client).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_large_frame_goes_as_parts_of_a_chunk() {
+        let (tx, mut client) = tokio::sync::mpsc::channel(64);
+        let mut sink = sink(tx);
+        let frame = vec![7u8; 5 * BACKUP_CHUNK_BYTES / 2];
+        tokio::task::spawn_blocking(move || {
+            sink.write(BackupFile::Snapshot { seq: 3 }, &frame)?;
+            sink.flush()
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        let mut parts = Vec::new();
+        while let Ok(head) = client.try_recv() {
+            let body = client.try_recv().unwrap();
+            assert_eq!(head[..9], [BACKUP_PART_SNAPSHOT, 3, 0, 0, 0, 0, 0, 0, 0]);
+            assert_eq!(u32::from_le_bytes(head[9..13].try_into().unwrap()) as usize, body.len());
+            parts.push(body.len());
+        }
+        let chunk = BACKUP_CHUNK_BYTES;
+        assert_eq!(parts, [chunk, chunk, chunk / 2]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_backup_stream_whose_client_left_fails_at_once() {
+        let (tx, client) = tokio::sync::mpsc::channel(1);
+        drop(client);
+        let mut sink = sink(tx);
+        let got = tokio::task::spawn_blocking(move || sink.write(BackupFile::Log { seq: 1 }, &[0; BACKUP_CHUNK_BYTES]))
+            .await
+            .unwrap();
+        assert_eq!(got.unwrap_err().kind(), std::io::ErrorKind::BrokenPipe);
+    }
 }

@@ -64,11 +64,17 @@ struct ToSink<'a> {
 
 impl ToSink<'_> {
     fn send(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        self.pending.extend_from_slice(bytes);
-        if self.pending.len() >= SEND_BYTES {
-            self.flush()?;
+        if self.pending.len() + bytes.len() < SEND_BYTES {
+            self.pending.extend_from_slice(bytes);
+            return Ok(());
         }
-        Ok(())
+        self.flush()?;
+        if bytes.len() < SEND_BYTES {
+            self.pending.extend_from_slice(bytes);
+            return Ok(());
+        }
+        // A large frame goes as it is (the sink splits what it must), not copied again.
+        self.sink.write(self.file, bytes)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
