@@ -1,14 +1,13 @@
 //! Moving whole stores with the real binary: `stategate export` from a running service, `import`
 //! into a fresh memory service, a stopped durable directory and Redis (same records, same
-//! versions); `backup` of a durable service under write load (the copy is one point of the
-//! log); the api token on the admin routes.
+//! versions); `backup` of a durable service (`transfer/backup.rs`); the api token on the admin
+//! routes.
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::Bytes;
-use stategate::engine::{Command, Engine, Set, SetCondition, TxOp};
+use stategate::engine::{Command, Engine, Set, SetCondition};
 use stategate::hlc::Hlc;
 use stategate::storage::{Record, StorageKind, Store};
 use tokio::process::Command as Process;
@@ -17,6 +16,8 @@ use crate::redis::server::{Flavor, TestServer};
 use crate::support::{Broker, Storage, TestEnv, WAIT};
 
 const BIN: &str = env!("CARGO_BIN_EXE_stategate");
+
+mod backup;
 
 /// Runs the binary (no `STATEGATE_*` inherited), bounded; returns (exit code, stderr).
 async fn stategate(args: &[&str]) -> (i32, String) {
@@ -218,140 +219,6 @@ async fn export_then_import_into_memory_durable_and_redis_keeps_records_and_vers
     assert_eq!(fresh.engine().key_count().await.unwrap(), 0);
     fresh.stop().await;
     source.stop().await;
-}
-
-/// Pairs written together (one transaction each) and a sequence written one after another,
-/// while `stategate backup` runs: the copy has every pair equal, a sequence without a gap that
-/// holds every write acknowledged before the backup started, and opens as a data directory.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_backup_under_write_load_restores_to_one_point_of_the_log() {
-    let tmp = tempfile::tempdir().unwrap();
-    let key = crate::durability::key_file(tmp.path());
-    let mut config = durable_config(&tmp.path().join("data"));
-    config.fsync = stategate::storage::durable::FsyncMode::Never;
-    config.encryption_key_file = Some(key.clone());
-    let store = Store::open(&config).await.unwrap();
-    let env = TestEnv::start_on(Broker::Embedded, Storage::Shared(store), |_| {}).await;
-    let engine = env.engine().clone();
-    // Padding: the pairs' keys land in different snapshot chunks.
-    for i in 0..1500u32 {
-        engine
-            .execute(Command::Set(set(format!("m-{i:05}").as_bytes(), b"pad")))
-            .await
-            .unwrap();
-    }
-    let stop = Arc::new(AtomicBool::new(false));
-    let sequenced = Arc::new(AtomicU64::new(0));
-    let mut load = Vec::new();
-    for t in 0..3u64 {
-        let (engine, stop) = (engine.clone(), stop.clone());
-        load.push(tokio::spawn(async move {
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                n += 1;
-                let i = t * 10 + n % 10;
-                let value = n.to_string();
-                engine
-                    .transact(vec![
-                        TxOp::Set(set(format!("a-{i}").as_bytes(), value.as_bytes())),
-                        TxOp::Set(set(format!("z-{i}").as_bytes(), value.as_bytes())),
-                    ])
-                    .await
-                    .unwrap();
-            }
-        }));
-    }
-    {
-        let (engine, stop, sequenced) = (engine.clone(), stop.clone(), sequenced.clone());
-        load.push(tokio::spawn(async move {
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                n += 1;
-                engine
-                    .execute(Command::Set(set(format!("p-{n:06}").as_bytes(), b"s")))
-                    .await
-                    .unwrap();
-                sequenced.store(n, Ordering::SeqCst);
-            }
-        }));
-    }
-    let wait = async {
-        while sequenced.load(Ordering::SeqCst) < 100 {
-            tokio::task::yield_now().await;
-        }
-    };
-    tokio::time::timeout(WAIT, wait).await.expect("the load runs");
-    let acked_before = sequenced.load(Ordering::SeqCst);
-    let to = tmp.path().join("backup");
-    let (code, err) = stategate(&["backup", "--to", to.to_str().unwrap(), "--http", &env.http()]).await;
-    let acked_after = sequenced.load(Ordering::SeqCst);
-    stop.store(true, Ordering::Relaxed);
-    for t in load {
-        t.await.unwrap();
-    }
-    assert_eq!(code, 0, "{err}");
-    eprintln!("{err}");
-    let (code, err) = stategate(&["backup", "--to", to.to_str().unwrap(), "--http", &env.http()]).await;
-    assert_eq!(code, 2, "the directory is not empty: {err}");
-    env.stop().await;
-
-    let mut restored = durable_config(&to);
-    restored.encryption_key_file = Some(key);
-    let copy = Store::open(&restored)
-        .await
-        .expect("the backup opens as a data directory");
-    for i in 0..30u64 {
-        let a = copy
-            .backend()
-            .get(format!("a-{i}").as_bytes())
-            .await
-            .unwrap()
-            .map(|r| r.value);
-        let z = copy
-            .backend()
-            .get(format!("z-{i}").as_bytes())
-            .await
-            .unwrap()
-            .map(|r| r.value);
-        assert_eq!(a, z, "pair {i} was written together");
-    }
-    let seq = copy
-        .backend()
-        .scan(Some(b"p-"), 1_000_000, 0, &|k| k.starts_with(b"p-"))
-        .await
-        .unwrap();
-    let m = seq.keys.len() as u64;
-    assert!(m >= acked_before, "{m} < {acked_before} acknowledged before the backup");
-    assert!(
-        m <= acked_after + 1,
-        "{m} > {acked_after} written by the end of the backup"
-    );
-    for n in 1..=m {
-        assert!(
-            copy.backend()
-                .get(format!("p-{n:06}").as_bytes())
-                .await
-                .unwrap()
-                .is_some(),
-            "p-{n} missing: a gap"
-        );
-    }
-    eprintln!("backup: sequence {acked_before}..={acked_after} running, {m} in the copy");
-
-    // A memory service has no online backup: a clear refusal.
-    let memory = TestEnv::start(Broker::Embedded).await;
-    let (code, err) = stategate(&[
-        "backup",
-        "--to",
-        tmp.path().join("none").to_str().unwrap(),
-        "--http",
-        &memory.http(),
-    ])
-    .await;
-    assert_eq!(code, 2, "{err}");
-    assert!(err.contains("durable"), "{err}");
-    assert!(!tmp.path().join("none").exists(), "nothing left behind");
-    memory.stop().await;
 }
 
 /// `rekey` on a stopped store, then the service needs the new key.
