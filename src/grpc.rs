@@ -18,9 +18,9 @@ use tonic::transport::Server;
 use tonic::{Request, Status};
 
 use crate::access::{Access, Grant, Refusal};
+use crate::dapr::DaprSettings;
 use crate::dapr::StoreSpec;
 use crate::engine::Engine;
-use crate::dapr::DaprSettings;
 use crate::listener::Listener;
 use crate::listener::inflight::InFlight;
 

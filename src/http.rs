@@ -218,7 +218,14 @@ pub fn openapi_json() -> String {
 /// The HTTP door's router. `info` is what the status route reports about the service.
 pub fn router(engine: Engine, settings: HttpSettings, dapr: DaprSettings, info: ServiceInfo) -> Router {
     let inflight = InFlight::new(settings.max_inflight, settings.max_streams);
-    router_observed(engine, settings, dapr, info, inflight, crate::health::Observe::default())
+    router_observed(
+        engine,
+        settings,
+        dapr,
+        info,
+        inflight,
+        crate::health::Observe::default(),
+    )
 }
 
 /// [`router`] counting requests in `inflight` (tests read it to know a request is in flight),

@@ -339,7 +339,11 @@ mod cache_tests {
         let fleet = 3 * DEFAULT_CACHED_PRINCIPALS;
         for n in 0..fleet {
             assert!(rules.allowed(&hot).may(Op::Read, b"devices/gateway/t"));
-            assert!(rules.allowed(&device(n)).may(Op::Read, format!("devices/dev-{n}/t").as_bytes()));
+            assert!(
+                rules
+                    .allowed(&device(n))
+                    .may(Op::Read, format!("devices/dev-{n}/t").as_bytes())
+            );
         }
         assert_eq!(rules.compiled(), fleet as u64 + 1, "the gateway compiled once");
         assert!(

@@ -11,9 +11,9 @@ use super::error::{Surface, from_dapr};
 use super::grant_of;
 use super::pb::dapr::proto::common::v1 as common;
 use super::pb::dapr::proto::runtime::v1 as pb;
+use crate::dapr::DaprSettings;
 use crate::dapr::{self, DaprError, DeleteItem, SaveItem, TxItem, query};
 use crate::engine::Engine;
-use crate::dapr::DaprSettings;
 
 mod blocks;
 

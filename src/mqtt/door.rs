@@ -17,8 +17,8 @@ use super::dedup::{Dedup, Seen};
 use super::request::{
     self, Caller, Outgoing, PROP_PROTOCOL_VERSION, PROP_SOURCE_ID, PROP_TIMESTAMP, PROTOCOL_VERSION, Request,
 };
-use crate::access::{Access, Op, Principal};
 use crate::access::limits::{PerKeyCounts, PerKeySlot};
+use crate::access::{Access, Op, Principal};
 use crate::engine::{ChangeKind, Engine, KeyNotification, KeyNotifyReceiver, RequestId};
 
 /// Where a transport publishes answers and notifications.

@@ -34,10 +34,10 @@ use tokio::sync::{Semaphore, watch};
 use tracing::{debug, warn};
 
 use super::INVOKE_TOPIC;
-use crate::access::{Access, Principal};
 use super::broker::session_token;
 use super::door::{self, Door, Sink};
 use super::request::{CONTENT_TYPE, Caller, Outgoing, Request};
+use crate::access::{Access, Principal};
 
 /// Publishes into the broker as the service.
 struct BrokerSink {

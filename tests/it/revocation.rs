@@ -130,8 +130,11 @@ async fn keynotify_falls_silent_when_a_reload_takes_observe_away() {
     let dir = tempfile::tempdir().unwrap();
     let env = start(dir.path()).await;
     let mut dev = RawClient::connect(env.broker_port, "dev-1").await;
-    dev.subscribe(&format!("{NOTIFY_PREFIX}/{}/command/notify/+", hex::encode_upper("dev-1")))
-        .await;
+    dev.subscribe(&format!(
+        "{NOTIFY_PREFIX}/{}/command/notify/+",
+        hex::encode_upper("dev-1")
+    ))
+    .await;
     for key in [&b"devices/dev-1/x"[..], b"devices/dev-1/y"] {
         let r = dev.request(&[b"KEYNOTIFY", key], &[]).await;
         assert_eq!(&r.payload[..], b"+OK\r\n");
@@ -194,7 +197,10 @@ async fn streams_of_a_removed_token_end_and_others_go_on() {
         .await
         .unwrap()
         .into_inner();
-    within("the first message", grpc_config.message()).await.unwrap().expect("open");
+    within("the first message", grpc_config.message())
+        .await
+        .unwrap()
+        .expect("open");
     // Every stream is live: a change reaches each.
     save(&env, "app/c", "1").await;
     assert_eq!(viewer_sse.next().await.expect("open").0, "set");
@@ -212,7 +218,9 @@ async fn streams_of_a_removed_token_end_and_others_go_on() {
     assert_eq!(viewer_config.next().await, None);
     let e = within("the watch to end", watch.message()).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e}");
-    let e = within("the subscription to end", grpc_config.message()).await.unwrap_err();
+    let e = within("the subscription to end", grpc_config.message())
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e}");
     // The app's token stays, and so does its stream.
     save(&env, "app/c", "2").await;
@@ -236,7 +244,10 @@ async fn only_its_owner_ends_a_configuration_subscription() {
         .to_owned();
     let unsubscribe = |token: &'static str| {
         reqwest::Client::new()
-            .get(format!("{}/v1.0/configuration/configstore/{id}/unsubscribe", env.http()))
+            .get(format!(
+                "{}/v1.0/configuration/configstore/{id}/unsubscribe",
+                env.http()
+            ))
             .header("dapr-api-token", token)
             .send()
     };

@@ -153,10 +153,13 @@ async fn subscriptions_end_by_id_and_leave_when_dropped() {
     assert_eq!(a.id().len(), 32);
     assert_eq!(subs.len(), 2);
     // Someone else's id ends nothing.
-    for other in [crate::access::Principal::default(), crate::access::Principal {
-        token: Some("viewer".into()),
-        ..Default::default()
-    }] {
+    for other in [
+        crate::access::Principal::default(),
+        crate::access::Principal {
+            token: Some("viewer".into()),
+            ..Default::default()
+        },
+    ] {
         assert!(!subs.close(a.id(), &other));
     }
     assert_eq!(subs.len(), 2);

@@ -358,7 +358,7 @@ fn frame_counts_and_depth_are_bounded() {
 // ----- fixtures -----
 
 fn fixture_dir() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/resp3")
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/resp3")
 }
 
 fn fixture(name: &str) -> Bytes {
