@@ -31,13 +31,13 @@ pub mod health;
 pub use stategate_hlc as hlc;
 pub mod http;
 pub mod listener;
-pub mod metrics;
+pub use stategate_telemetry::metrics;
 pub mod mqtt;
 pub use stategate_resp3 as resp3;
 mod running;
-pub mod secret;
+pub use stategate_telemetry::secret;
 pub mod storage;
-pub mod telemetry;
+pub use stategate_telemetry as telemetry;
 pub mod tls;
 
 use config::{BrokerChoice, Config};

@@ -1,6 +1,13 @@
+//! What the service tells its operators, knowing nothing of the engine or the doors: logs,
+//! metrics ([`metrics`]: the parts report through [`metrics::Mirror`]) and the masking of
+//! secrets in what is logged ([`secret`]).
+//!
 //! Logs: `tracing` records to stderr as text (colours only on a terminal) or JSON lines, with a
 //! filter that SIGHUP can change (`--log-level`). With the cargo feature `otlp`, spans are also
 //! exported over OTLP/gRPC (see [`otlp`]).
+
+pub mod metrics;
+pub mod secret;
 
 use std::io::IsTerminal;
 
