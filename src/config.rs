@@ -25,7 +25,6 @@ mod net;
 mod url;
 
 pub use net::{CertIdentity, MqttTlsListener, NetArgs, NetSettings, TlsFiles};
-pub(crate) use url::percent_decode;
 pub use url::{BrokerUrl, MqttCredentials, mask_url_password, parse_broker_url, parse_mqtt_url};
 
 #[derive(Debug, Parser)]

@@ -37,7 +37,7 @@ impl std::fmt::Debug for MqttCredentials {
     }
 }
 
-pub use crate::secret::mask_url_password;
+pub use crate::secret::{mask_url_password, percent_decode};
 
 /// `mqtt[s]://[user[:password]@]host[:port]`; the port defaults to 1883 (8883 with TLS).
 /// User and password are percent-decoded.
@@ -90,17 +90,3 @@ pub fn parse_broker_url(url: &str) -> Result<BrokerUrl, ConfigError> {
     })
 }
 
-/// `%XX` escapes decoded (a password may hold `@`, `:` or `/`); `None` if malformed.
-pub(crate) fn percent_decode(s: &str) -> Option<String> {
-    let mut out = Vec::with_capacity(s.len());
-    let mut bytes = s.bytes();
-    while let Some(b) = bytes.next() {
-        if b == b'%' {
-            let hex = [bytes.next()?, bytes.next()?];
-            out.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
-        } else {
-            out.push(b);
-        }
-    }
-    String::from_utf8(out).ok()
-}

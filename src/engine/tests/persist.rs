@@ -93,3 +93,71 @@ async fn memory_storage_refuses_and_durable_storage_accepts() {
 }
 
 on_every_backend!(a_set_asking_for_persistence_follows_the_storage);
+
+/// Versions, deadlines and the key count through the engine, across a reopen with a clock that
+/// went backwards and then forwards.
+#[tokio::test]
+async fn engine_after_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = |key: &str, ttl_ms: Option<u64>| {
+        Command::Set(Set {
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            value: Bytes::from_static(b"v"),
+            condition: SetCondition::Always,
+            ttl_ms,
+            timestamp: None,
+            fencing: None,
+            persist: false,
+        })
+    };
+    let limits = Limits {
+        max_keys: Some(4),
+        ..Limits::default()
+    };
+    let first = {
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let engine = Engine::open(Store::new(DurableBackend::open(DurableOptions::new(dir.path())).unwrap()), "n", clock, limits.clone())
+            .await
+            .unwrap();
+        let r = engine.execute(set("k", None)).await.unwrap();
+        engine.execute(set("short", Some(100))).await.unwrap();
+        engine.execute(set("other", None)).await.unwrap();
+        // A DEL's version is issued but not stored with any record.
+        engine.execute(set("gone", None)).await.unwrap();
+        let del = engine
+            .execute(Command::Del(Del {
+                key: Bytes::from_static(b"gone"),
+                fencing: None,
+                condition: DelCondition::Always,
+            }))
+            .await
+            .unwrap();
+        (r.version.unwrap(), del.version.unwrap())
+    };
+    let (first, deleted) = first;
+    // The wall clock went back a minute while the service was down.
+    let clock = Arc::new(ManualClock::new(940_000));
+    let engine = Engine::open(Store::new(DurableBackend::open(DurableOptions::new(dir.path())).unwrap()), "n", clock.clone(), limits.clone())
+        .await
+        .unwrap();
+    // The first version issued after the restart: past the DEL's (which is past every stored one).
+    let r = engine.execute(set("gone", None)).await.unwrap();
+    assert!(r.version.unwrap() > deleted, "past the DEL's version too");
+    let r = engine.execute(set("k", None)).await.unwrap();
+    assert!(r.version.unwrap() > first, "the version moved forward");
+    // The key count was restored ("gone" made it four): a fifth key does not fit.
+    let refused = engine.execute(set("fifth", None)).await;
+    assert!(matches!(refused, Err(EngineError::QuotaExceeded)), "{refused:?}");
+    drop(engine);
+
+    // Later, "short" has expired while the service was down: it is not served.
+    let clock = Arc::new(ManualClock::new(2_000_000));
+    let engine = Engine::open(Store::new(DurableBackend::open(DurableOptions::new(dir.path())).unwrap()), "n", clock, limits).await.unwrap();
+    let got = engine
+        .execute(Command::Get(Get { key: Bytes::from_static(b"short") }))
+        .await
+        .unwrap();
+    assert_eq!(got.reply, Reply::Nil);
+    // It was removed, which made room.
+    engine.execute(set("fifth", None)).await.unwrap();
+}

@@ -14,7 +14,7 @@ use redis::sentinel::{Sentinel, SentinelNodeConnectionInfo};
 use redis::{Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisError, ServerErrorKind, Value};
 
 use super::{LuaScript, Shared};
-use crate::config::percent_decode;
+use crate::secret::percent_decode;
 use crate::storage::{RedisUrl, RoundTrips, StorageError};
 
 /// Where the primary is. One per backend, so the variants' sizes do not matter.
