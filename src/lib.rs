@@ -38,7 +38,7 @@ mod running;
 pub use stategate_telemetry::secret;
 pub mod storage;
 pub use stategate_telemetry as telemetry;
-pub mod tls;
+pub use stategate_net::tls;
 
 use config::{BrokerChoice, Config};
 use engine::{Engine, EngineError};
