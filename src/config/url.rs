@@ -89,4 +89,3 @@ pub fn parse_broker_url(url: &str) -> Result<BrokerUrl, ConfigError> {
         credentials,
     })
 }
-

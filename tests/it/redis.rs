@@ -13,7 +13,7 @@ use stategate::storage::{StorageKind, Store};
 
 use crate::support::{Broker, RawClient, Storage, TestEnv, WAIT, free_port, now_ts, prop, unique_id};
 
-#[path = "../../src/storage/redis/server.rs"]
+#[path = "../../crates/storage/src/redis/server.rs"]
 pub(crate) mod server;
 
 use server::{Flavor, TestServer};

@@ -116,9 +116,14 @@ async fn engine_after_a_reopen() {
     };
     let first = {
         let clock = Arc::new(ManualClock::new(1_000_000));
-        let engine = Engine::open(Store::new(DurableBackend::open(DurableOptions::new(dir.path())).unwrap()), "n", clock, limits.clone())
-            .await
-            .unwrap();
+        let engine = Engine::open(
+            Store::new(DurableBackend::open(DurableOptions::new(dir.path())).unwrap()),
+            "n",
+            clock,
+            limits.clone(),
+        )
+        .await
+        .unwrap();
         let r = engine.execute(set("k", None)).await.unwrap();
         engine.execute(set("short", Some(100))).await.unwrap();
         engine.execute(set("other", None)).await.unwrap();
@@ -137,9 +142,14 @@ async fn engine_after_a_reopen() {
     let (first, deleted) = first;
     // The wall clock went back a minute while the service was down.
     let clock = Arc::new(ManualClock::new(940_000));
-    let engine = Engine::open(Store::new(DurableBackend::open(DurableOptions::new(dir.path())).unwrap()), "n", clock.clone(), limits.clone())
-        .await
-        .unwrap();
+    let engine = Engine::open(
+        Store::new(DurableBackend::open(DurableOptions::new(dir.path())).unwrap()),
+        "n",
+        clock.clone(),
+        limits.clone(),
+    )
+    .await
+    .unwrap();
     // The first version issued after the restart: past the DEL's (which is past every stored one).
     let r = engine.execute(set("gone", None)).await.unwrap();
     assert!(r.version.unwrap() > deleted, "past the DEL's version too");
@@ -152,9 +162,18 @@ async fn engine_after_a_reopen() {
 
     // Later, "short" has expired while the service was down: it is not served.
     let clock = Arc::new(ManualClock::new(2_000_000));
-    let engine = Engine::open(Store::new(DurableBackend::open(DurableOptions::new(dir.path())).unwrap()), "n", clock, limits).await.unwrap();
+    let engine = Engine::open(
+        Store::new(DurableBackend::open(DurableOptions::new(dir.path())).unwrap()),
+        "n",
+        clock,
+        limits,
+    )
+    .await
+    .unwrap();
     let got = engine
-        .execute(Command::Get(Get { key: Bytes::from_static(b"short") }))
+        .execute(Command::Get(Get {
+            key: Bytes::from_static(b"short"),
+        }))
         .await
         .unwrap();
     assert_eq!(got.reply, Reply::Nil);

@@ -315,9 +315,19 @@ struct MidScan {
     writes: Mutex<Vec<(bool, &'static str, Option<&'static str>)>>,
 }
 
-// `Store::new` takes the backend by value: the test keeps another handle on it.
+/// `Store::new` takes the backend by value: the test keeps another handle on it.
+#[derive(Clone)]
+struct Shared(Arc<MidScan>);
+
+impl std::ops::Deref for Shared {
+    type Target = MidScan;
+    fn deref(&self) -> &MidScan {
+        &self.0
+    }
+}
+
 #[async_trait]
-impl Backend for Arc<MidScan> {
+impl Backend for Shared {
     async fn get(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {
         self.inner.get(key).await
     }
@@ -369,11 +379,11 @@ impl Backend for Arc<MidScan> {
 
 #[tokio::test]
 async fn writes_during_a_page_scan_are_read_again_under_the_lock() {
-    let backend = Arc::new(MidScan {
+    let backend = Shared(Arc::new(MidScan {
         inner: MemoryBackend::default(),
         engine: OnceLock::new(),
         writes: Mutex::new(Vec::new()),
-    });
+    }));
     let store = Store::new(backend.clone());
     let e = engine_with(store, 3, FeedLimits::default()).await;
     let _ = backend.engine.set(e.clone());

@@ -6,6 +6,13 @@
 //! for several keys at once, all or nothing (transactions). The Redis backend implements both
 //! with a server-side script; the in-memory backend with a lock.
 
+pub mod dump;
+use stategate_hlc as hlc;
+#[cfg(feature = "redis")]
+use stategate_net::tls;
+use stategate_telemetry::metrics;
+use stategate_telemetry::secret;
+
 use std::sync::Arc;
 
 use async_trait::async_trait;

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::*;
+use crate::Store;
 use crate::hlc::ManualClock;
-use crate::storage::Store;
 
 fn b(s: &[u8]) -> Bytes {
     Bytes::copy_from_slice(s)
@@ -109,7 +109,7 @@ fn flip_byte(path: &Path, at: usize) {
 #[tokio::test]
 async fn contract_always() {
     let dir = tempfile::tempdir().unwrap();
-    crate::storage::tests::test_suite(open(dir.path())).await;
+    crate::tests::test_suite(open(dir.path())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -118,7 +118,7 @@ async fn contract_batch_and_never_multi_thread() {
         let dir = tempfile::tempdir().unwrap();
         let mut o = options(dir.path());
         o.fsync = fsync;
-        crate::storage::tests::test_suite(Store::new(DurableBackend::open(o).unwrap())).await;
+        crate::tests::test_suite(Store::new(DurableBackend::open(o).unwrap())).await;
     }
 }
 
@@ -182,7 +182,7 @@ async fn contract_with_constant_compaction() {
     o.segment_bytes = 256;
 
     let store = Store::new(DurableBackend::open(o.clone()).unwrap());
-    crate::storage::tests::test_suite(store.clone()).await;
+    crate::tests::test_suite(store.clone()).await;
     let before = contents(&store).await;
     assert!(!before.records.is_empty(), "the suite leaves records behind");
     let max_before = store.backend().max_version().await.unwrap().unwrap();

@@ -10,8 +10,8 @@ use bytes::Bytes;
 use tokio::sync::{Notify, oneshot, watch};
 
 use super::Lsn;
-use crate::storage::memory::Undo;
-use crate::storage::{StorageError, StorageHealth};
+use crate::memory::Undo;
+use crate::{StorageError, StorageHealth};
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())

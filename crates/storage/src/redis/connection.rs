@@ -15,7 +15,7 @@ use redis::{Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisError, Serv
 
 use super::{LuaScript, Shared};
 use crate::secret::percent_decode;
-use crate::storage::{RedisUrl, RoundTrips, StorageError};
+use crate::{RedisUrl, RoundTrips, StorageError};
 
 /// Where the primary is. One per backend, so the variants' sizes do not matter.
 #[allow(clippy::large_enum_variant)]
@@ -498,7 +498,7 @@ mod tests {
     use super::*;
 
     fn spec(url: &str) -> Result<SentinelSpec, StorageError> {
-        let crate::storage::StorageKind::Redis(url) = url.parse().expect("a storage url") else {
+        let crate::StorageKind::Redis(url) = url.parse().expect("a storage url") else {
             panic!("not redis: {url}");
         };
         SentinelSpec::parse(&url)

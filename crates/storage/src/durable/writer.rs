@@ -18,7 +18,7 @@ use std::time::Instant;
 use super::format::{Codec, Cursor, FileType};
 use super::shared::{Ack, Refused, Shared, lock};
 use super::{DurableOptions, FsyncMode, Lsn, segment_name, snapshot, sync_dir};
-use crate::storage::memory::{MemoryBackend, Undo};
+use crate::memory::{MemoryBackend, Undo};
 
 /// How many times the commit thread yields before sleeping when the queue is empty.
 const SPIN_YIELDS: usize = 32;

@@ -3,7 +3,7 @@
 //! someone who can write the data directory (but has no key) stop startup as corruption.
 
 use super::*;
-use crate::storage::durable::crypt::EncryptionKey;
+use crate::durable::crypt::EncryptionKey;
 
 fn key(byte: u8) -> EncryptionKey {
     EncryptionKey::from_bytes([byte; 32], format!("/keys/{byte}.key"))
@@ -139,7 +139,7 @@ async fn snapshot_chunks_swapped_are_refused() {
 /// --data-dir` still reads it, and `rekey` under the same key rewrites it in the current format.
 #[tokio::test]
 async fn a_store_in_the_earlier_format_is_refused_until_rekeyed() {
-    use crate::storage::durable::crypt::Cipher;
+    use crate::durable::crypt::Cipher;
 
     let dir = tempfile::tempdir().unwrap();
     let cipher = Cipher::new(&key(6)).unwrap();

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 
 use crate::hlc::Hlc;
-use crate::storage::{Record, StorageError};
+use crate::{Record, StorageError};
 
 /// The fields of a record hash, in the order [`decode_record`] takes them.
 pub const RECORD_FIELDS: [&str; 4] = ["v", "ver", "ft", "exp"];

@@ -5,8 +5,8 @@
 use std::collections::HashSet;
 
 use super::*;
-use crate::storage::durable::crypt::{Cipher, EncryptionKey, NONCE_LEN};
-use crate::storage::durable::format::{Codec, Cursor, FileType, FormatError, HeaderError};
+use crate::durable::crypt::{Cipher, EncryptionKey, NONCE_LEN};
+use crate::durable::format::{Codec, Cursor, FileType, FormatError, HeaderError};
 
 fn key(byte: u8) -> EncryptionKey {
     EncryptionKey::from_bytes([byte; 32], format!("/keys/{byte}.key"))

@@ -512,7 +512,9 @@ impl Backend for RedisBackend {
     }
 }
 
-#[cfg(test)]
-pub(crate) mod server;
+/// Real Redis and Valkey servers for tests (this crate's and the engine's: feature
+/// `test-support`).
+#[cfg(any(test, feature = "test-support"))]
+pub mod server;
 #[cfg(test)]
 mod tests;

@@ -10,7 +10,7 @@ use bytes::Bytes;
 
 use super::server::{Flavor, TestServer};
 use super::*;
-use crate::storage::Store;
+use crate::Store;
 
 /// Bound on waiting for an outcome (a call that must fail or recover).
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -28,7 +28,7 @@ fn options(prefix: &str) -> RedisOptions {
 
 fn url(server: &TestServer) -> RedisUrl {
     match server.url().parse() {
-        Ok(crate::storage::StorageKind::Redis(url)) => url,
+        Ok(crate::StorageKind::Redis(url)) => url,
         other => panic!("not a redis url: {other:?}"),
     }
 }
@@ -80,19 +80,19 @@ async fn swap(be: &dyn Backend, s: Swap, max_keys: Option<u64>) -> Result<SwapOu
 #[tokio::test]
 async fn contract_on_redis() {
     let server = TestServer::start(Flavor::Redis);
-    crate::storage::tests::test_suite(open(&server).await).await;
+    crate::tests::test_suite(open(&server).await).await;
 }
 
 #[tokio::test]
 async fn contract_on_valkey() {
     let server = TestServer::start(Flavor::Valkey);
-    crate::storage::tests::test_suite(open(&server).await).await;
+    crate::tests::test_suite(open(&server).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contract_on_redis_multi_thread() {
     let server = TestServer::start(Flavor::Redis);
-    crate::storage::tests::test_suite(open(&server).await).await;
+    crate::tests::test_suite(open(&server).await).await;
 }
 
 #[tokio::test]
@@ -315,7 +315,7 @@ async fn open_waits_for_the_server_then_gives_up() {
 #[tokio::test]
 async fn a_bad_url_is_refused_without_showing_the_password() {
     let url = match "redis://user:hunter2@127.0.0.1:notaport".parse() {
-        Ok(crate::storage::StorageKind::Redis(url)) => url,
+        Ok(crate::StorageKind::Redis(url)) => url,
         other => panic!("{other:?}"),
     };
     match RedisBackend::open(&url, &options("sg:")).await {
@@ -480,7 +480,7 @@ async fn the_index_orders_raw_bytes() {
 /// set, the clients hash and the registry count were written, then the log's INCR failed).
 #[tokio::test]
 async fn the_observe_script_checks_before_it_writes() {
-    use crate::storage::log::{ObserverBounds, ObserverOp};
+    use crate::log::{ObserverBounds, ObserverOp};
     let server = TestServer::start(Flavor::Redis);
     let be = open_with(&server, &options("sg:")).await;
     let mut conn = raw(&server).await;

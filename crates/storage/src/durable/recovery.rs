@@ -29,8 +29,8 @@ use std::path::Path;
 
 use super::format::{self, Codec, Cursor, Decoder, FileId, FileType, HeaderError, Payload};
 use super::{segment_name, snapshot_name, sync_dir, writer};
-use crate::storage::StorageError;
-use crate::storage::memory::MemoryBackend;
+use crate::StorageError;
+use crate::memory::MemoryBackend;
 
 /// Whether recovery may repair the directory (cut a torn tail, remove what a snapshot
 /// replaced) and leave the newest segment open for appending.

@@ -31,7 +31,7 @@ use super::format::{self, Codec, FileType};
 use super::recovery::{FileKind, parse_name};
 use super::shared::lock;
 use super::{DurableBackend, segment_name, snapshot_name};
-use crate::storage::{BackupFile, BackupInfo, BackupSink, OnlineBackup, StorageError};
+use crate::{BackupFile, BackupInfo, BackupSink, OnlineBackup, StorageError};
 
 /// How often a backup looks again whether a compaction it waits for has finished.
 const FLAG_POLL: Duration = Duration::from_millis(20);

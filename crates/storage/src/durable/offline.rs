@@ -9,9 +9,9 @@ use std::path::Path;
 use super::format::FileType;
 use super::recovery::{self, Mode};
 use super::{EncryptionKey, clock_floor, codec_for, lock_dir, segment_name, snapshot, snapshot_name, sync_dir};
+use crate::StorageError;
 use crate::hlc::{Clock, SystemClock};
-use crate::storage::StorageError;
-use crate::storage::memory::MemoryBackend;
+use crate::memory::MemoryBackend;
 
 /// Loads a stopped store into memory without changing its directory: a torn tail is skipped,
 /// not cut; nothing is removed or created (beyond the lock file, if it is missing).

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::*;
-use crate::storage::{BackupFile, BackupSink, OnlineBackup};
+use crate::{BackupFile, BackupSink, OnlineBackup};
 
 /// Writes the backup's two files into a directory, as `stategate backup --to` does.
 struct DirSink(PathBuf);
@@ -55,7 +55,7 @@ async fn a_backup_under_load_is_one_point_of_the_log() {
         let mut o = options(&dir.path().join("data"));
         o.fsync = FsyncMode::Never;
         if encrypted {
-            o.encryption = Some(crate::storage::durable::EncryptionKey::from_bytes([9; 32], "k"));
+            o.encryption = Some(crate::durable::EncryptionKey::from_bytes([9; 32], "k"));
         }
         let backend = Arc::new(DurableBackend::open(o.clone()).unwrap());
         let store = Store(backend.clone());
@@ -173,7 +173,7 @@ async fn a_stalled_backup_reader_does_not_hold_compaction_up() {
         o.fsync = FsyncMode::Never;
         o.segment_bytes = 4096;
         if encrypted {
-            o.encryption = Some(crate::storage::durable::EncryptionKey::from_bytes([7; 32], "k"));
+            o.encryption = Some(crate::durable::EncryptionKey::from_bytes([7; 32], "k"));
         }
         let backend = Arc::new(DurableBackend::open(o.clone()).unwrap());
         let store = Store(backend.clone());

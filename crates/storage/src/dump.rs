@@ -18,8 +18,8 @@ use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use crate::Record;
 use crate::hlc::Hlc;
-use crate::storage::Record;
 
 /// The media type of an export.
 pub const CONTENT_TYPE: &str = "application/x-ndjson";

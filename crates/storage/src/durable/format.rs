@@ -48,7 +48,7 @@ use bytes::Bytes;
 
 use super::crypt::{Cipher, NONCE_LEN, TAG_LEN};
 use crate::hlc::Hlc;
-use crate::storage::{Record, Swap};
+use crate::{Record, Swap};
 
 const LOG_MAGIC: &[u8; 8] = b"SGLOG01\n";
 const SNAP_MAGIC: &[u8; 8] = b"SGSNP01\n";

@@ -23,11 +23,11 @@ use redis::{FromRedisValue, Value};
 use super::codec::decode_version;
 use super::connection::Purpose;
 use super::{Shared, storage_error};
-use crate::storage::log::{
+use crate::log::{
     ChangeLog, LogBody, LogCursor, LogEntry, LogRead, LogStart, MemberOp, ObserveOutcome, ObserverBounds, ObserverOp,
     Registration,
 };
-use crate::storage::{ChangeRecord, ChangeRecordKind, StorageError};
+use crate::{ChangeRecord, ChangeRecordKind, StorageError};
 
 /// How long one read waits for a new entry.
 const READ_BLOCK: Duration = Duration::from_millis(1000);

@@ -19,8 +19,8 @@ use crate::hlc::Clock;
 
 use super::format::{self, Codec, Cursor, FileType};
 use super::{Shared, segment_name, snapshot_name, sync_dir};
-use crate::storage::StorageError;
-use crate::storage::memory::MemoryBackend;
+use crate::StorageError;
+use crate::memory::MemoryBackend;
 
 const CHUNK_KEYS: usize = 512;
 

@@ -14,7 +14,7 @@ use chacha20poly1305::aead::AeadInOut;
 use chacha20poly1305::{KeyInit, Tag, XChaCha20Poly1305, XNonce};
 use zeroize::Zeroizing;
 
-use crate::storage::StorageError;
+use crate::StorageError;
 
 pub const KEY_LEN: usize = 32;
 pub const NONCE_LEN: usize = 24;
