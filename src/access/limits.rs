@@ -6,7 +6,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwapOption;
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use governor::clock::{Clock, DefaultClock};
+use governor::middleware::NoOpMiddleware;
+use governor::state::keyed::DashMapStateStore;
+use governor::{Quota, RateLimiter};
 
 /// How much one principal may ask for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,9 +78,14 @@ impl Drop for PerKeySlot {
 /// Checks between two sweeps of idle buckets.
 const SWEEP_EVERY: u64 = 4096;
 
+/// One token bucket per principal, on clock `C`.
+type KeyedRate<C> = RateLimiter<String, DashMapStateStore<String>, C, NoOpMiddleware<<C as Clock>::Instant>>;
+
 /// The limits in force; [`Limits::apply`] changes them live (SIGHUP with a new configuration).
-pub struct Limits {
-    rate: ArcSwapOption<DefaultKeyedRateLimiter<String>>,
+/// The rate runs on the monotonic clock; tests give [`Limits::with_clock`] one they move by hand.
+pub struct Limits<C: Clock = DefaultClock> {
+    rate: ArcSwapOption<KeyedRate<C>>,
+    clock: C,
     checks: AtomicU64,
     /// `usize::MAX`: unlimited.
     max_streams: AtomicUsize,
@@ -88,7 +96,7 @@ pub struct Limits {
     refused: AtomicU64,
 }
 
-impl std::fmt::Debug for Limits {
+impl<C: Clock> std::fmt::Debug for Limits<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Limits")
             .field("applied", &*self.applied.lock().unwrap_or_else(|e| e.into_inner()))
@@ -101,8 +109,16 @@ pub type StreamSlot = PerKeySlot;
 
 impl Limits {
     pub fn new(s: &LimitSettings) -> Limits {
+        Limits::with_clock(s, DefaultClock::default())
+    }
+}
+
+impl<C: Clock + Clone> Limits<C> {
+    /// [`Limits::new`] with the rate on `clock`.
+    pub fn with_clock(s: &LimitSettings, clock: C) -> Limits<C> {
         let limits = Limits {
             rate: ArcSwapOption::empty(),
+            clock,
             checks: AtomicU64::new(0),
             max_streams: AtomicUsize::new(usize::MAX),
             applied: Mutex::new(LimitSettings {
@@ -126,7 +142,10 @@ impl Limits {
         if (applied.rate_per_sec, applied.burst) != (s.rate_per_sec, s.burst) {
             let rate = s.rate_per_sec.map(|r| {
                 let burst = s.burst.unwrap_or(r);
-                Arc::new(RateLimiter::keyed(Quota::per_second(r).allow_burst(burst)))
+                Arc::new(RateLimiter::dashmap_with_clock(
+                    Quota::per_second(r).allow_burst(burst),
+                    self.clock.clone(),
+                ))
             });
             self.rate.store(rate);
         }

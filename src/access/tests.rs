@@ -1,4 +1,7 @@
 use std::path::Path;
+use std::time::Duration;
+
+use governor::clock::FakeRelativeClock;
 
 use super::*;
 
@@ -228,59 +231,99 @@ fn sealed_positions_hide_keys() {
     );
 }
 
+fn limit_settings(rate_per_sec: u32, burst: u32, max_streams: Option<usize>) -> LimitSettings {
+    LimitSettings {
+        rate_per_sec: std::num::NonZeroU32::new(rate_per_sec),
+        burst: std::num::NonZeroU32::new(burst),
+        max_streams,
+    }
+}
+
+/// Rates on a clock the test moves: a bucket refills only when the test advances the clock, so
+/// every refusal and every refill below is exact however slow the machine runs.
+fn limits_on_clock(s: &LimitSettings) -> (limits::Limits<FakeRelativeClock>, FakeRelativeClock) {
+    let clock = FakeRelativeClock::default();
+    (limits::Limits::with_clock(s, clock.clone()), clock)
+}
+
 #[test]
-fn limits_per_principal() {
+fn rate_per_principal() {
+    let (limits, clock) = limits_on_clock(&limit_settings(1, 3, None));
+    for i in 0..3 {
+        assert!(limits.take("a"), "request {i} of a's burst");
+    }
+    assert!(!limits.take("a"), "a's bucket is empty");
+    assert!(limits.take("b"), "another principal has its own bucket");
+    assert_eq!(limits.refused(), 1);
+    // One request a second comes back, not sooner.
+    clock.advance(Duration::from_millis(999));
+    assert!(!limits.take("a"), "refilled before a second");
+    clock.advance(Duration::from_millis(1));
+    assert!(limits.take("a"), "a second refills one request");
+    assert!(!limits.take("a"), "one request, not more");
+    // A long pause fills the bucket up to the burst, and no further.
+    clock.advance(Duration::from_secs(60));
+    for i in 0..3 {
+        assert!(limits.take("a"), "request {i} of the refilled burst");
+    }
+    assert!(!limits.take("a"), "the burst bounds the bucket");
+    assert_eq!(limits.refused(), 4);
+}
+
+#[test]
+fn streams_per_principal() {
     let settings = AccessSettings {
         limits: LimitSettings {
-            rate_per_sec: std::num::NonZeroU32::new(1),
-            burst: std::num::NonZeroU32::new(3),
             max_streams: Some(1),
+            ..LimitSettings::default()
         },
         ..AccessSettings::default()
     };
     let access = Access::load(&settings, None).unwrap();
     let (a, b) = (client("a"), client("b"));
-    for _ in 0..3 {
-        access.admit(&a).unwrap();
-    }
-    assert!(matches!(access.admit(&a), Err(EngineError::RateLimited)));
-    access.admit(&b).expect("another principal has its own bucket");
     let slot = access.open_stream(&a).unwrap();
-    assert!(access.open_stream(&a).is_err());
-    access.open_stream(&b).unwrap();
+    assert!(matches!(access.open_stream(&a), Err(EngineError::RateLimited)));
+    access.open_stream(&b).expect("another principal has its own count");
     drop(slot);
     access.open_stream(&a).expect("a closed stream frees its slot");
+    assert_eq!(access.refused_by_limits(), 1);
 }
 
 #[test]
 fn limits_change_live() {
-    let access = Access::load(&AccessSettings::default(), None).unwrap();
-    let a = client("a");
+    let (limits, clock) = limits_on_clock(&LimitSettings::default());
     for _ in 0..100 {
-        access.admit(&a).unwrap();
+        assert!(limits.take("a"), "no rate: unlimited");
     }
-    let mut open: Vec<_> = (0..3).map(|_| access.open_stream(&a).unwrap()).collect();
-    access.set_limits(&LimitSettings {
-        rate_per_sec: std::num::NonZeroU32::new(1),
-        burst: std::num::NonZeroU32::new(2),
-        max_streams: Some(2),
-    });
-    access.admit(&a).unwrap();
-    access.admit(&a).unwrap();
-    assert!(matches!(access.admit(&a), Err(EngineError::RateLimited)));
+    let mut open: Vec<_> = (0..3).map(|_| limits.open_stream("a").unwrap()).collect();
+    limits.apply(&limit_settings(1, 2, Some(2)));
+    assert!(
+        limits.take("a") && limits.take("a"),
+        "a new rate starts with a full bucket"
+    );
+    assert!(!limits.take("a"));
     // The streams opened before the limit count against it.
-    assert!(access.open_stream(&a).is_err());
+    assert!(limits.open_stream("a").is_none());
     open.truncate(1);
-    open.push(access.open_stream(&a).expect("under the new limit again"));
-    assert!(access.open_stream(&a).is_err());
-    // Applying the same rate again keeps the buckets as they are (still empty here).
-    access.set_limits(&LimitSettings {
-        rate_per_sec: std::num::NonZeroU32::new(1),
-        burst: std::num::NonZeroU32::new(2),
-        max_streams: None,
-    });
-    assert!(matches!(access.admit(&a), Err(EngineError::RateLimited)));
-    open.push(access.open_stream(&a).expect("no stream limit any more"));
+    open.push(limits.open_stream("a").expect("under the new limit again"));
+    assert!(limits.open_stream("a").is_none());
+    // Applying the same rate again keeps the buckets as they are: still empty, and refilled
+    // on the same schedule.
+    limits.apply(&limit_settings(1, 2, None));
+    assert!(!limits.take("a"), "the same rate reapplied refilled the bucket");
+    open.push(limits.open_stream("a").expect("no stream limit any more"));
+    clock.advance(Duration::from_secs(1));
+    assert!(limits.take("a"));
+    assert!(!limits.take("a"));
+    // A different rate starts every bucket full (at its own burst).
+    limits.apply(&limit_settings(1, 3, None));
+    for i in 0..3 {
+        assert!(limits.take("a"), "request {i} of the new rate's burst");
+    }
+    assert!(!limits.take("a"));
+    // No rate at all: unlimited again.
+    limits.apply(&LimitSettings::default());
+    assert!(limits.take("a"));
 }
 
 #[test]
