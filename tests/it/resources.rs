@@ -28,6 +28,9 @@ struct Proc {
 
 impl Proc {
     async fn start(args: &[&str]) -> Proc {
+        // The tests ask it over reqwest (status, metrics), which needs the process's crypto
+        // provider: installed here, so that no test depends on another having done it first.
+        stategate::tls::install_provider();
         let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_stategate"))
             .args([
                 "--storage",
@@ -100,6 +103,31 @@ impl Proc {
             .await
             .expect("status JSON")
     }
+}
+
+/// MQTT GETs the service has answered so far, from its `/metrics`.
+async fn mqtt_gets_answered(p: &Proc) -> u64 {
+    let text = reqwest::get(p.url("/metrics"))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    let parsed = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).expect("Prometheus text");
+    let answered: f64 = parsed
+        .samples
+        .iter()
+        .filter(|s| {
+            s.metric == "stategate_requests_total"
+                && s.labels.get("door") == Some("mqtt")
+                && s.labels.get("command") == Some("get")
+        })
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum();
+    answered as u64
 }
 
 fn mib(b: u64) -> String {
@@ -253,56 +281,129 @@ mod raw {
     }
 }
 
+/// The well-behaved client beside a greedy one: its GETs of the big value, each checked, and
+/// the service's memory sampled after each.
+struct Polite {
+    client: RawClient,
+    value_len: usize,
+    /// GETs answered so far.
+    gets: u64,
+    peak: u64,
+}
+
+impl Polite {
+    /// `n` GETs, each answered in full; every sample is under `bound` (an unbounded backlog
+    /// fails here, as it grows, rather than at the end).
+    async fn gets(&mut self, p: &Proc, n: usize, bound: u64) {
+        for _ in 0..n {
+            let r = self.client.request(&[b"GET", b"big"], &[]).await;
+            self.gets += 1;
+            assert_eq!(prop(&r, "__stat"), Some("200"), "polite request {}", self.gets);
+            assert_eq!(r.payload.len(), self.value_len + 11);
+            let rss = p.rss();
+            assert!(rss < bound, "{} over {} while the backlog builds", mib(rss), mib(bound));
+            self.peak = self.peak.max(rss);
+        }
+    }
+}
+
 /// A client that publishes GETs of a 256 KiB value and never reads its answers: its own
-/// connection is throttled (in the broker, a connection past its in-flight limit is not read),
+/// connection is throttled (the broker stops reading it once its answers fill the socket),
 /// everyone else is served, memory stays bounded, and it all ends when the client goes.
+///
+/// The bound is checked once the greedy client's backlog is built, not only while it builds:
+/// the test waits until a whole round of polite GETs is answered while the service answers
+/// none of the greedy client's, though that client has sent more than was answered (and sends
+/// no more). An unthrottled connection would be read meanwhile; from then on the service holds
+/// all it will ever hold for this client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mqtt_client_that_never_reads_slows_only_itself() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Polite GETs between two looks at the greedy client's progress.
+    const ROUND: usize = 10;
     let p = Proc::start(&["--mqtt-max-inflight-per-client", "64"]).await;
-    let mut polite = RawClient::connect(p.mqtt, &unique_id("polite")).await;
-    let value = vec![b'v'; 256 * 1024];
-    let set = polite.request(&[b"SET", b"big", &value], &[("__ts", &now_ts())]).await;
+    let mut polite = Polite {
+        client: RawClient::connect(p.mqtt, &unique_id("polite")).await,
+        value_len: 256 * 1024,
+        gets: 0,
+        peak: 0,
+    };
+    let value = vec![b'v'; polite.value_len];
+    let set = polite
+        .client
+        .request(&[b"SET", b"big", &value], &[("__ts", &now_ts())])
+        .await;
     assert_eq!(prop(&set, "__stat"), Some("200"));
     let baseline = p.rss();
+    // The greedy client's backlog: per connection at most its in-flight limit of answers, plus
+    // what its session queues (bounded by the broker), plus socket buffers.
+    let bound = baseline + 64 * 256 * 1024 + 2 * 1024 * 256 * 1024 / 8 + 64 * MIB;
 
     let mut greedy = TcpStream::connect(("127.0.0.1", p.mqtt)).await.expect("connect");
-    // A small receive buffer: the broker's writes to it block soon.
     greedy.write_all(&raw::connect("greedy")).await.unwrap();
     let mut connack = [0u8; 4];
     greedy.read_exact(&mut connack).await.unwrap();
     greedy.write_all(&raw::subscribe(1, "greedy/resp")).await.unwrap();
+    // From here on it never reads: the broker's writes to it block once the socket buffers
+    // between them are full.
     let get = stategate::resp3::encode_request([&b"GET"[..], b"big"]);
     let invoke = stategate::mqtt::INVOKE_TOPIC;
-    let flood = tokio::spawn(async move {
-        for i in 0..20_000u32 {
-            let pkt = raw::request(invoke, (i % 60_000 + 1) as u16, "greedy/resp", &i.to_be_bytes(), &get);
-            // Blocks once the broker stops reading this connection: that is the point.
-            if greedy.write_all(&pkt).await.is_err() {
-                break;
+    let sent = Arc::new(AtomicU64::new(0));
+    let flood = tokio::spawn({
+        let sent = sent.clone();
+        async move {
+            for i in 0..20_000u32 {
+                let pkt = raw::request(invoke, (i % 60_000 + 1) as u16, "greedy/resp", &i.to_be_bytes(), &get);
+                // Blocks once the broker stops reading this connection: that is the point.
+                if greedy.write_all(&pkt).await.is_err() {
+                    break;
+                }
+                sent.fetch_add(1, Ordering::SeqCst);
             }
+            greedy
         }
-        greedy
     });
 
-    let mut peak = 0;
-    for i in 0..50 {
-        let r = polite.request(&[b"GET", b"big"], &[]).await;
-        assert_eq!(prop(&r, "__stat"), Some("200"), "polite request {i}");
-        assert_eq!(r.payload.len(), value.len() + 11);
-        peak = peak.max(p.rss());
+    // (greedy GETs answered, greedy GETs sent), after each round.
+    let mut seen = (0, 0);
+    let built = async {
+        loop {
+            polite.gets(&p, ROUND, bound).await;
+            let answered = mqtt_gets_answered(&p)
+                .await
+                .checked_sub(polite.gets)
+                .expect("/metrics counts the polite GETs");
+            let now = (answered, sent.load(Ordering::SeqCst));
+            if now == seen && now.0 < now.1 {
+                return;
+            }
+            seen = now;
+        }
+    };
+    if tokio::time::timeout(3 * WAIT, built).await.is_err() {
+        panic!(
+            "the greedy client was never throttled: last seen {} of its GETs answered, {} sent",
+            seen.0, seen.1
+        );
     }
-    // The greedy client's backlog: per connection at most its in-flight limit of answers, plus
-    // what its session queues (bounded by the broker), plus socket buffers.
-    let bound = baseline + 64 * 256 * 1024 + 2 * 1024 * 256 * 1024 / 8 + 64 * MIB;
+    // And sampled with the backlog built.
+    polite.gets(&p, ROUND, bound).await;
     eprintln!(
-        "never-reading client: baseline {}, peak {}, bound {}",
+        "never-reading client: {} of {} GETs answered; baseline {}, peak {}, bound {}",
+        seen.0,
+        seen.1,
         mib(baseline),
-        mib(peak),
+        mib(polite.peak),
         mib(bound)
     );
-    assert!(peak < bound, "peak {} over {}", mib(peak), mib(bound));
+    assert!(polite.peak < bound, "peak {} over {}", mib(polite.peak), mib(bound));
     flood.abort();
-    let after_ok = polite.request(&[b"SET", b"after", b"1"], &[("__ts", &now_ts())]).await;
+    let after_ok = polite
+        .client
+        .request(&[b"SET", b"after", b"1"], &[("__ts", &now_ts())])
+        .await;
     assert_eq!(prop(&after_ok, "__stat"), Some("200"));
 }
 
