@@ -26,6 +26,7 @@ use crate::listener::inflight::InFlight;
 
 mod component;
 pub mod error;
+pub mod health;
 mod limit;
 mod native;
 mod observe;
@@ -182,7 +183,7 @@ const HANDOFF_QUEUE: usize = 16;
 
 /// Serves the TCP gRPC door on `listener` (plain or TLS, with its connection limit) until
 /// `stop` changes. `health` is the health service, whose reporter `lib::start` drives from
-/// readiness ([`crate::health::drive_grpc_health`]).
+/// readiness ([`health::drive_grpc_health`]).
 pub async fn serve_tcp<H: tonic_health::pb::health_server::Health>(
     engine: Engine,
     settings: Arc<DaprSettings>,

@@ -24,10 +24,10 @@ pub mod access;
 pub mod cli;
 pub mod config;
 pub mod dapr;
+pub use stategate_engine as engine;
 pub use stategate_storage::dump;
-pub mod engine;
 pub mod grpc;
-pub mod health;
+pub use stategate_engine::health;
 pub use stategate_hlc as hlc;
 pub mod http;
 pub mod listener;
@@ -327,7 +327,7 @@ pub async fn start_observed(
             // tonic-health starts with "" serving; the door answers before `start` has checked
             // anything (it waits up to 10 s for an external broker), so it says not serving
             // until the readiness driver's first check passes.
-            health::report(&reporter, grpc::TCP_SERVICES, false).await;
+            grpc::health::report(&reporter, grpc::TCP_SERVICES, false).await;
             grpc_health = Some(reporter);
             grpc_tasks.push(tokio::spawn(async move {
                 if let Err(e) = grpc::serve_tcp(engine, settings, listener, grpc_limits, obs, health, stop_rx).await {
@@ -423,7 +423,7 @@ pub async fn start_observed(
     drop(stop_rx);
     // Every door is up: the gRPC health service says so before `start` returns.
     if let Some(reporter) = grpc_health {
-        let driver = health::drive_grpc_health(obs.clone(), reporter, grpc::TCP_SERVICES).await;
+        let driver = grpc::health::drive_grpc_health(obs.clone(), reporter, grpc::TCP_SERVICES).await;
         grpc_tasks.push(tokio::spawn(driver));
     }
     Ok(Running {

@@ -11,14 +11,11 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::engine::Engine;
+use crate::Engine;
 use crate::metrics::{Metrics, Sources};
 
 /// Longest a storage probe may take before the storage counts as unreachable.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// How often the gRPC health service re-checks readiness.
-pub const GRPC_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// What the doors share besides the engine: metrics, readiness, the shutdown signal.
 #[derive(Clone, Debug)]
@@ -140,44 +137,5 @@ impl Observe {
     pub async fn stopped(&self) {
         let mut rx = self.stopping.clone();
         let _ = rx.wait_for(|s| *s).await;
-    }
-}
-
-/// Sets every service's status in the gRPC health service.
-pub(crate) async fn report(reporter: &tonic_health::server::HealthReporter, services: &[&'static str], ready: bool) {
-    let status = match ready {
-        true => tonic_health::ServingStatus::Serving,
-        false => tonic_health::ServingStatus::NotServing,
-    };
-    for s in std::iter::once("").chain(services.iter().copied()) {
-        reporter.set_service_status(s, status).await;
-    }
-}
-
-/// Reports readiness now (at the end of startup, so that a check made once `start` returned
-/// sees it), then keeps the gRPC health service in step, re-checking every
-/// [`GRPC_HEALTH_INTERVAL`], until shutdown begins: then every service is not serving.
-pub async fn drive_grpc_health(
-    obs: Observe,
-    reporter: tonic_health::server::HealthReporter,
-    services: &'static [&'static str],
-) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let mut last = obs.readiness().await.ready();
-    report(&reporter, services, last).await;
-    async move {
-        loop {
-            tokio::select! {
-                _ = obs.stopped() => {
-                    report(&reporter, services, false).await;
-                    return;
-                }
-                _ = tokio::time::sleep(GRPC_HEALTH_INTERVAL) => {}
-            }
-            let ready = obs.readiness().await.ready();
-            if ready != last {
-                report(&reporter, services, ready).await;
-                last = ready;
-            }
-        }
     }
 }

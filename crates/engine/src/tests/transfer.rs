@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 
 use super::*;
-use crate::engine::watch::{Start, WatchItem, WatchSpec};
+use crate::watch::{Start, WatchItem, WatchSpec};
 
 async fn memory() -> Fx {
     fx_on(Store::memory(), Limits::default()).await

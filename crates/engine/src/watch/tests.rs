@@ -10,10 +10,10 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 
 use super::*;
-use crate::engine::{ChangeKind, Command, Del, DelCondition, FeedLimits, KeyFilter, Limits, Set, SetCondition};
 use crate::hlc::ManualClock;
 use crate::storage::memory::MemoryBackend;
 use crate::storage::{Backend, KeyPage, Record, StorageError, Store, Swap, SwapOutcome};
+use crate::{ChangeKind, Command, Del, DelCondition, FeedLimits, KeyFilter, Limits, Set, SetCondition};
 
 const T0: u64 = 1_700_000_000_000;
 

@@ -41,7 +41,7 @@ pub enum EngineError {
     /// it is the caller's input that is wrong, not the store that is full).
     #[error("the quota has been exceeded")]
     TooLarge,
-    /// A time to live outside 1 ms ..= [`crate::engine::MAX_TTL_MS`] (over MQTT the syntax
+    /// A time to live outside 1 ms ..= [`crate::MAX_TTL_MS`] (over MQTT the syntax
     /// error every client knows, as a bad `PX` always was).
     #[error("the time to live must be from 1 millisecond to 100 years")]
     TtlOutOfRange,

@@ -498,7 +498,7 @@ async fn dropping_a_client_without_registrations_calls_no_script() {
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let observe = redis::Script::new(include_str!("../../../crates/storage/src/redis/observe.lua"));
+    let observe = redis::Script::new(include_str!("../../../storage/src/redis/observe.lua"));
     let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.unwrap();
     assert_eq!(a.engine.drop_client("never-registered", Some(7)).await, 0);
     let loaded: Vec<bool> = redis::cmd("SCRIPT")

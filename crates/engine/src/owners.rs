@@ -261,7 +261,7 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::ChangeKind;
+    use crate::ChangeKind;
     use crate::hlc::Hlc;
 
     fn change(n: u64) -> Change {

@@ -5,6 +5,11 @@
 //! key come out in the order the changes were applied; storage is reached only through the
 //! conditional swap of [`crate::storage::Backend`].
 
+pub mod health;
+use stategate_hlc as hlc;
+use stategate_storage as storage;
+use stategate_telemetry::metrics;
+
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
