@@ -30,7 +30,7 @@ pub mod grpc;
 pub use stategate_engine::health;
 pub use stategate_hlc as hlc;
 pub mod http;
-pub mod listener;
+pub use stategate_net::listener;
 pub use stategate_telemetry::metrics;
 pub mod mqtt;
 pub use stategate_resp3 as resp3;

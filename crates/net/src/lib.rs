@@ -1,4 +1,6 @@
 //! What every door and client uses to reach the network, knowing no door: TLS (the crypto
-//! provider, certificates and their reload).
+//! provider, certificates and their reload) and the listeners of the HTTP and gRPC doors (TLS,
+//! connection and in-flight limits, byte budgets).
 
+pub mod listener;
 pub mod tls;
