@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-pub mod access;
+pub use stategate_access as access;
 pub mod cli;
 pub mod config;
 pub mod dapr;

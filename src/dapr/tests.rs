@@ -303,3 +303,110 @@ async fn ttl_out_of_range_is_the_engines_answer() {
         );
     }
 }
+
+/// A sealed paging token opens only for the principal that got it, for the operation and the
+/// store it was issued for: another caller, another store (even one with the same keys), or
+/// SCAN with a key list's token (and the other way round) is refused as a bad token.
+#[tokio::test]
+async fn sealed_tokens_are_bound_to_principal_store_and_operation() {
+    use crate::access::{Access, AccessSettings, Principal, execute};
+    use crate::engine::{Command, EngineError, Reply, Scan};
+
+    let client = |id: &str| Principal {
+        client_id: Some(id.into()),
+        ..Principal::default()
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let acl = dir.path().join("acl.toml");
+    std::fs::write(
+        &acl,
+        "[[rule]]\nclient_ids = [\"*\"]\nallow = [\"read\"]\nkeys = [\"open-*\"]\n",
+    )
+    .unwrap();
+    let settings = AccessSettings {
+        acl_file: Some(acl),
+        ..AccessSettings::default()
+    };
+    let access = Access::load(&settings, None).unwrap();
+    let limits = Limits {
+        scan_page: 1,
+        ..Limits::default()
+    };
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let engine = crate::engine::Engine::open(Store::memory(), "n", clock, limits)
+        .await
+        .unwrap();
+    for k in ["hidden-1", "hidden-2", "open-1"] {
+        let set = crate::engine::Set {
+            key: Bytes::from(k),
+            value: Bytes::from_static(b"v"),
+            condition: crate::engine::SetCondition::Always,
+            ttl_ms: None,
+            timestamp: None,
+            fencing: None,
+            persist: false,
+        };
+        engine.execute(Command::Set(set)).await.unwrap();
+    }
+    let (a, b) = (access.grant(client("a")), access.grant(client("b")));
+    let scan = |token: Option<&str>| {
+        Command::Scan(Scan {
+            pattern: Bytes::from_static(b"*"),
+            token: token.map(|t| Bytes::copy_from_slice(t.as_bytes())),
+            filter: None,
+        })
+    };
+    // A SCAN page of one key that ends on a hidden key: its token is sealed.
+    let page = execute(&engine, &a, scan(None)).await.unwrap();
+    let Reply::Keys {
+        token: Some(scan_token),
+        ..
+    } = page.reply
+    else {
+        panic!("{page:?}")
+    };
+    let scan_token = String::from_utf8(scan_token.to_vec()).unwrap();
+    assert!(scan_token.starts_with('S'), "{scan_token}");
+    assert!(execute(&engine, &a, scan(Some(&scan_token))).await.is_ok());
+    assert!(
+        matches!(
+            execute(&engine, &b, scan(Some(&scan_token))).await,
+            Err(EngineError::Syntax)
+        ),
+        "another principal"
+    );
+
+    let (one, other): (StoreSpec, StoreSpec) = ("one".parse().unwrap(), "other".parse().unwrap());
+    let keys = |grant: Grant, store: StoreSpec, token: Option<String>| {
+        let engine = engine.clone();
+        async move { list_keys(&engine, &grant, &store, None, Some(1), token.as_deref(), 1).await }
+    };
+    let listed = keys(a.clone(), one.clone(), None).await.unwrap();
+    let list_token = listed.token.unwrap();
+    assert!(list_token.starts_with('S'), "{list_token}");
+    assert!(keys(a.clone(), one.clone(), Some(list_token.clone())).await.is_ok());
+    for (what, result) in [
+        (
+            "another principal",
+            keys(b.clone(), one.clone(), Some(list_token.clone())).await,
+        ),
+        (
+            "another store",
+            keys(a.clone(), other.clone(), Some(list_token.clone())).await,
+        ),
+        (
+            "a SCAN token",
+            keys(a.clone(), one.clone(), Some(scan_token.clone())).await,
+        ),
+    ] {
+        assert!(matches!(result, Err(DaprError::Malformed(_))), "{what}: {result:?}");
+    }
+    assert!(
+        matches!(
+            execute(&engine, &a, scan(Some(&list_token))).await,
+            Err(EngineError::Syntax)
+        ),
+        "a key list's token in SCAN"
+    );
+}

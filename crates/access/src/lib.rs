@@ -12,6 +12,8 @@
 //! reads and writes, [`Grant::read_filter`] where key names are produced). Without a rules file
 //! every principal may do everything (the behaviour before rules existed).
 
+use stategate_engine as engine;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
