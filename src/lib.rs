@@ -23,7 +23,7 @@ use tokio::sync::watch;
 pub use stategate_access as access;
 pub mod cli;
 pub mod config;
-pub mod dapr;
+pub use stategate_dapr as dapr;
 pub use stategate_engine as engine;
 pub use stategate_storage::dump;
 pub mod grpc;

@@ -49,7 +49,7 @@ async fn get_named_keys_and_every_key() {
     assert_eq!(key, "a");
     assert_eq!(a.value, "\"json text\"", "the stored text, quotes included");
     assert_eq!(a.version, v.to_string());
-    assert_eq!(a.metadata["ttlExpireTime"], crate::dapr::rfc3339(1_005_000));
+    assert_eq!(a.metadata["ttlExpireTime"], crate::rfc3339(1_005_000));
     // Every key of the store: not the keys of prefixed stores.
     let all = get(&e, &Grant::all(), &s, vec![], 10, 100).await.unwrap();
     let names: Vec<_> = all.iter().map(|(k, _)| k.as_str()).collect();

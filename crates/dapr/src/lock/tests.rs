@@ -3,10 +3,10 @@ use std::sync::Arc;
 
 use super::*;
 use crate::access::Grant;
-use crate::dapr::{SaveItem, save};
 use crate::engine::{EngineError, Limits};
 use crate::hlc::ManualClock;
 use crate::storage::Store;
+use crate::{SaveItem, save};
 
 const T0: u64 = 1_000_000;
 

@@ -3,11 +3,17 @@
 //! encoding in JSON, and the query language. Wire formats stay in the doors; the state store
 //! rules stay in the engine.
 
+use stategate_access as access;
+use stategate_engine as engine;
+use stategate_hlc as hlc;
+#[cfg(test)]
+use stategate_storage as storage;
+
 use std::collections::HashMap;
 
 use bytes::Bytes;
 
-use crate::access::{self, Grant, Op, Pages};
+use crate::access::{Grant, Op, Pages};
 use crate::engine::watch::{Selector, WatchSpec};
 use crate::engine::{Del, DelCondition, Engine, EngineError, Entry, KeyFilter, Reply, Set, SetCondition, TxOp};
 use crate::hlc::Hlc;
