@@ -19,7 +19,4 @@ pub mod payload;
 pub mod request;
 pub mod service;
 
-/// The topic requests arrive on.
-pub const INVOKE_TOPIC: &str = "statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke";
-/// Notifications go below this prefix; no response may be published there.
-pub const NOTIFY_TOPIC_PREFIX: &str = "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8";
+pub use crate::resp3::envelope::{INVOKE_TOPIC, NOTIFY_TOPIC_PREFIX};

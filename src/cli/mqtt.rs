@@ -26,11 +26,10 @@ use super::{
 };
 use crate::config::parse_broker_url;
 use crate::hlc::{HlcClock, SystemClock};
-use crate::mqtt::request::{
-    CONTENT_TYPE, PROP_FENCING_TOKEN, PROP_PROTOCOL_VERSION, PROP_SOURCE_ID, PROP_STATUS, PROP_STATUS_MESSAGE,
-    PROP_TIMESTAMP, PROTOCOL_VERSION,
+use crate::resp3::envelope::{
+    CONTENT_TYPE, INVOKE_TOPIC, NOTIFY_TOPIC_PREFIX, PROP_FENCING_TOKEN, PROP_PROTOCOL_VERSION, PROP_SOURCE_ID,
+    PROP_STATUS, PROP_STATUS_MESSAGE, PROP_TIMESTAMP, PROTOCOL_VERSION,
 };
-use crate::mqtt::{INVOKE_TOPIC, NOTIFY_TOPIC_PREFIX};
 use crate::resp3::{self, Frame};
 
 /// Notifications that may wait for the printer; past this the watch ends with an overflow.

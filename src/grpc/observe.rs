@@ -78,11 +78,11 @@ where
         if !span.is_disabled() {
             match req
                 .headers()
-                .get(crate::http::observe::REQUEST_ID)
+                .get(stategate_net::request_id::REQUEST_ID)
                 .and_then(|v| v.to_str().ok())
             {
                 Some(id) => span.record("request_id", id),
-                None => span.record("request_id", crate::http::observe::new_request_id()),
+                None => span.record("request_id", stategate_net::request_id::new_request_id()),
             };
         }
         let fut = self.inner.call(req);

@@ -2,7 +2,6 @@
 //! that gives every request a span, a request id (`x-request-id`, honoured and returned) and
 //! its place in the request metrics.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use axum::Router;
@@ -17,10 +16,7 @@ use super::AppState;
 use crate::health::Observe;
 use crate::metrics::{Cmd, Door, Outcome};
 
-pub const REQUEST_ID: &str = "x-request-id";
-
-/// Longest request id taken from a client; a longer one is replaced by our own.
-const MAX_REQUEST_ID: usize = 128;
+pub use stategate_net::request_id::{MAX_REQUEST_ID, REQUEST_ID, new_request_id};
 
 /// `/healthz`, `/readyz` and `/metrics`.
 pub fn routes() -> Router<AppState> {
@@ -103,16 +99,6 @@ fn route_cmd(method: &Method, route: &str) -> Option<Cmd> {
     })
 }
 
-/// Ids for requests that come without one: unique within the process.
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-
-pub fn new_request_id() -> String {
-    format!(
-        "sg-{:x}-{:x}",
-        std::process::id(),
-        NEXT_ID.fetch_add(1, Ordering::Relaxed)
-    )
-}
 
 /// The middleware: span, request id, metrics.
 pub async fn observe(State(st): State<AppState>, mut req: Request, next: Next) -> Response {

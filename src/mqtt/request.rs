@@ -12,19 +12,11 @@ use crate::engine::{Command, Engine, EngineError, Meta, RequestId};
 use crate::hlc::Hlc;
 use crate::resp3;
 
-pub const PROP_STATUS: &str = "__stat";
-pub const PROP_STATUS_MESSAGE: &str = "__stMsg";
-pub const PROP_PROTOCOL_VERSION: &str = "__protVer";
-pub const PROP_SOURCE_ID: &str = "__srcId";
-pub const PROP_TIMESTAMP: &str = "__ts";
-pub const PROP_FENCING_TOKEN: &str = "__ft";
-/// Sent by the AIO SDKs on SET when the caller asks for the key to be persisted.
-pub const PROP_PERSISTENCE: &str = "aio-persistence";
-pub const PROP_PROPERTY_NAME: &str = "__propName";
-pub const PROP_SUPPORTED_MAJOR: &str = "__supProtMajVer";
-pub const PROP_REQUEST_PROTOCOL_VERSION: &str = "__requestProtVer";
-pub const PROTOCOL_VERSION: &str = "1.0";
-pub const CONTENT_TYPE: &str = "application/octet-stream";
+pub use crate::resp3::envelope::{
+    CONTENT_TYPE, PROP_FENCING_TOKEN, PROP_PERSISTENCE, PROP_PROPERTY_NAME, PROP_PROTOCOL_VERSION,
+    PROP_REQUEST_PROTOCOL_VERSION, PROP_SOURCE_ID, PROP_STATUS, PROP_STATUS_MESSAGE, PROP_SUPPORTED_MAJOR,
+    PROP_TIMESTAMP, PROTOCOL_VERSION, notify_payload, notify_topic, notify_topic_client_level,
+};
 
 /// An incoming PUBLISH, as far as the protocol cares (independent of the MQTT client library).
 #[derive(Debug, Clone, Default)]
@@ -340,28 +332,6 @@ pub fn busy(service_id: &str, req: &Request) -> Option<Outgoing> {
         ],
         message_expiry: to.message_expiry,
     })
-}
-
-/// The topic a KEYNOTIFY notification for `key` goes to, for observer `client`.
-pub fn notify_topic(client: &str, key: &[u8]) -> String {
-    format!(
-        "{NOTIFY_TOPIC_PREFIX}/{}/command/notify/{}",
-        notify_topic_client_level(client),
-        hex::encode_upper(key)
-    )
-}
-
-/// The level of a notification topic that names its observer.
-pub fn notify_topic_client_level(client: &str) -> String {
-    hex::encode_upper(client.as_bytes())
-}
-
-/// A notification payload: `NOTIFY SET VALUE <v>` or `NOTIFY DELETE`.
-pub fn notify_payload(value: Option<&Bytes>) -> Bytes {
-    match value {
-        Some(v) => resp3::encode_request([&b"NOTIFY"[..], b"SET", b"VALUE", v]),
-        None => resp3::encode_request([&b"NOTIFY"[..], b"DELETE"]),
-    }
 }
 
 #[cfg(test)]

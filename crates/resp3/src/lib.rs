@@ -4,6 +4,8 @@
 //! [`decode_request`] is what the service runs on untrusted bytes; [`decode`] reads any frame
 //! (clients, tests and the benchmark use it). Neither panics on any input.
 
+pub mod envelope;
+
 use bytes::{BufMut, Bytes, BytesMut};
 
 /// One RESP frame, as far as the state store protocol uses them.

@@ -11,10 +11,10 @@ fn publish(topic: &str, payload: &[u8], props: &[(&str, &str)]) -> Publish {
 
 #[test]
 fn notifications_parse() {
-    let topic = crate::mqtt::request::notify_topic("c1", b"k\x00");
+    let topic = crate::resp3::envelope::notify_topic("c1", b"k\x00");
     let set = publish(
         &topic,
-        &crate::mqtt::request::notify_payload(Some(&Bytes::from_static(b"v"))),
+        &crate::resp3::envelope::notify_payload(Some(&Bytes::from_static(b"v"))),
         &[("__ts", "1:0:n")],
     );
     assert_eq!(
@@ -27,13 +27,13 @@ fn notifications_parse() {
     );
     let del = publish(
         &topic,
-        &crate::mqtt::request::notify_payload(None),
+        &crate::resp3::envelope::notify_payload(None),
         &[("__ts", "2:0:n")],
     );
     assert!(matches!(notification(&del), Some(Event::Delete { .. })));
     // No __ts, a bad payload or a bad key: ignored, never a panic.
     assert_eq!(
-        notification(&publish(&topic, &crate::mqtt::request::notify_payload(None), &[])),
+        notification(&publish(&topic, &crate::resp3::envelope::notify_payload(None), &[])),
         None
     );
     assert_eq!(
