@@ -20,3 +20,12 @@ pub mod request;
 pub mod service;
 
 pub use crate::resp3::envelope::{INVOKE_TOPIC, NOTIFY_TOPIC_PREFIX};
+
+/// Which part of a client certificate names an MQTT client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CertIdentity {
+    /// The subject's common name.
+    Cn,
+    /// The whole subject distinguished name.
+    Subject,
+}

@@ -24,13 +24,13 @@ use super::{
     CliError, Condition, DelOutcome, Door, Event, Exit, Found, MAX_MESSAGE_BYTES, ScanPage, SetOutcome, WATCH_BUFFER,
     Watch, Write, ttl_ms,
 };
-use crate::config::parse_broker_url;
 use crate::hlc::{HlcClock, SystemClock};
 use crate::resp3::envelope::{
     CONTENT_TYPE, INVOKE_TOPIC, NOTIFY_TOPIC_PREFIX, PROP_FENCING_TOKEN, PROP_PROTOCOL_VERSION, PROP_SOURCE_ID,
     PROP_STATUS, PROP_STATUS_MESSAGE, PROP_TIMESTAMP, PROTOCOL_VERSION,
 };
 use crate::resp3::{self, Frame};
+use stategate_net::url::parse_broker_url;
 
 /// Notifications that may wait for the printer; past this the watch ends with an overflow.
 const NOTIFY_BUFFER: usize = 65_536;
@@ -99,7 +99,7 @@ impl MqttDoor {
         if url.tls {
             #[cfg(feature = "mqtt-client-tls")]
             {
-                let tls = crate::mqtt::service::MqttClientTls {
+                let tls = crate::tls::MqttClientTls {
                     ca_file: c.ca_file.clone(),
                 };
                 o.set_transport(

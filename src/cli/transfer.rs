@@ -32,6 +32,19 @@ const EXPORT_PAGE: usize = 1000;
 /// Largest part of a backup stream accepted (the service sends 256 KiB parts).
 const MAX_BACKUP_PART: usize = 64 << 20;
 
+/// The HTTP door's import answer, as this client reads it (the door's OpenAPI schema is
+/// `ImportReport`).
+#[derive(serde::Deserialize)]
+struct ImportAnswer {
+    imported: u64,
+    unchanged: u64,
+    #[serde(rename = "keptNewer")]
+    kept_newer: u64,
+    #[serde(default)]
+    fenced: u64,
+    expired: u64,
+}
+
 /// Where the records are.
 enum Target {
     Http {
@@ -411,7 +424,7 @@ async fn import_http(
             return Err(e);
         }
         let raw = resp.bytes().await.map_err(|e| transport(e, base, timeout))?;
-        let got: crate::http::dto::ImportReport = serde_json::from_slice(&raw)
+        let got: ImportAnswer = serde_json::from_slice(&raw)
             .map_err(|e| CliError::unavailable(format!("the import answer from {base} is not a report: {e}")))?;
         report.imported += got.imported;
         report.unchanged += got.unchanged;
@@ -538,8 +551,8 @@ async fn receive_backup(
                 break;
             }
             let name = match kind {
-                crate::http::transfer::BACKUP_PART_SNAPSHOT => durable::snapshot_name(seq),
-                crate::http::transfer::BACKUP_PART_LOG => durable::segment_name(seq),
+                crate::dump::BACKUP_PART_SNAPSHOT => durable::snapshot_name(seq),
+                crate::dump::BACKUP_PART_LOG => durable::segment_name(seq),
                 other => {
                     return Err(CliError::unavailable(format!(
                         "backup part of kind {other}: not a backup stream"

@@ -96,14 +96,7 @@ pub struct NetArgs {
     pub tls_handshake_timeout_secs: u64,
 }
 
-/// Which part of a client certificate names an MQTT client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum CertIdentity {
-    /// The subject's common name.
-    Cn,
-    /// The whole subject distinguished name.
-    Subject,
-}
+pub use crate::mqtt::CertIdentity;
 
 /// The embedded broker's TLS listener.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -11,81 +11,14 @@ pub fn parse_mqtt_url(url: &str) -> Result<BrokerChoice, ConfigError> {
     })
 }
 
-/// An MQTT broker URL, parsed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BrokerUrl {
-    pub host: String,
-    pub port: u16,
-    /// `mqtts://`: TLS, verified.
-    pub tls: bool,
-    pub credentials: Option<MqttCredentials>,
-}
+pub use stategate_net::url::{BrokerUrl, MqttCredentials};
 
-/// A username and password for an MQTT CONNECT (the password never shows in `Debug`).
-#[derive(Clone, PartialEq, Eq)]
-pub struct MqttCredentials {
-    pub username: String,
-    pub password: String,
-}
+pub use crate::secret::mask_url_password;
 
-impl std::fmt::Debug for MqttCredentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MqttCredentials")
-            .field("username", &self.username)
-            .field("password", &"***")
-            .finish()
-    }
-}
-
-pub use crate::secret::{mask_url_password, percent_decode};
-
-/// `mqtt[s]://[user[:password]@]host[:port]`; the port defaults to 1883 (8883 with TLS).
-/// User and password are percent-decoded.
+/// [`stategate_net::url::parse_broker_url`], as a configuration error.
 pub fn parse_broker_url(url: &str) -> Result<BrokerUrl, ConfigError> {
-    let bad = || ConfigError::BadMqttUrl(mask_url_password(url));
-    let (rest, tls) = if let Some(r) = url.strip_prefix("mqtt://").or_else(|| url.strip_prefix("tcp://")) {
-        (r, false)
-    } else if let Some(r) = url.strip_prefix("mqtts://").or_else(|| url.strip_prefix("ssl://")) {
-        if !cfg!(feature = "mqtt-client-tls") {
-            return Err(ConfigError::TlsUnsupported(mask_url_password(url)));
-        }
-        (r, true)
-    } else {
-        return Err(bad());
-    };
-    let rest = rest.trim_end_matches('/');
-    let (credentials, rest) = match rest.rsplit_once('@') {
-        Some((userinfo, hostport)) => {
-            let (user, pass) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-            let user = percent_decode(user).ok_or_else(bad)?;
-            if user.is_empty() {
-                return Err(bad());
-            }
-            let password = percent_decode(pass).ok_or_else(bad)?;
-            (
-                Some(MqttCredentials {
-                    username: user,
-                    password,
-                }),
-                hostport,
-            )
-        }
-        None => (None, rest),
-    };
-    let default_port = if tls { 8883 } else { 1883 };
-    let (host, port) = match rest.rsplit_once(':') {
-        // An IPv6 address without a port: `[::1]`.
-        Some((h, p)) if !h.starts_with('[') || h.ends_with(']') => (h, p.parse::<u16>().map_err(|_| bad())?),
-        _ => (rest, default_port),
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    if host.is_empty() || host.contains('/') || host.contains('@') {
-        return Err(bad());
-    }
-    Ok(BrokerUrl {
-        host: host.to_owned(),
-        port,
-        tls,
-        credentials,
+    stategate_net::url::parse_broker_url(url).map_err(|e| match e {
+        stategate_net::url::BadUrl::Malformed(u) => ConfigError::BadMqttUrl(u),
+        stategate_net::url::BadUrl::TlsUnsupported(u) => ConfigError::TlsUnsupported(u),
     })
 }

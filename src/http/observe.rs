@@ -99,7 +99,6 @@ fn route_cmd(method: &Method, route: &str) -> Option<Cmd> {
     })
 }
 
-
 /// The middleware: span, request id, metrics.
 pub async fn observe(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
     let started = Instant::now();

@@ -189,9 +189,7 @@ struct StreamSink {
     file: Option<BackupFile>,
 }
 
-pub const BACKUP_PART_SNAPSHOT: u8 = 1;
-pub const BACKUP_PART_LOG: u8 = 2;
-pub const BACKUP_END: u8 = 0;
+pub use crate::dump::{BACKUP_END, BACKUP_PART_LOG, BACKUP_PART_SNAPSHOT};
 
 impl StreamSink {
     fn send(&mut self, chunk: Bytes) -> std::io::Result<()> {

@@ -25,7 +25,7 @@ use super::broker::tls;
 use super::request::notify_topic_client_level;
 use super::{INVOKE_TOPIC, NOTIFY_TOPIC_PREFIX};
 use crate::access::Access;
-use crate::config::CertIdentity;
+use crate::mqtt::CertIdentity;
 
 /// What the broker's hooks enforce.
 #[derive(Debug, Clone)]

@@ -57,26 +57,10 @@ pub struct MqttSettings {
     /// `mqtts://`: connect over TLS, verifying the broker.
     pub tls: Option<MqttClientTls>,
     /// Username and password for CONNECT.
-    pub credentials: Option<crate::config::MqttCredentials>,
+    pub credentials: Option<stategate_net::url::MqttCredentials>,
 }
 
-/// TLS to the broker.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MqttClientTls {
-    /// CA certificates that verify the broker (`None`: the system's trusted roots).
-    pub ca_file: Option<std::path::PathBuf>,
-}
-
-impl MqttClientTls {
-    /// rumqttc's transport for this configuration (our rustls configuration, our provider).
-    #[cfg(feature = "mqtt-client-tls")]
-    pub fn transport(&self) -> Result<rumqttc::Transport, crate::tls::TlsError> {
-        let config = crate::tls::client_config(self.ca_file.as_deref(), &[])?;
-        Ok(rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(
-            config,
-        )))
-    }
-}
+pub use crate::tls::MqttClientTls;
 
 impl Default for MqttSettings {
     fn default() -> MqttSettings {

@@ -306,5 +306,24 @@ impl ResolvesServerCert for CertReloader {
     }
 }
 
+/// TLS to an MQTT broker (the service's connection to an external broker, the command-line
+/// client's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MqttClientTls {
+    /// CA certificates that verify the broker (`None`: the system's trusted roots).
+    pub ca_file: Option<std::path::PathBuf>,
+}
+
+impl MqttClientTls {
+    /// rumqttc's transport for this configuration (our rustls configuration, our provider).
+    #[cfg(feature = "mqtt-client-tls")]
+    pub fn transport(&self) -> Result<rumqttc::Transport, TlsError> {
+        let config = client_config(self.ca_file.as_deref(), &[])?;
+        Ok(rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(
+            config,
+        )))
+    }
+}
+
 #[cfg(test)]
 mod tests;

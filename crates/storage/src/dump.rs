@@ -24,6 +24,15 @@ use crate::hlc::Hlc;
 /// The media type of an export.
 pub const CONTENT_TYPE: &str = "application/x-ndjson";
 
+/// The online backup as a byte stream (`GET /v1.0-alpha1/stategate/backup`, read by
+/// `stategate backup`): parts `kind:u8 seq:u64 len:u32 bytes` (little-endian), then an end part.
+/// A part of a snapshot file `seq`.
+pub const BACKUP_PART_SNAPSHOT: u8 = 1;
+/// A part of a log segment `seq`.
+pub const BACKUP_PART_LOG: u8 = 2;
+/// The end part, with the counts.
+pub const BACKUP_END: u8 = 0;
+
 /// A line that is not a record.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
