@@ -33,34 +33,7 @@ mod observe;
 mod runtime;
 
 /// Generated protobuf and tonic code.
-pub mod pb {
-    pub mod statestore {
-        pub mod v1 {
-            tonic::include_proto!("statestore.v1");
-        }
-    }
-    pub mod dapr {
-        pub mod proto {
-            pub mod common {
-                pub mod v1 {
-                    tonic::include_proto!("dapr.proto.common.v1");
-                }
-            }
-            pub mod runtime {
-                pub mod v1 {
-                    tonic::include_proto!("dapr.proto.runtime.v1");
-                }
-            }
-            pub mod components {
-                pub mod v1 {
-                    tonic::include_proto!("dapr.proto.components.v1");
-                }
-            }
-        }
-    }
-    /// Every file's descriptor, for reflection.
-    pub const DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("stategate_descriptor");
-}
+pub use stategate_proto as pb;
 
 use pb::dapr::proto::components::v1 as cpb;
 use pb::dapr::proto::runtime::v1 as rpb;

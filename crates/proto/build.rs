@@ -3,19 +3,22 @@
 
 use prost::Message;
 
+/// The files, under the repository's `proto/` (the include root).
 const PROTOS: &[&str] = &[
-    "proto/statestore/v1/state.proto",
-    "proto/dapr/proto/common/v1/common.proto",
-    "proto/dapr/proto/runtime/v1/dapr.proto",
-    "proto/dapr/proto/components/v1/common.proto",
-    "proto/dapr/proto/components/v1/state.proto",
+    "statestore/v1/state.proto",
+    "dapr/proto/common/v1/common.proto",
+    "dapr/proto/runtime/v1/dapr.proto",
+    "dapr/proto/components/v1/common.proto",
+    "dapr/proto/components/v1/state.proto",
 ];
+const ROOT: &str = "../../proto";
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    for p in PROTOS {
-        println!("cargo:rerun-if-changed={p}");
+    let files: Vec<String> = PROTOS.iter().map(|p| format!("{ROOT}/{p}")).collect();
+    for f in &files {
+        println!("cargo:rerun-if-changed={f}");
     }
-    let fds = protox::compile(PROTOS, ["proto"])?;
+    let fds = protox::compile(&files, [ROOT])?;
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(out.join("stategate_descriptor.bin"), fds.encode_to_vec())?;
     tonic_prost_build::configure()
