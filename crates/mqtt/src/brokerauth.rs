@@ -24,8 +24,8 @@ use rmqtt::types::{AuthResult, ConnectInfo, LastWill, PublishAclResult, Subscrib
 use super::broker::tls;
 use super::request::notify_topic_client_level;
 use super::{INVOKE_TOPIC, NOTIFY_TOPIC_PREFIX};
+use crate::CertIdentity;
 use crate::access::Access;
-use crate::mqtt::CertIdentity;
 
 /// What the broker's hooks enforce.
 #[derive(Debug, Clone)]

@@ -6,6 +6,15 @@
 //!   answer, acknowledge in receive order, and publish KEYNOTIFY notifications.
 //! - `broker`: the embedded rmqtt broker (feature `embedded-broker`).
 
+use stategate_access as access;
+use stategate_engine as engine;
+use stategate_hlc as hlc;
+use stategate_net::tls;
+use stategate_resp3 as resp3;
+#[cfg(test)]
+use stategate_storage as storage;
+use stategate_telemetry::metrics;
+
 #[cfg(feature = "embedded-broker")]
 pub mod broker;
 #[cfg(feature = "embedded-broker")]

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::*;
+use crate::INVOKE_TOPIC;
 use crate::engine::Limits;
 use crate::hlc::ManualClock;
-use crate::mqtt::INVOKE_TOPIC;
 use crate::resp3;
 use crate::storage::Store;
 

@@ -260,7 +260,7 @@ mod tests {
     async fn keys_are_the_request_ids() {
         let d = Dedup::new(Duration::from_secs(60), 100, 1 << 20);
         let k = new_key(&d, "resp", b"\x00\x01");
-        assert_eq!(&k[..], &crate::mqtt::request::request_id("resp", b"\x00\x01")[..]);
+        assert_eq!(&k[..], &crate::request::request_id("resp", b"\x00\x01")[..]);
     }
 
     #[tokio::test]

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::{BrokerError, into_io_error};
-use crate::mqtt::CertIdentity;
+use crate::CertIdentity;
 
 /// The TLS listener's settings.
 #[derive(Debug, Clone)]

@@ -42,7 +42,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use super::brokerauth::BrokerGuard;
 use super::door::Door;
 use super::inbroker::InBroker;
-use crate::mqtt::CertIdentity;
+use crate::CertIdentity;
 
 pub(crate) mod tls;
 pub use tls::BrokerTls;
