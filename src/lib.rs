@@ -29,7 +29,7 @@ pub use stategate_storage::dump;
 pub mod grpc;
 pub use stategate_engine::health;
 pub use stategate_hlc as hlc;
-pub mod http;
+pub use stategate_http as http;
 pub use stategate_mqtt as mqtt;
 pub use stategate_net::listener;
 pub use stategate_resp3 as resp3;

@@ -3,8 +3,18 @@
 //!
 //! - `state.rs`: the state routes; `sse.rs`: change events; `lock.rs`, `configuration.rs`:
 //!   the Dapr lock and configuration APIs; `status.rs`: the service status;
-//!   `ui.rs`: the web console's embedded files (`src/ui/`); `dto.rs`: JSON shapes (the only
+//!   `ui.rs`: the web console's embedded files (`crates/http/ui/`); `dto.rs`: JSON shapes (the only
 //!   place that derives serde/utoipa traits); `error.rs`: Dapr's error body and the error mapping.
+
+use stategate_access as access;
+use stategate_dapr as dapr;
+use stategate_engine as engine;
+use stategate_engine::health;
+use stategate_hlc as hlc;
+use stategate_net::listener;
+use stategate_storage as storage;
+use stategate_storage::dump;
+use stategate_telemetry::metrics;
 
 use std::sync::Arc;
 use std::time::Duration;
