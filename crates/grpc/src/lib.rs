@@ -4,6 +4,13 @@
 //!
 //! - `native.rs`, `runtime.rs`, `component.rs`: the services; `error.rs`: the status mapping.
 
+use stategate_access as access;
+use stategate_dapr as dapr;
+use stategate_engine as engine;
+use stategate_hlc as hlc;
+use stategate_net::listener;
+use stategate_telemetry::metrics;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 

@@ -14,8 +14,8 @@ use crate::access::{Grant, Op};
 use crate::dapr::configuration::{self as config, ConfigItem};
 use crate::dapr::lock::{self, TryLock};
 use crate::engine::watch::{Start, WatchItem};
-use crate::grpc::pb::dapr::proto::common::v1 as common;
-use crate::grpc::pb::dapr::proto::runtime::v1 as pb;
+use crate::pb::dapr::proto::common::v1 as common;
+use crate::pb::dapr::proto::runtime::v1 as pb;
 
 /// The response metadata carrying a lock's fencing token (HTTP: header `metadata.fencingToken`).
 pub const FENCING_TOKEN_METADATA: &str = "metadata.fencingtoken";

@@ -1,8 +1,9 @@
-//! The gRPC health service (`grpc.health.v1`) in step with the service's readiness.
+//! Readiness ([`stategate_engine::health`], re-exported) and the gRPC health service
+//! (`grpc.health.v1`) kept in step with it.
 
 use std::time::Duration;
 
-use crate::health::Observe;
+pub use stategate_engine::health::*;
 
 /// How often the gRPC health service re-checks readiness.
 pub const GRPC_HEALTH_INTERVAL: Duration = Duration::from_secs(1);
