@@ -21,7 +21,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 pub use stategate_access as access;
-pub mod cli;
+pub use stategate_cli as cli;
 pub mod config;
 pub use stategate_dapr as dapr;
 pub use stategate_engine as engine;

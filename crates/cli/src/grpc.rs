@@ -14,7 +14,7 @@ use super::{
     CliError, Condition, DelOutcome, Door, Event, Exit, Found, MAX_MESSAGE_BYTES, ScanPage, SetOutcome, WATCH_BUFFER,
     Watch, Write, base_url, ttl_ms,
 };
-use crate::grpc::pb::statestore::v1 as pb;
+use stategate_proto::statestore::v1 as pb;
 
 type Client = pb::state_store_client::StateStoreClient<Channel>;
 

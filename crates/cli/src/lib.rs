@@ -12,6 +12,13 @@
 //! where a door cannot do something (MQTT has no version condition and no pattern watch) the
 //! command says so and exits 2 rather than doing something weaker.
 
+use stategate_engine as engine;
+use stategate_hlc as hlc;
+use stategate_net::tls;
+use stategate_resp3 as resp3;
+use stategate_storage as storage;
+use stategate_storage::dump;
+
 use std::time::Duration;
 
 use bytes::Bytes;

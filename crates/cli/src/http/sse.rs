@@ -6,7 +6,7 @@ use reqwest::Response;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use crate::cli::{CliError, Event, MAX_MESSAGE_BYTES};
+use crate::{CliError, Event, MAX_MESSAGE_BYTES};
 
 /// Longest server-sent event accepted (a value up to the message limit, in base64).
 const MAX_EVENT_BYTES: usize = MAX_MESSAGE_BYTES * 4 / 3 + 4096;
