@@ -154,7 +154,7 @@ fn start_stategate(rt: &tokio::runtime::Runtime, durable: bool) -> Stategate {
     };
     // `statestore` as applications calling stategate directly see it; `bench` with daprd's key
     // prefix, to find daprd's writes (stategate's own door refuses keys holding `||`).
-    config.http.stores = Stores::new(vec![
+    config.dapr.stores = Stores::new(vec![
         StoreSpec {
             name: requests::STORE.into(),
             prefix: KeyPrefix::None,
@@ -400,7 +400,10 @@ fn main() {
     let o = opts();
     // As the binary runs: its log subscriber at its default filter, so the per-request spans
     // cost what they cost a deployed stategate (nothing is logged per request at `info`).
-    let _log = (!o.no_log).then(|| stategate::telemetry::init(&Config::default().ops));
+    let _log = (!o.no_log).then(|| {
+        let ops = Config::default().ops;
+        stategate::telemetry::init(&ops.log_filter, ops.log_format)
+    });
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let runtime = |name: &str| {
         tokio::runtime::Builder::new_multi_thread()
