@@ -65,7 +65,7 @@ impl ServiceSecret {
     /// A fresh secret (`None` when the system has no randomness).
     pub fn new() -> Option<ServiceSecret> {
         let mut bytes = [0u8; 32];
-        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes).ok()?;
+        getrandom::fill(&mut bytes).ok()?;
         Some(ServiceSecret(hex::encode(bytes)))
     }
 
@@ -159,10 +159,8 @@ impl Tokens {
 pub type Fingerprint = [u8; 32];
 
 pub fn fingerprint(token: &str) -> Fingerprint {
-    let d = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
-    let mut out = [0u8; 32];
-    out.copy_from_slice(d.as_ref());
-    out
+    use sha2::Digest;
+    sha2::Sha256::digest(token.as_bytes()).into()
 }
 
 /// Whether `given` is the configured token, compared in constant time (a caller timing the
@@ -237,7 +235,7 @@ fn dummy_hash() -> &'static str {
     static DUMMY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     DUMMY.get_or_init(|| {
         let mut password = [0u8; 32];
-        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut password);
+        let _ = getrandom::fill(&mut password);
         hash_entry("x", &password)
             .ok()
             .and_then(|e| e.split_once(':').map(|(_, h)| h.to_owned()))
@@ -251,8 +249,7 @@ pub fn hash_entry(user: &str, password: &[u8]) -> Result<String, String> {
         return Err("a username must be non-empty, without ':' or spaces".into());
     }
     let mut salt = [0u8; 16];
-    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut salt)
-        .map_err(|_| "no randomness for the salt".to_owned())?;
+    getrandom::fill(&mut salt).map_err(|_| "no randomness for the salt".to_owned())?;
     let salt = SaltString::encode_b64(&salt).map_err(|e| e.to_string())?;
     let hash = argon2::Argon2::default()
         .hash_password(password, &salt)

@@ -15,11 +15,10 @@ use tokio_stream::StreamExt;
 
 use super::dto::{self, ConfigurationItem, ConfigurationUpdate};
 use super::error::{ApiError, ErrorBody, Op};
-use super::sse::{KEEP_ALIVE, flag, start_of};
+use super::sse::{Item, KEEP_ALIVE, encode, flag, json_event, start_of};
 use super::{AppState, Caller, DaprPath, DaprQuery};
 use crate::access::Op as AccessOp;
 use crate::dapr::configuration::{self as config, ConfigItem};
-use crate::engine::watch::WatchItem;
 
 fn to_dto(item: ConfigItem) -> ConfigurationItem {
     ConfigurationItem {
@@ -93,12 +92,6 @@ fn update(id: &str, key: String, item: ConfigItem) -> ConfigurationUpdate {
     }
 }
 
-fn json_event(name: &str, body: &impl serde::Serialize) -> Event {
-    Event::default()
-        .event(name)
-        .data(serde_json::to_string(body).unwrap_or_else(|_| "{}".into()))
-}
-
 /// Subscribe to configuration changes as server-sent events: first `subscribe` with the
 /// subscription id, then one `update` per change (`{id, items: {key: item}}`, deletes and
 /// expiries included, event id = the version). Resumable like the state subscription:
@@ -164,46 +157,14 @@ pub async fn subscribe_configuration(
             items: HashMap::new(),
         },
     );
-    let events = st.engine.watch(watch, start).map(move |item| match item {
-        WatchItem::Change { event, resumable } => {
-            let c = &event.change;
-            let e = json_event(
-                "update",
-                &update(&id, store.dapr_key(&c.key), config::item_of_change(c)),
-            );
-            e.id(if resumable {
-                c.version.to_string()
-            } else {
-                asked.clone()
-            })
-        }
-        WatchItem::Snapshot { key, entry } => json_event(
-            "update",
-            &update(&id, store.dapr_key(&key), config::item_of_entry(&entry)),
-        )
-        .id(&asked),
-        WatchItem::Reset => Event::default().event("reset").data("{}").id(&asked),
-        WatchItem::Synced { resume } => {
-            let since = resume.map(|v| v.to_string());
-            let e = json_event("synced", &dto::SyncedEvent { since: since.clone() });
-            match since {
-                Some(v) => e.id(v),
-                None => e,
-            }
-        }
-        WatchItem::Overflow { missed } => Event::default()
-            .event("overflow")
-            .data(format!("{{\"missed\":{missed}}}")),
-        WatchItem::Failed(e) => {
-            let err = ApiError::from_engine(op, e);
-            json_event(
-                "failed",
-                &ErrorBody {
-                    error_code: err.code.to_owned(),
-                    message: err.message,
-                },
-            )
-        }
+    let events = st.engine.watch(watch, start).map(move |item| {
+        encode(item, &asked, op, |i| {
+            let (key, item) = match i {
+                Item::Change { change, .. } => (&change.key[..], config::item_of_change(change)),
+                Item::Snapshot { key, entry } => (key, config::item_of_entry(entry)),
+            };
+            json_event("update", &update(&id, store.dapr_key(key), item))
+        })
     });
     // The subscription lives as long as the stream (as does its slot of the caller's stream
     // limit); unsubscribe ends it, and so does the service stopping (`Running::shutdown`

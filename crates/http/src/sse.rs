@@ -18,7 +18,7 @@ use super::{AppState, Caller, DaprPath, DaprQuery};
 use crate::access::Op as AccessOp;
 use crate::dapr::{self, StoreSpec};
 use crate::engine::watch::{Start, WatchItem};
-use crate::engine::{ChangeKind, Entry};
+use crate::engine::{Change, ChangeKind, Entry};
 use crate::hlc::Hlc;
 
 /// How often an idle stream sends a comment, so proxies keep it open.
@@ -79,45 +79,46 @@ fn set_data(key: String, value: &[u8], version: &Hlc, base64: bool, snapshot: bo
     }
 }
 
-fn json_event(name: &str, body: &impl serde::Serialize) -> Event {
+pub(super) fn json_event(name: &str, body: &impl serde::Serialize) -> Event {
     Event::default()
         .event(name)
         .data(serde_json::to_string(body).unwrap_or_else(|_| "{}".into()))
 }
 
-/// One watch item as an event. A change's id is its version, a resume position. Events sent
-/// during a snapshot (and the reset before it) are no resume position: they repeat the position
-/// the watch was asked to start from (empty for a fresh snapshot), so a browser that reconnects
-/// in the middle of a snapshot asks for it again instead of resuming halfway through it,
-/// whatever its id buffer does between connections.
-fn to_event(store: &StoreSpec, item: WatchItem, base64: bool, since: &Option<String>) -> Event {
-    let asked = since.as_deref().unwrap_or_default();
+/// What a change stream sends of a change or of a snapshot entry: its event, in the stream's
+/// own shape (the state subscription's `set`/`delete`, the configuration subscription's
+/// `update`).
+pub(super) enum Item<'a> {
+    Change { change: &'a Change, resumable: bool },
+    Snapshot { key: &'a [u8], entry: &'a Entry },
+}
+
+/// One watch item as an event: the one encoder of every change stream (state and
+/// configuration subscriptions). `shape` renders changes and snapshot entries; ids and the
+/// markers are the same for every stream. A change's id is its version, a resume position.
+/// Events sent during a snapshot (and the reset before it) are no resume position: they
+/// repeat the position the watch was asked to start from (`asked`, empty for a fresh
+/// snapshot), so a browser that reconnects in the middle of a snapshot asks for it again
+/// instead of resuming halfway through it, whatever its id buffer does between connections.
+pub(super) fn encode(item: WatchItem, asked: &str, op: Op, shape: impl FnOnce(Item<'_>) -> Event) -> Event {
     match item {
         WatchItem::Change { event, resumable } => {
-            let c = &event.change;
-            let key = store.dapr_key(&c.key);
-            let (name, body) = match &c.kind {
-                ChangeKind::Set(v) => ("set", set_data(key, v, &c.version, base64, !resumable)),
-                ChangeKind::Delete | ChangeKind::Expire => (
-                    "delete",
-                    ChangeEvent {
-                        key,
-                        data: None,
-                        etag: c.version.to_string(),
-                        reason: (c.kind == ChangeKind::Expire).then_some("expired"),
-                        metadata: None,
-                        snapshot: !resumable,
-                    },
-                ),
-            };
-            let e = json_event(name, &body);
-            e.id(if resumable {
-                c.version.to_string()
+            let id = if resumable {
+                event.change.version.to_string()
             } else {
                 asked.to_owned()
+            };
+            shape(Item::Change {
+                change: &event.change,
+                resumable,
             })
+            .id(id)
         }
-        WatchItem::Snapshot { key, entry } => snapshot_event(store, &key, &entry, base64).id(asked),
+        WatchItem::Snapshot { key, entry } => shape(Item::Snapshot {
+            key: &key,
+            entry: &entry,
+        })
+        .id(asked),
         WatchItem::Reset => json_event(
             "reset",
             &ResetEvent {
@@ -139,7 +140,7 @@ fn to_event(store: &StoreSpec, item: WatchItem, base64: bool, since: &Option<Str
             "{{\"missed\":{missed},\"message\":\"the subscriber fell behind; subscribe again with Last-Event-ID\"}}"
         )),
         WatchItem::Failed(e) => {
-            let err = ApiError::from_engine(Op::Subscribe, e);
+            let err = ApiError::from_engine(op, e);
             json_event(
                 "failed",
                 &ErrorBody {
@@ -148,6 +149,31 @@ fn to_event(store: &StoreSpec, item: WatchItem, base64: bool, since: &Option<Str
                 },
             )
         }
+    }
+}
+
+/// The state subscription's shape of a change or snapshot entry.
+fn state_event(store: &StoreSpec, item: Item<'_>, base64: bool) -> Event {
+    match item {
+        Item::Change { change: c, resumable } => {
+            let key = store.dapr_key(&c.key);
+            let (name, body) = match &c.kind {
+                ChangeKind::Set(v) => ("set", set_data(key, v, &c.version, base64, !resumable)),
+                ChangeKind::Delete | ChangeKind::Expire => (
+                    "delete",
+                    ChangeEvent {
+                        key,
+                        data: None,
+                        etag: c.version.to_string(),
+                        reason: (c.kind == ChangeKind::Expire).then_some("expired"),
+                        metadata: None,
+                        snapshot: !resumable,
+                    },
+                ),
+            };
+            json_event(name, &body)
+        }
+        Item::Snapshot { key, entry } => snapshot_event(store, key, entry, base64),
     }
 }
 
@@ -244,7 +270,8 @@ pub async fn subscribe(
     let stream = st.engine.watch(watch, start).map(move |item| {
         // The stream holds its slot of the caller's stream limit until it ends.
         let _open = &slot;
-        Ok(to_event(&spec, item, base64, &asked))
+        let asked = asked.as_deref().unwrap_or_default();
+        Ok(encode(item, asked, Op::Subscribe, |i| state_event(&spec, i, base64)))
     });
     // Ends with a final `shutdown` event when the service stops (graceful shutdown waits for
     // it), or `revoked` when a reload removed the caller's token.

@@ -45,7 +45,7 @@ mod shared;
 mod snapshot;
 mod writer;
 
-pub use crypt::EncryptionKey;
+pub use crypt::{Cipher, EncryptionKey, Unauthentic};
 use format::Codec;
 pub use offline::{RekeyReport, load_read_only, rekey};
 use shared::{Refused, Shared, lock};

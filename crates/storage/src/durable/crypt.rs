@@ -79,6 +79,17 @@ impl EncryptionKey {
         }
     }
 
+    /// A fresh random key that lives in memory only (sealed paging tokens: valid until the
+    /// process ends).
+    pub fn random() -> Result<EncryptionKey, StorageError> {
+        let mut bytes = Zeroizing::new([0u8; KEY_LEN]);
+        getrandom::fill(bytes.as_mut_slice()).map_err(|e| StorageError::Encryption(format!("no randomness: {e}")))?;
+        Ok(EncryptionKey {
+            bytes,
+            path: PathBuf::from("(a key in memory)"),
+        })
+    }
+
     /// The file the key came from.
     pub fn path(&self) -> &Path {
         &self.path
