@@ -11,7 +11,7 @@
 //! where `prometheus-client`'s take a mutex per observation.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use prometheus::{
@@ -411,77 +411,6 @@ impl Metrics {
     }
 }
 
-/// What the gauges mirror, as one part of the service knows it; `None`: not this part's.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Mirrored {
-    pub keys: Option<u64>,
-    pub value_bytes: Option<u64>,
-    pub storage_writable: Option<bool>,
-    pub registrations: Option<u64>,
-    pub observing_clients: Option<u64>,
-    pub feed_held: Option<u64>,
-    /// Cumulative: KEYNOTIFY notifications dropped so far.
-    pub keynotify_dropped: Option<u64>,
-    /// Cumulative: keys expired so far.
-    pub expired: Option<u64>,
-    pub response_cache_bytes: Option<u64>,
-    pub broker_connections: Option<u64>,
-}
-
-impl Mirrored {
-    /// `self` with what `other` knows on top.
-    fn and(self, other: Mirrored) -> Mirrored {
-        Mirrored {
-            keys: other.keys.or(self.keys),
-            value_bytes: other.value_bytes.or(self.value_bytes),
-            storage_writable: other.storage_writable.or(self.storage_writable),
-            registrations: other.registrations.or(self.registrations),
-            observing_clients: other.observing_clients.or(self.observing_clients),
-            feed_held: other.feed_held.or(self.feed_held),
-            keynotify_dropped: other.keynotify_dropped.or(self.keynotify_dropped),
-            expired: other.expired.or(self.expired),
-            response_cache_bytes: other.response_cache_bytes.or(self.response_cache_bytes),
-            broker_connections: other.broker_connections.or(self.broker_connections),
-        }
-    }
-}
-
-/// A part of the service whose state the gauges mirror (the engine, the MQTT door, the
-/// broker): the metrics know these parts only through this.
-#[async_trait::async_trait]
-pub trait Mirror: Send + Sync + 'static {
-    /// What this part knows now; read when `/metrics` is scraped.
-    async fn mirrored(&self) -> Mirrored;
-}
-
-/// Where `/metrics` reads the state it mirrors. Shared, and filled in as the parts start.
-#[derive(Default)]
-pub struct Sources {
-    parts: Mutex<Vec<Arc<dyn Mirror>>>,
-}
-
-impl Sources {
-    /// Adds a part whose state the gauges mirror from now on.
-    pub fn add(&self, part: Arc<dyn Mirror>) {
-        self.parts.lock().unwrap_or_else(|e| e.into_inner()).push(part);
-    }
-
-    async fn read(&self) -> Mirrored {
-        let parts = self.parts.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let mut out = Mirrored::default();
-        for p in parts {
-            out = out.and(p.mirrored().await);
-        }
-        out
-    }
-}
-
-impl std::fmt::Debug for Sources {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sources").finish_non_exhaustive()
-    }
-}
-
 /// Raises `counter` to `now`, a cumulative value kept elsewhere.
 fn add_to(counter: &IntCounter, last: &AtomicU64, now: u64) {
     let before = last.swap(now, Ordering::Relaxed);
@@ -644,6 +573,9 @@ impl Handles {
 fn unreachable_metric<T>(name: &str, e: prometheus::Error) -> T {
     panic!("metric {name} is malformed: {e}")
 }
+
+mod mirror;
+pub use mirror::{Mirror, Mirrored, Sources};
 
 #[cfg(test)]
 mod tests;
