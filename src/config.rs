@@ -196,6 +196,7 @@ impl Config {
                 max_inflight: a.mqtt_max_inflight.max(1),
                 max_inflight_bytes: a.mqtt_max_inflight_bytes.max(1),
                 max_inflight_per_caller: a.mqtt_max_inflight_per_client.max(1),
+                max_queued_answers: a.mqtt_max_queued_answers.max(1),
                 response_cache_bytes: a.mqtt_response_cache_bytes,
                 ..DoorLimits::default()
             },

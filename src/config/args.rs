@@ -212,6 +212,12 @@ pub struct ServeArgs {
     /// answered `__stat=503`. One client's backlog never delays another's requests.
     #[arg(long, env = "STATEGATE_MQTT_MAX_INFLIGHT_PER_CLIENT", default_value_t = 256)]
     pub mqtt_max_inflight_per_client: usize,
+    /// Embedded broker: answers waiting in one client's session for it to take them (its
+    /// receive window is full: it does not read). Past it the client's requests are answered
+    /// `__stat=503` without running, so a client that does not read cannot make the service hold
+    /// its answers: at most this many times the largest answer per client.
+    #[arg(long, env = "STATEGATE_MQTT_MAX_QUEUED_ANSWERS", default_value_t = 64)]
+    pub mqtt_max_queued_answers: usize,
     /// Bytes of answers kept to resend on a QoS 1 redelivery (also at most 100,000 answers,
     /// each for 60 s).
     #[arg(long, env = "STATEGATE_MQTT_RESPONSE_CACHE_BYTES", default_value_t = 64 * 1024 * 1024)]

@@ -249,10 +249,19 @@ mod raw {
         out
     }
 
-    pub fn connect(client_id: &str) -> Vec<u8> {
+    /// CONNECT (MQTT 5, clean start), announcing a Receive Maximum when given.
+    pub fn connect_with(client_id: &str, receive_maximum: Option<u16>) -> Vec<u8> {
         let mut b = Vec::new();
         string(b"MQTT", &mut b);
-        b.extend_from_slice(&[5, 0x02, 0, 60, 0]);
+        b.extend_from_slice(&[5, 0x02, 0, 60]);
+        match receive_maximum {
+            Some(n) => {
+                b.push(3);
+                b.push(0x21);
+                b.extend_from_slice(&n.to_be_bytes());
+            }
+            None => b.push(0),
+        }
         string(client_id.as_bytes(), &mut b);
         packet(0x10, b)
     }
@@ -318,6 +327,19 @@ impl Polite {
 /// all it will ever hold for this client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mqtt_client_that_never_reads_slows_only_itself() {
+    never_reading_client(None).await
+}
+
+/// The same client announcing MQTT5 Receive Maximum 1: the broker sends it one answer at a
+/// time, and the socket never fills (the client's PUBACKs are tiny), so its connection is read
+/// on and on; its answers would pile up in its session (a gigabyte in seconds before the queued
+/// answers were bounded). Its requests past `--mqtt-max-queued-answers` are refused instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mqtt_client_with_a_receive_window_of_one_that_never_reads_is_bounded() {
+    never_reading_client(Some(1)).await
+}
+
+async fn never_reading_client(receive_maximum: Option<u16>) {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -342,7 +364,10 @@ async fn an_mqtt_client_that_never_reads_slows_only_itself() {
     let bound = baseline + 64 * 256 * 1024 + 2 * 1024 * 256 * 1024 / 8 + 64 * MIB;
 
     let mut greedy = TcpStream::connect(("127.0.0.1", p.mqtt)).await.expect("connect");
-    greedy.write_all(&raw::connect("greedy")).await.unwrap();
+    greedy
+        .write_all(&raw::connect_with("greedy", receive_maximum))
+        .await
+        .unwrap();
     let mut connack = [0u8; 4];
     greedy.read_exact(&mut connack).await.unwrap();
     greedy.write_all(&raw::subscribe(1, "greedy/resp")).await.unwrap();
@@ -376,7 +401,9 @@ async fn an_mqtt_client_that_never_reads_slows_only_itself() {
                 .checked_sub(polite.gets)
                 .expect("/metrics counts the polite GETs");
             let now = (answered, sent.load(Ordering::SeqCst));
-            if now == seen && now.0 < now.1 {
+            // Throttled: it sent more than was answered and nothing moves. With a receive
+            // window of one the broker reads on (refusals answer the rest): nothing moves.
+            if now == seen && now.1 > 0 && (now.0 < now.1 || receive_maximum.is_some()) {
                 return;
             }
             seen = now;

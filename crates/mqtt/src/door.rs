@@ -56,6 +56,9 @@ pub struct DoorLimits {
     /// Requests of one caller executing at once. In the broker, a connection past it waits
     /// (its packets are not read meanwhile); through a client connection, `__stat=503`.
     pub max_inflight_per_caller: usize,
+    /// Embedded broker: answers waiting in one client's session (it does not take them); past
+    /// it the client's requests are answered `__stat=503` without running.
+    pub max_queued_answers: usize,
     /// How long an answer is kept to resend on a QoS 1 redelivery.
     pub response_cache_ttl: Duration,
     /// Most answers kept for redeliveries, and their bytes.
@@ -69,6 +72,7 @@ impl Default for DoorLimits {
             max_inflight: 8192,
             max_inflight_bytes: 256 * 1024 * 1024,
             max_inflight_per_caller: 256,
+            max_queued_answers: 64,
             response_cache_ttl: Duration::from_secs(60),
             response_cache_entries: 100_000,
             response_cache_bytes: 64 * 1024 * 1024,

@@ -183,6 +183,15 @@ impl Handler for ServeRequests {
             return consumed();
         };
         let req = to_request(publish);
+        // A client whose answers wait in its session (its receive window is full: it does not
+        // take them) gets no more work done: every answer it leaves there is memory held for it.
+        // The refusal is a few bytes; the broker bounds how many it queues.
+        if session.deliver_queue().len() >= door.limits().max_queued_answers {
+            if let Some(out) = door.busy(&req) {
+                self.sink.publish(&out).await;
+            }
+            return consumed();
+        }
         let token = session_token(&session.id);
         // Backpressure on this connection only: it waits here, unread, while others go on.
         let connection = self.connection(token, door.limits().max_inflight_per_caller);
