@@ -132,8 +132,8 @@ impl Engine {
 impl crate::metrics::Mirror for Engine {
     async fn mirrored(&self) -> crate::metrics::Mirrored {
         crate::metrics::Mirrored {
-            keys: self.key_count().await.ok().map(|n| n as u64),
-            value_bytes: self.value_bytes().await.ok().flatten().map(|b| b as u64),
+            keys: self.key_count().await.ok(),
+            value_bytes: self.value_bytes().await.ok().flatten(),
             storage_writable: Some(self.storage_health() == crate::storage::StorageHealth::Ok),
             registrations: Some(self.registrations() as u64),
             observing_clients: Some(self.observing_clients() as u64),

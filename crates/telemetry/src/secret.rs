@@ -17,6 +17,21 @@ pub fn mask_url_password(url: &str) -> String {
     }
 }
 
+/// `%XX` escapes decoded (a password may hold `@`, `:` or `/`); `None` if malformed.
+pub fn percent_decode(s: &str) -> Option<String> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut bytes = s.bytes();
+    while let Some(b) = bytes.next() {
+        if b == b'%' {
+            let hex = [bytes.next()?, bytes.next()?];
+            out.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
+        } else {
+            out.push(b);
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::mask_url_password;
@@ -39,19 +54,4 @@ mod tests {
             assert_eq!(masked, shown, "{url}");
         }
     }
-}
-
-/// `%XX` escapes decoded (a password may hold `@`, `:` or `/`); `None` if malformed.
-pub fn percent_decode(s: &str) -> Option<String> {
-    let mut out = Vec::with_capacity(s.len());
-    let mut bytes = s.bytes();
-    while let Some(b) = bytes.next() {
-        if b == b'%' {
-            let hex = [bytes.next()?, bytes.next()?];
-            out.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
-        } else {
-            out.push(b);
-        }
-    }
-    String::from_utf8(out).ok()
 }
