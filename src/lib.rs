@@ -171,6 +171,7 @@ pub async fn start_observed(
                         _ => None,
                     },
                     max_connections: config.net.mqtt_max_connections,
+                    max_queued_per_client: config.net.mqtt_max_queued_per_client,
                     connect_timeout: config.net.mqtt_connect_timeout,
                     guard: Some(mqtt::brokerauth::BrokerGuard {
                         access: access.clone(),

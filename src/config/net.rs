@@ -44,6 +44,10 @@ pub struct NetArgs {
     /// disconnected ones); past it a CONNECT is refused with CONNACK "server unavailable".
     #[arg(long, env = "STATEGATE_MQTT_MAX_CONNECTIONS", default_value_t = 10_000)]
     pub mqtt_max_connections: usize,
+    /// Messages the embedded broker queues for one session (a client that reads slowly, or is
+    /// disconnected with a kept session); past it new messages for that session are dropped.
+    #[arg(long, env = "STATEGATE_MQTT_MAX_QUEUED_PER_CLIENT", default_value_t = 10_000)]
+    pub mqtt_max_queued_per_client: usize,
     /// Seconds an MQTT connection to the embedded broker has for its TLS handshake and its
     /// CONNECT packet; past it the connection is closed.
     #[arg(long, env = "STATEGATE_MQTT_CONNECT_TIMEOUT_SECS", default_value_t = 10)]
@@ -115,6 +119,7 @@ pub struct NetSettings {
     /// The embedded broker's TLS listener (needs `tls`).
     pub mqtt_tls: Option<MqttTlsListener>,
     pub mqtt_max_connections: usize,
+    pub mqtt_max_queued_per_client: usize,
     pub mqtt_connect_timeout: Duration,
     pub http: ListenerLimits,
     pub http_max_inflight: usize,
@@ -159,6 +164,7 @@ impl NetSettings {
             tls,
             mqtt_tls,
             mqtt_max_connections: n.mqtt_max_connections.max(1),
+            mqtt_max_queued_per_client: n.mqtt_max_queued_per_client.max(1),
             mqtt_connect_timeout: Duration::from_secs(n.mqtt_connect_timeout_secs.max(1)),
             http: ListenerLimits {
                 max_connections: n.http_max_connections.max(1),

@@ -47,9 +47,6 @@ use crate::CertIdentity;
 pub(crate) mod tls;
 pub use tls::BrokerTls;
 
-/// Messages queued per client session (online backlog or offline queue) before the broker drops
-/// new ones for that client. rmqtt's default is 1,000.
-const MAX_QUEUED_PER_CLIENT: usize = 10_000;
 /// Session expiry for MQTT 3.1.1 clients that connect with clean_session=0 (MQTT 5 clients
 /// choose their own). rmqtt's default, written down.
 const V3_SESSION_EXPIRY: Duration = Duration::from_secs(2 * 60 * 60);
@@ -75,6 +72,9 @@ pub struct BrokerOptions {
     /// Most sessions (connected clients and sessions kept for disconnected ones); past it a
     /// CONNECT is refused with "server unavailable".
     pub max_connections: usize,
+    /// Messages queued per session (online backlog or offline queue) before the broker drops
+    /// new ones for that client (rmqtt's own default is 1,000).
+    pub max_queued_per_client: usize,
     /// Time a connection has for its TLS handshake and its CONNECT packet.
     pub connect_timeout: Duration,
     /// Authentication and topic ACLs (`None`: anyone may connect and use any topic).
@@ -90,6 +90,7 @@ impl Default for BrokerOptions {
             default_message_expiry: None,
             tls: None,
             max_connections: 10_000,
+            max_queued_per_client: 10_000,
             connect_timeout: Duration::from_secs(10),
             guard: None,
         }
@@ -191,7 +192,7 @@ impl EmbeddedBroker {
             .max_inflight(receive_maximum)
             .message_expiry_interval(message_expiry)
             .message_retry_interval(Duration::ZERO)
-            .max_mqueue_len(MAX_QUEUED_PER_CLIENT)
+            .max_mqueue_len(opts.max_queued_per_client.max(1))
             .session_expiry_interval(V3_SESSION_EXPIRY)
             // rmqtt's `max_connections` bounds its queue of handshakes in progress; the session
             // limit above is what bounds clients.
