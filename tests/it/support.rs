@@ -284,11 +284,7 @@ impl TestEnv {
         };
         s.shutdown().await;
         if let (Some(dir), Some(served)) = (&self.data, served) {
-            let copy = tempfile::tempdir().expect("tempdir");
-            for entry in std::fs::read_dir(dir.path()).expect("read the data dir") {
-                let entry = entry.expect("a directory entry");
-                std::fs::copy(entry.path(), copy.path().join(entry.file_name())).expect("copy a data file");
-            }
+            let copy = copy_data_dir(dir.path());
             let backend = DurableBackend::open(DurableOptions::new(copy.path())).expect("the copy recovers");
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -624,4 +620,17 @@ pub fn rss(pid: u32) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map(|kb| kb * 1024)
         .unwrap_or(0)
+}
+
+/// A copy of a stopped service's data directory, to start another service on. Once
+/// `Running::shutdown` returned the files hold every acknowledged write (`stop_keeping_data`
+/// checks it), but a handle of the stopped engine may linger a moment (a broker disconnect
+/// hook finishing its work) and with it the directory's lock: the copy has no lock.
+pub fn copy_data_dir(dir: &std::path::Path) -> tempfile::TempDir {
+    let copy = tempfile::tempdir().expect("tempdir");
+    for entry in std::fs::read_dir(dir).expect("read the data dir") {
+        let entry = entry.expect("a directory entry");
+        std::fs::copy(entry.path(), copy.path().join(entry.file_name())).expect("copy a data file");
+    }
+    copy
 }

@@ -215,6 +215,7 @@ async fn python_actor_state_lives_in_stategate_across_restarts() {
     // new app and daprd: the state came back from disk.
     drop((obs, mqtt));
     let data = env.stop_keeping_data().await.expect("a durable data dir");
+    let data = crate::support::copy_data_dir(data.path());
     let backend = DurableBackend::open(DurableOptions::new(data.path())).expect("the data dir reopens");
     let env = stategate_for(APP, sockets.path(), Storage::Shared(Store::new(backend))).await;
     let stack = ActorStack::start(&placement, sockets.path()).await;

@@ -287,6 +287,7 @@ async fn stategate_restarted_under_daprd_fails_cleanly_then_serves_again() {
     assert_eq!(r.status(), 204, "daprd stays healthy while its store is down");
 
     // Up again: the same socket path and the same data; daprd is not restarted.
+    let data = crate::support::copy_data_dir(data.path());
     let store = Store::new(DurableBackend::open(DurableOptions::new(data.path())).expect("the data reopens"));
     let env = stategate_for(app, sockets.path(), Storage::Shared(store)).await;
     let up = Instant::now();
