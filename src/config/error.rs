@@ -5,10 +5,9 @@ use std::net::SocketAddr;
 /// A bad flag value.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("--mqtt-url must look like mqtt[s]://[user[:password]@]host[:port] (got {0})")]
-    BadMqttUrl(String),
-    #[error("--mqtt-url {0}: TLS (mqtts://) needs the cargo feature `mqtt-client-tls`")]
-    TlsUnsupported(String),
+    /// A broker URL that does not parse, or names TLS this build lacks (the password masked).
+    #[error(transparent)]
+    MqttUrl(#[from] stategate_net::url::BadUrl),
     #[error(
         "{flag} {addr} is a plain (non-TLS) listener beyond loopback: anyone who can reach it could read and \
          write every key. Use TLS ({tls_hint}), bind it to 127.0.0.1, or pass --allow-insecure-listen"
@@ -57,7 +56,7 @@ impl ConfigError {
     /// access file's own error (its message names that file and line).
     pub fn setting(&self) -> Option<&'static str> {
         Some(match self {
-            ConfigError::BadMqttUrl(_) | ConfigError::TlsUnsupported(_) | ConfigError::NoEmbeddedBroker => "mqtt-url",
+            ConfigError::MqttUrl(_) | ConfigError::NoEmbeddedBroker => "mqtt-url",
             ConfigError::BadNodeId(_) => "node-id",
             ConfigError::PacketTooSmall { .. } => "mqtt-max-packet-bytes",
             ConfigError::BadListen { flag, .. } => flag.trim_start_matches("--"),

@@ -36,7 +36,7 @@ fn mqtt_urls() {
         "mqtt://@h",
         "mqtt://u:%zz@h",
     ] {
-        assert!(matches!(parse_mqtt_url(bad), Err(ConfigError::BadMqttUrl(_))), "{bad}");
+        assert!(matches!(parse_mqtt_url(bad), Err(ConfigError::MqttUrl(_))), "{bad}");
     }
 }
 

@@ -17,8 +17,5 @@ pub use crate::secret::mask_url_password;
 
 /// [`stategate_net::url::parse_broker_url`], as a configuration error.
 pub fn parse_broker_url(url: &str) -> Result<BrokerUrl, ConfigError> {
-    stategate_net::url::parse_broker_url(url).map_err(|e| match e {
-        stategate_net::url::BadUrl::Malformed(u) => ConfigError::BadMqttUrl(u),
-        stategate_net::url::BadUrl::TlsUnsupported(u) => ConfigError::TlsUnsupported(u),
-    })
+    Ok(stategate_net::url::parse_broker_url(url)?)
 }

@@ -36,13 +36,13 @@ impl Sealer {
     }
 
     /// `position` as an opaque token that opens only with the same `bound_to`.
-    pub fn seal(&self, position: &[u8], bound_to: &[u8]) -> Option<String> {
+    pub fn seal(&self, position: &[u8], bound_to: &[u8]) -> String {
         let mut sealed = position.to_vec();
         self.cipher.seal_tail(&mut sealed, 0, bound_to);
         let mut out = String::with_capacity(1 + 2 * sealed.len());
         out.push(MARK);
         out.push_str(&hex::encode_upper(&sealed));
-        Some(out)
+        out
     }
 
     /// Whether `token` is a sealed one (as opposed to a plain hex position).

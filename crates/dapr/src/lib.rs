@@ -490,7 +490,7 @@ pub async fn list_keys(
         }
     }
     let token = match after {
-        Some(k) => Some(grant.position_token(readable.as_ref(), &k, Pages::Keys { store: &store.name })?),
+        Some(k) => Some(grant.position_token(readable.as_ref(), &k, Pages::Keys { store: &store.name })),
         None => None,
     };
     Ok(KeysPage { keys, token })
