@@ -187,7 +187,9 @@ impl Config {
         let session_expiry_secs =
             a.mqtt_session_expiry_secs
                 .unwrap_or(if a.mqtt_share_group.is_some() { 0 } else { 3600 });
+        let state_topics = state_topics(a.state_topics.clone(), a.state_topics_set, &broker)?;
         let mqtt = MqttSettings {
+            state_topics,
             client_id: a.mqtt_client_id,
             share_group: a.mqtt_share_group,
             max_packet_bytes: a.mqtt_max_packet_bytes,
@@ -368,6 +370,33 @@ impl Config {
             access,
         })
     }
+}
+
+/// The state topics mirror asked for: a usable prefix, and set-by-publish only where the
+/// PUBACK is the service's (in-broker serving).
+fn state_topics(
+    prefix: Option<String>,
+    set_by_publish: bool,
+    broker: &BrokerChoice,
+) -> Result<Option<crate::mqtt::mirror::StateTopics>, ConfigError> {
+    let in_broker = matches!(broker, BrokerChoice::Embedded { client_path: false, .. });
+    let Some(prefix) = prefix else {
+        return match set_by_publish {
+            true => Err(ConfigError::StateTopicsSetNeedsInBroker),
+            false => Ok(None),
+        };
+    };
+    if let Err(reason) = crate::mqtt::mirror::check_prefix(&prefix) {
+        return Err(ConfigError::BadStateTopics { prefix, reason });
+    }
+    if set_by_publish && !in_broker {
+        return Err(ConfigError::StateTopicsSetNeedsInBroker);
+    }
+    Ok(Some(crate::mqtt::mirror::StateTopics {
+        prefix,
+        set_by_publish,
+        external_broker: matches!(broker, BrokerChoice::External { .. }),
+    }))
 }
 
 fn parse_listen(flag: &'static str, value: &str) -> Result<Option<SocketAddr>, ConfigError> {

@@ -177,6 +177,7 @@ pub async fn start_observed(
                         access: access.clone(),
                         service_id: config.mqtt.client_id.clone(),
                         client_path: *client_path,
+                        state_topics: config.mqtt.state_topics.clone(),
                     }),
                 },
                 on_disconnect,
@@ -360,7 +361,8 @@ pub async fn start_observed(
                 let door = Arc::new(
                     mqtt::door::Door::new(engine.clone(), config.mqtt.client_id.clone(), config.mqtt.door.clone())
                         .with_access(access.clone())
-                        .with_metrics(metrics.clone()),
+                        .with_metrics(metrics.clone())
+                        .with_state_topics(config.mqtt.state_topics.clone()),
                 );
                 tracing::info!("serving the state store inside the embedded broker");
                 MqttDoor::InBroker(b.serve_in_broker(door).await)

@@ -226,6 +226,15 @@ pub struct ServeArgs {
     /// inside the broker (slower: two more loopback hops per request; for comparison and tests).
     #[arg(long, env = "STATEGATE_MQTT_CLIENT_PATH")]
     pub mqtt_client_path: bool,
+    /// Mirror every key on the MQTT topic `<prefix><key>`, retained, QoS 1: each change is
+    /// published there, a delete or expiry clears it (e.g. `state/`; off unless given; see
+    /// docs/state-topics.md). Give every replica the same prefix.
+    #[arg(long, env = "STATEGATE_STATE_TOPICS", value_name = "PREFIX")]
+    pub state_topics: Option<String>,
+    /// With --state-topics and the embedded broker serving in-broker: a QoS 1 publish to
+    /// `<prefix><key>/set` sets the key to the payload, answered only by the PUBACK reason code.
+    #[arg(long, env = "STATEGATE_STATE_TOPICS_SET")]
+    pub state_topics_set: bool,
     /// Where the gRPC door (statestore.v1, Dapr runtime state RPCs, health, reflection)
     /// listens; `off` disables it. Beyond loopback it is open to the network (set --api-token).
     #[arg(long, env = "STATEGATE_GRPC_LISTEN", default_value = "127.0.0.1:50001")]

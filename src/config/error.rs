@@ -49,6 +49,12 @@ pub enum ConfigError {
     TrustNeedsExternalBroker,
     #[error("--mqtt-bind-client-id needs the embedded broker (an external broker checks its own client ids)")]
     BindNeedsEmbeddedBroker,
+    #[error("--state-topics {prefix:?} {reason}")]
+    BadStateTopics { prefix: String, reason: &'static str },
+    #[error(
+        "--state-topics-set needs --state-topics and the embedded broker serving in-broker (no --mqtt-url, no --mqtt-client-path): only there does the PUBACK carry the service's answer"
+    )]
+    StateTopicsSetNeedsInBroker,
 }
 
 impl ConfigError {
@@ -69,6 +75,8 @@ impl ConfigError {
             ConfigError::AuthNeedsEmbeddedBroker | ConfigError::AuthWithClientPath => "mqtt-auth-file",
             ConfigError::TrustNeedsExternalBroker => "mqtt-trust-src-id",
             ConfigError::BindNeedsEmbeddedBroker => "mqtt-bind-client-id",
+            ConfigError::BadStateTopics { .. } => "state-topics",
+            ConfigError::StateTopicsSetNeedsInBroker => "state-topics-set",
             ConfigError::EncryptionNeedsDurable => "encryption-key-file",
         })
     }

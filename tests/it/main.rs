@@ -36,6 +36,7 @@ mod scaleout_aio;
 mod scaleout_register;
 mod sentinel;
 mod support;
+mod state_topics;
 mod tls;
 mod transfer;
 mod watch;

@@ -46,6 +46,24 @@ pub enum ChangeKind {
     Expire,
 }
 
+/// The observer id of the state topics mirror (`--state-topics`), which observes every key
+/// without registering: its notifications travel the KEYNOTIFY queue (and, on shared storage,
+/// the same owners and handover) as any observer's, and the MQTT door publishes them on the
+/// mirror's topics instead. MQTT client ids are UTF-8 strings without U+0000, so no client
+/// can register under this id.
+pub const EVERY_KEY_OBSERVER: &str = "\u{0}state-topics";
+
+/// Who sends the notifications of the observer of every key on replicas that share storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EveryKey {
+    /// Every replica, each to its own embedded broker: only it reaches that broker's
+    /// subscribers (what a home is to a KEYNOTIFY client), and each broker needs every change.
+    EachReplica,
+    /// One replica per change, the owner rendezvous hashing picks for the observer's id (a
+    /// client behind a shared external broker), with the handover when a member dies.
+    OneReplica,
+}
+
 /// A change to a key that KEYNOTIFY observers registered for, with who they are.
 #[derive(Debug, Clone)]
 pub struct KeyNotification {
@@ -285,6 +303,9 @@ pub(crate) struct KeyNotifySender {
     max_bytes: usize,
     dropped: AtomicU64,
     marks: Arc<Marks>,
+    /// The observer of every key, when the door mirrors state (and its id, shared by every
+    /// notification instead of allocated per change).
+    every_key: Option<(EveryKey, Arc<str>)>,
 }
 
 /// How far the queue got, by [`KeyNotification::at`]: the last position queued, and the last
@@ -316,7 +337,10 @@ pub struct KeyNotifyReceiver {
     handed: u64,
 }
 
-pub(crate) fn keynotify_queue(limits: &ObserverLimits) -> (KeyNotifySender, KeyNotifyReceiver) {
+pub(crate) fn keynotify_queue(
+    limits: &ObserverLimits,
+    every_key: Option<EveryKey>,
+) -> (KeyNotifySender, KeyNotifyReceiver) {
     let (tx, rx) = mpsc::channel(limits.queue_len.max(1));
     let bytes = Arc::new(AtomicUsize::new(0));
     let marks = Arc::new(Marks::default());
@@ -327,6 +351,7 @@ pub(crate) fn keynotify_queue(limits: &ObserverLimits) -> (KeyNotifySender, KeyN
             max_bytes: limits.queue_bytes,
             dropped: AtomicU64::new(0),
             marks: marks.clone(),
+            every_key: every_key.map(|mode| (mode, Arc::from(EVERY_KEY_OBSERVER))),
         },
         KeyNotifyReceiver {
             rx,
@@ -370,6 +395,11 @@ impl KeyNotifySender {
 
     pub(crate) fn marks(&self) -> &Marks {
         &self.marks
+    }
+
+    /// The observer of every key, if the door mirrors state: how it is routed, and its id.
+    pub(crate) fn every_key(&self) -> Option<(EveryKey, Arc<str>)> {
+        self.every_key.clone()
     }
 }
 

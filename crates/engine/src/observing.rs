@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::notify::{Change, KeyNotifyReceiver, Observers, RegisterError};
+use super::notify::{Change, EveryKey, KeyNotifyReceiver, Observers, RegisterError};
 use super::*;
 
 impl Engine {
@@ -11,7 +11,15 @@ impl Engine {
     /// this once (`None` afterwards). Changes to keys nobody observes are never queued.
     /// On shared storage, taking it makes this replica one of those that send notifications.
     pub fn keynotify_feed(&self) -> Option<KeyNotifyReceiver> {
-        let (tx, rx) = notify::keynotify_queue(&self.0.limits.observers);
+        self.keynotify_feed_with(None)
+    }
+
+    /// [`Engine::keynotify_feed`], with the observer of every key
+    /// ([`notify::EVERY_KEY_OBSERVER`]) among the observers of each change when `every_key`
+    /// says how it is routed: the door's state topics mirror, which thereby gets every change
+    /// in the order (and on shared storage from the one replica) KEYNOTIFY would send it.
+    pub fn keynotify_feed_with(&self, every_key: Option<EveryKey>) -> Option<KeyNotifyReceiver> {
+        let (tx, rx) = notify::keynotify_queue(&self.0.limits.observers, every_key);
         self.0.keynotify.set(tx).ok()?;
         if let Some(shared) = self.shared() {
             shared.start_heartbeats(self);
@@ -77,10 +85,16 @@ impl Engine {
 
     /// Queues the KEYNOTIFY notifications of a change, for the observers of its key.
     pub(super) fn notify_observers(&self, change: &Change) {
-        if self.0.observed_keys.load(Ordering::Relaxed) > 0
-            && let Some(tx) = self.0.keynotify.get()
-        {
-            let observers = self.observers().of_key(&change.key);
+        let Some(tx) = self.0.keynotify.get() else { return };
+        let every_key = tx.every_key();
+        let observed = self.0.observed_keys.load(Ordering::Relaxed) > 0;
+        if observed || every_key.is_some() {
+            let mut observers = match observed {
+                true => self.observers().of_key(&change.key),
+                false => Vec::new(),
+            };
+            // One process, one broker: the mirror is this replica's to send, whatever its mode.
+            observers.extend(every_key.map(|(_, id)| id));
             if !observers.is_empty() {
                 // The notification may wait: it must not pin the request's buffer.
                 let change = change.detached();

@@ -227,6 +227,14 @@ impl Engine {
         }
     }
 
+    /// Replicas other than this one that send notifications as of the last log position read
+    /// (`None`: the storage is not shared).
+    pub fn other_senders(&self) -> Option<usize> {
+        let shared = self.shared()?;
+        let me = shared.log.origin();
+        Some(shared.routing().members.iter().filter(|m| **m != me).count())
+    }
+
     /// The log position up to which every notification this replica owes was handed to the
     /// door (all of them, when nothing waits).
     pub(super) fn notified_through(&self) -> u64 {

@@ -21,7 +21,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::watch;
 
-use super::notify::{KeyNotification, Observers, RegisterError};
+use super::notify::{EveryKey, KeyNotification, Observers, RegisterError};
 use super::owners::Routing;
 use super::{Change, ChangeKind, Engine, EngineError, Inner, KeyNotify, Reply, Response};
 use crate::storage::log::{
@@ -356,16 +356,31 @@ impl Engine {
     /// The notifications of a change at log position `at`: this replica queues those it owns,
     /// and keeps those other members owe in case they die.
     fn route_notifications(&self, me: u64, at: u64, change: &Change) {
-        if self.0.observed_keys.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        // The state topics mirror observes every key without registering (`EveryKey`).
+        let every_key = self.0.keynotify.get().and_then(|tx| tx.every_key());
+        let observed = self.0.observed_keys.load(std::sync::atomic::Ordering::Relaxed) > 0;
+        if !observed && every_key.is_none() {
             return;
         }
-        let observers = self.observers().of_key(&change.key);
-        if observers.is_empty() {
+        let mut observers = match observed {
+            true => self.observers().of_key(&change.key),
+            false => Vec::new(),
+        };
+        let mut mine = Vec::new();
+        match every_key.clone() {
+            // Each replica feeds its own embedded broker: no other replica can, so nobody owes
+            // this replica's mirror anything and it owes nobody else's.
+            Some((EveryKey::EachReplica, id)) => mine.push(id),
+            // Behind a shared broker the mirror is one more client without a home: one owner
+            // per log position, the others keep what it owes in case it dies.
+            Some((EveryKey::OneReplica, id)) => observers.push(id),
+            None => {}
+        }
+        if observers.is_empty() && mine.is_empty() {
             return;
         }
         let Some(shared) = self.shared() else { return };
         let limits = &self.0.limits.observers;
-        let mut mine = Vec::new();
         {
             let mut routing = shared.routing();
             for client in observers {
@@ -378,6 +393,10 @@ impl Engine {
                         change.clone(),
                         (limits.queue_len, limits.queue_bytes),
                     ),
+                    // No member yet (replicas starting): the mirror is sent by each replica
+                    // that has one rather than by none (a repeated retained value is harmless,
+                    // a lost one stays stale).
+                    None if every_key.as_ref().is_some_and(|(_, id)| *id == client) => mine.push(client),
                     // Only its home reaches it, or no replica sends notifications yet.
                     _ => {}
                 }

@@ -170,6 +170,10 @@ impl EmbeddedBroker {
         // the hook for a client without a username while anonymous clients are allowed.
         let allow_anonymous = match opts.guard {
             Some(guard) => {
+                if let Some(topics) = &guard.state_topics {
+                    let service_id = guard.service_id.clone();
+                    crate::mirror::inbroker::install_retained_store(&scx, topics.clone(), service_id).await;
+                }
                 let identity = opts.tls.as_ref().map_or(CertIdentity::Cn, |t| t.identity);
                 guard.install(&*hooks, identity).await;
                 false

@@ -36,6 +36,9 @@ pub struct BrokerGuard {
     /// to every other client.
     pub service_id: String,
     pub client_path: bool,
+    /// The state topics mirror: only the service publishes under its prefix (set requests
+    /// aside), and a subscriber receives a key's topic only if it may `read` the key.
+    pub state_topics: Option<crate::mirror::StateTopics>,
 }
 
 impl BrokerGuard {
@@ -62,8 +65,12 @@ impl BrokerGuard {
             .add(Type::ClientSubscribeCheckAcl, Box::new(SubscribeAcl(guard.clone())))
             .await;
         hooks
-            .add(Type::MessagePublishCheckAcl, Box::new(PublishAcl(guard)))
+            .add(Type::MessagePublishCheckAcl, Box::new(PublishAcl(guard.clone())))
             .await;
+        if let Some(topics) = &guard.state_topics {
+            let (access, service_id) = (guard.access.clone(), guard.service_id.clone());
+            crate::mirror::inbroker::install_guards(hooks, topics.clone(), access, service_id, guard.client_path).await;
+        }
     }
 }
 

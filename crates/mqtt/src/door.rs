@@ -14,11 +14,13 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tracing::{debug, warn};
 
 use super::dedup::{Dedup, Seen};
+use super::mirror::{Mirror, Retained, StateTopics};
 use super::request::{
     self, Caller, Outgoing, PROP_PROTOCOL_VERSION, PROP_SOURCE_ID, PROP_TIMESTAMP, PROTOCOL_VERSION, Request,
 };
 use crate::access::limits::{PerKeyCounts, PerKeySlot};
 use crate::access::{Access, Op, Principal};
+use crate::engine::notify::EVERY_KEY_OBSERVER;
 use crate::engine::{ChangeKind, Engine, KeyNotification, KeyNotifyReceiver, RequestId};
 
 /// Where a transport publishes answers and notifications.
@@ -33,6 +35,9 @@ pub trait Sink: Send + Sync + 'static {
         let _ = client_id;
         self.publish(out).await;
     }
+
+    /// Publishes a retained message of the state topics mirror, at QoS 1.
+    async fn publish_retained(&self, msg: &Retained);
 
     /// Who observer `client_id` is for the rules, as its requests were judged (see
     /// `request::principal`). Through a client connection the broker vouches for nothing:
@@ -98,6 +103,8 @@ pub struct Door {
     metrics: crate::metrics::Metrics,
     /// Set at shutdown: nothing more is admitted.
     closed: std::sync::atomic::AtomicBool,
+    /// The state topics mirror, when asked for (`--state-topics`).
+    state_topics: Option<StateTopics>,
 }
 
 impl std::fmt::Debug for Door {
@@ -134,6 +141,7 @@ impl Door {
             refused_busy: AtomicU64::new(0),
             metrics: crate::metrics::Metrics::disabled(),
             closed: Default::default(),
+            state_topics: None,
             access: Access::open(),
             engine,
             service_id,
@@ -157,8 +165,27 @@ impl Door {
         self
     }
 
+    /// The same door, mirroring state on MQTT topics when `topics` says so.
+    pub fn with_state_topics(mut self, topics: Option<StateTopics>) -> Door {
+        self.state_topics = topics;
+        self
+    }
+
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// The state topics mirror, if asked for.
+    pub fn mirror(&self) -> Option<Mirror> {
+        let topics = self.state_topics.clone()?;
+        Some(Mirror::new(topics, self.access.clone(), self.metrics.clone()))
+    }
+
+    /// Takes the engine's notifications (see [`Engine::keynotify_feed`]), with every change
+    /// for the state topics mirror when there is one.
+    pub fn keynotify_feed(&self) -> Option<KeyNotifyReceiver> {
+        let every_key = self.state_topics.as_ref().map(StateTopics::every_key);
+        self.engine.keynotify_feed_with(every_key)
     }
 
     pub fn access(&self) -> &Access {
@@ -309,15 +336,30 @@ impl crate::metrics::Mirror for Door {
 
 /// Publishes `door`'s KEYNOTIFY notifications through `sink`, in change order, until `stop`.
 /// Each observer is sent a change only if the rules in force now let it observe the key: a
-/// registration made before a reload took `observe` away stays, silent.
+/// registration made before a reload took `observe` away stays, silent. With `mirror` (the
+/// state topics), every key is republished first, then each change is published on its topic
+/// in the same order as the notifications.
 pub fn notifier(
     feed: KeyNotifyReceiver,
     sink: Arc<dyn Sink>,
     door: &Door,
+    mirror: Option<Mirror>,
     stop: watch::Receiver<bool>,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
     let (access, service_id, metrics) = (door.access.clone(), door.service_id.clone(), door.metrics.clone());
-    send_notifications(feed, sink, access, service_id, stop, metrics)
+    let engine = door.engine.clone();
+    let mut stop = stop;
+    async move {
+        if let Some(m) = &mirror
+            && m.republishes(&engine)
+        {
+            tokio::select! {
+                _ = m.republish(&engine, &*sink) => {}
+                _ = stop.changed() => return,
+            }
+        }
+        send_notifications(feed, sink, access, service_id, mirror, stop, metrics).await
+    }
 }
 
 async fn send_notifications(
@@ -325,6 +367,7 @@ async fn send_notifications(
     sink: Arc<dyn Sink>,
     access: Access,
     service_id: String,
+    mirror: Option<Mirror>,
     mut stop: watch::Receiver<bool>,
     metrics: crate::metrics::Metrics,
 ) {
@@ -342,6 +385,12 @@ async fn send_notifications(
         });
         let version = change.version.to_string();
         for client_id in observers {
+            if &*client_id == EVERY_KEY_OBSERVER {
+                if let Some(msg) = mirror.as_ref().and_then(|m| m.message(&change)) {
+                    sink.publish_retained(&msg).await;
+                }
+                continue;
+            }
             if access.has_rules() {
                 let observer = sink.observer(&access, &client_id).await;
                 if !access.grant(observer).may(Op::Observe, &change.key) {

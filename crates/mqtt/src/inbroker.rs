@@ -36,6 +36,7 @@ use tracing::{debug, warn};
 use super::INVOKE_TOPIC;
 use super::broker::session_token;
 use super::door::{self, Door, Sink};
+use super::mirror::Retained;
 use super::request::{CONTENT_TYPE, Caller, Outgoing, Request};
 use crate::access::{Access, Principal};
 
@@ -93,6 +94,27 @@ impl BrokerSink {
 impl Sink for BrokerSink {
     async fn publish(&self, out: &Outgoing) {
         self.forward(Self::packet(out).into(), &out.topic).await;
+    }
+
+    async fn publish_retained(&self, msg: &Retained) {
+        let properties = PublishProperties {
+            user_properties: msg
+                .user_properties
+                .iter()
+                .map(|(k, v)| (k.as_str().into(), v.as_str().into()))
+                .collect(),
+            ..PublishProperties::default()
+        };
+        let packet = CodecPublish {
+            dup: false,
+            retain: true,
+            qos: rmqtt::codec::types::QoS::AtLeastOnce,
+            topic: msg.topic.as_str().into(),
+            packet_id: None,
+            payload: msg.payload.clone(),
+            properties: Some(properties),
+        };
+        self.forward(packet.into(), &msg.topic).await;
     }
 
     /// The Go SDK (v0.4.1) never subscribes to its notification topic (its client starts only
@@ -267,11 +289,20 @@ impl InBroker {
         hooks
             .add(Type::ClientDisconnected, Box::new(ForgetConnections { connections }))
             .await;
+        if let Some(topics) = door.mirror().map(|m| m.topics().clone())
+            && topics.set_by_publish
+        {
+            let set = super::mirror::inbroker::SetByPublish {
+                door: Arc::downgrade(&door),
+                topics,
+            };
+            hooks.add(Type::MessagePublishCheckAcl, Box::new(set)).await;
+        }
         hooks.start().await;
         door.metrics().mqtt_link(crate::metrics::Link::Subscribed);
         let (stop, stop_rx) = watch::channel(false);
-        let notifier = match door.engine().keynotify_feed() {
-            Some(feed) => Some(tokio::spawn(door::notifier(feed, sink, &door, stop_rx))),
+        let notifier = match door.keynotify_feed() {
+            Some(feed) => Some(tokio::spawn(door::notifier(feed, sink, &door, door.mirror(), stop_rx))),
             None => {
                 warn!("mqtt: another door already takes KEYNOTIFY notifications; in-broker serving sends none");
                 None

@@ -4,6 +4,7 @@
 //! - [`payload`]: engine replies and errors as RESP bytes.
 //! - [`service`]: the connection to a broker: one task polls and only forwards, others execute,
 //!   answer, acknowledge in receive order, and publish KEYNOTIFY notifications.
+//! - [`mirror`]: state as MQTT topics (`--state-topics`), retained, and set by publish.
 //! - `broker`: the embedded rmqtt broker (feature `embedded-broker`).
 
 use stategate_access as access;
@@ -21,6 +22,7 @@ pub mod broker;
 pub mod brokerauth;
 mod dedup;
 pub mod door;
+pub mod mirror;
 #[cfg(feature = "embedded-broker")]
 pub mod inbroker;
 mod observe;

@@ -58,6 +58,8 @@ pub struct MqttSettings {
     pub tls: Option<MqttClientTls>,
     /// Username and password for CONNECT.
     pub credentials: Option<stategate_net::url::MqttCredentials>,
+    /// State as MQTT topics (`--state-topics`), published through this connection.
+    pub state_topics: Option<crate::mirror::StateTopics>,
 }
 
 pub use crate::tls::MqttClientTls;
@@ -77,6 +79,7 @@ impl Default for MqttSettings {
             tls: None,
             credentials: None,
             access: Access::open(),
+            state_topics: None,
         }
     }
 }
@@ -160,7 +163,8 @@ impl MqttService {
         let door = Arc::new(
             Door::new(engine.clone(), settings.client_id.clone(), settings.door.clone())
                 .with_access(settings.access.clone())
-                .with_metrics(metrics.clone()),
+                .with_metrics(metrics.clone())
+                .with_state_topics(settings.state_topics.clone()),
         );
         let ctx = Arc::new(Ctx {
             door: door.clone(),
@@ -168,11 +172,18 @@ impl MqttService {
             settings: settings.clone(),
         });
         let mut tasks = vec![tokio::spawn(poller(eventloop, ctx, ready_tx, stop_rx.clone()))];
-        match engine.keynotify_feed() {
+        // An external broker may have kept retained messages from before: the mirror clears
+        // those of keys that are gone (an embedded one starts empty with this process).
+        let mirror = door.mirror().map(|m| match m.topics().external_broker {
+            true => m.clearing_stale(settings.clone()),
+            false => m,
+        });
+        match door.keynotify_feed() {
             Some(feed) => tasks.push(tokio::spawn(door::notifier(
                 feed,
                 Arc::new(ClientSink(client.clone())),
                 &door,
+                mirror,
                 stop_rx.clone(),
             ))),
             None => warn!("mqtt: another door already takes KEYNOTIFY notifications; this one sends none"),
@@ -223,6 +234,20 @@ struct ClientSink(AsyncClient);
 impl Sink for ClientSink {
     async fn publish(&self, out: &Outgoing) {
         publish(&self.0, out).await
+    }
+
+    async fn publish_retained(&self, msg: &crate::mirror::Retained) {
+        let props = PublishProperties {
+            user_properties: msg.user_properties.clone(),
+            ..Default::default()
+        };
+        if let Err(e) = self
+            .0
+            .publish_with_properties(msg.topic.clone(), QoS::AtLeastOnce, true, msg.payload.clone(), props)
+            .await
+        {
+            warn!(cause = %e, topic = %msg.topic, "mqtt: publishing a state topic failed");
+        }
     }
 }
 

@@ -182,6 +182,26 @@ pub enum Link {
     Subscribed,
 }
 
+/// What the state topics mirror did with one change of a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateTopicOutcome {
+    Published,
+    /// The key cannot be a topic (`+`, `#`, NUL, empty levels, not UTF-8, too long).
+    Skipped,
+    /// Behind an external broker, a key an anonymous caller may not read is not mirrored.
+    Withheld,
+}
+
+impl StateTopicOutcome {
+    fn label(self) -> &'static str {
+        match self {
+            StateTopicOutcome::Published => "published",
+            StateTopicOutcome::Skipped => "skipped",
+            StateTopicOutcome::Withheld => "withheld",
+        }
+    }
+}
+
 struct Handles {
     registry: Registry,
     requests: IntCounterVec,
@@ -191,6 +211,8 @@ struct Handles {
     notifications_sent: IntCounter,
     notifications_withheld: IntCounter,
     notifications_dropped: IntCounter,
+    /// The state topics mirror (`--state-topics`), per outcome of a change.
+    state_topics: IntCounterVec,
     registrations: IntGauge,
     observing_clients: IntGauge,
     keys: IntGauge,
@@ -304,6 +326,13 @@ impl Metrics {
     pub fn notification_withheld(&self) {
         if let Some(h) = &self.0.handles {
             h.notifications_withheld.inc();
+        }
+    }
+
+    /// A change the state topics mirror published, or did not (see [`StateTopicOutcome`]).
+    pub fn state_topic(&self, outcome: StateTopicOutcome) {
+        if let Some(h) = &self.0.handles {
+            h.state_topics.with_label_values(&[outcome.label()]).inc();
         }
     }
 
@@ -498,6 +527,11 @@ impl Handles {
             notifications_dropped: counter(
                 "keynotify_notifications_dropped_total",
                 "KEYNOTIFY notifications dropped because the notification queue was full.",
+            ),
+            state_topics: counter_vec(
+                "state_topics_messages_total",
+                "Changes of keys the state topics mirror handled: published, skipped (the key cannot be a topic) or withheld (external broker: an anonymous caller may not read the key).",
+                &["outcome"],
             ),
             registrations: gauge("keynotify_registrations", "KEYNOTIFY registrations (client, key)."),
             observing_clients: gauge("keynotify_clients", "Clients with at least one KEYNOTIFY registration."),

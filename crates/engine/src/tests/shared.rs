@@ -516,3 +516,64 @@ async fn dropping_a_client_without_registrations_calls_no_script() {
     a.run(&["KEYNOTIFY", "k"], client("dev")).await.unwrap();
     assert_eq!(a.engine.drop_client("dev", None).await, 1);
 }
+
+/// The state topics mirror behind a shared broker: the observer of every key is one more
+/// client without a home, so exactly one replica takes each change on, in log order, with no
+/// registration anywhere.
+#[tokio::test]
+async fn one_replica_mirrors_each_change_behind_a_shared_broker() {
+    use crate::notify::{EVERY_KEY_OBSERVER, EveryKey};
+    let server = TestServer::start(Flavor::Valkey);
+    let a = replica(&server, "a", Limits::default()).await;
+    let b = replica(&server, "b", Limits::default()).await;
+    let mut a_notes = a.engine.keynotify_feed_with(Some(EveryKey::OneReplica)).unwrap();
+    let mut b_notes = b.engine.keynotify_feed_with(Some(EveryKey::OneReplica)).unwrap();
+    members_settle(&[&a.engine, &b.engine], 2).await;
+    let mut versions = Vec::new();
+    for i in 0..6 {
+        let writer = if i % 2 == 0 { &a } else { &b };
+        versions.push(writer.ok(&["SET", &format!("k{i}"), "v"]).await.version.unwrap());
+    }
+    let a_owns =
+        a.engine.shared().unwrap().routing().owner(EVERY_KEY_OBSERVER) == Some(a.engine.shared().unwrap().log.origin());
+    let (owner, other) = if a_owns {
+        (&mut a_notes, &mut b_notes)
+    } else {
+        (&mut b_notes, &mut a_notes)
+    };
+    for v in &versions {
+        let n = note(owner).await;
+        assert_eq!(&n.change.version, v);
+        assert_eq!(
+            n.observers.iter().map(|o| &**o).collect::<Vec<_>>(),
+            [EVERY_KEY_OBSERVER]
+        );
+    }
+    assert!(other.try_recv().is_none(), "the other replica sends none of them");
+}
+
+/// Each replica's embedded broker has subscribers only it reaches: every replica mirrors every
+/// change to its own broker.
+#[tokio::test]
+async fn each_replica_mirrors_every_change_to_its_own_broker() {
+    use crate::notify::EveryKey;
+    let server = TestServer::start(Flavor::Redis);
+    let a = replica(&server, "a", Limits::default()).await;
+    let b = replica(&server, "b", Limits::default()).await;
+    let mut a_notes = a.engine.keynotify_feed_with(Some(EveryKey::EachReplica)).unwrap();
+    let mut b_notes = b.engine.keynotify_feed_with(Some(EveryKey::EachReplica)).unwrap();
+    let v1 = a.ok(&["SET", "k", "1"]).await.version.unwrap();
+    let v2 = b.ok(&["DEL", "k"]).await.version.unwrap();
+    for notes in [&mut a_notes, &mut b_notes] {
+        let first = note(notes).await;
+        assert_eq!(
+            (first.change.version, first.change.kind),
+            (v1.clone(), ChangeKind::Set(bs("1")))
+        );
+        let second = note(notes).await;
+        assert_eq!(
+            (second.change.version, second.change.kind),
+            (v2.clone(), ChangeKind::Delete)
+        );
+    }
+}
