@@ -876,6 +876,7 @@ async fn engine_bytes_per_key(n: usize, history: bool) -> (f64, usize) {
             timestamp: None,
             fencing: None,
             persist: false,
+            sliding: false,
         });
         engine.execute(cmd).await.expect("set");
     }

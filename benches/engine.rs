@@ -56,6 +56,7 @@ fn set(key: Bytes, condition: SetCondition) -> Command {
         timestamp: None,
         fencing: None,
         persist: false,
+        sliding: false,
     })
 }
 

@@ -59,6 +59,7 @@ async fn set_load(store: Store, writers: u64, secs: u64) -> Run {
                     timestamp: None,
                     fencing: None,
                     persist: false,
+                    sliding: false,
                 });
                 engine.execute(cmd).await.expect("SET");
                 latencies.push(t.elapsed());
@@ -243,6 +244,7 @@ async fn restart(base: &std::path::Path, n: u64, segment_bytes: u64) -> (Duratio
                             version: Hlc::new(1_700_000_000_000 + i, 0, "bench"),
                             fencing: None,
                             expires_at_ms: None,
+                            slide_ms: None,
                         }),
                     };
                     store.backend().swap_many(&[swap], None).await.expect("swap");

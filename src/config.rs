@@ -217,6 +217,8 @@ impl Config {
             max_value_bytes: a.max_value_bytes,
             // At least 2, so a scan over 100 keys always ends within 64 pages.
             scan_page: a.scan_page.max(2),
+            mget_keys: usize::try_from(a.max_mget_keys).unwrap_or(usize::MAX),
+            sliding_slack_percent: a.sliding_ttl_slack_percent,
             observers: ObserverLimits {
                 per_client: a.max_observed_keys.max(1),
                 // The embedded broker reports disconnects; only an external one needs idle expiry.

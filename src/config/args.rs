@@ -68,6 +68,15 @@ pub struct ServeArgs {
     /// Keys examined per SCAN page.
     #[arg(long, env = "STATEGATE_SCAN_PAGE", default_value_t = 1000)]
     pub scan_page: usize,
+    /// Most keys one MGET reads (its answer also holds at most --max-value-bytes plus 1 KiB,
+    /// versions and framing included).
+    #[arg(long, env = "STATEGATE_MAX_MGET_KEYS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub max_mget_keys: u64,
+    /// How far past its time to live a read pushes a sliding deadline, in percent of it: a key
+    /// read without pause is written once per this share of its TTL, and expires between TTL
+    /// and TTL + this share after its last read (0: a write on every read, exact).
+    #[arg(long, env = "STATEGATE_SLIDING_TTL_SLACK_PERCENT", default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub sliding_ttl_slack_percent: u32,
     /// Most keys one client may observe with KEYNOTIFY.
     #[arg(long, env = "STATEGATE_MAX_OBSERVED_KEYS", default_value_t = 10_000)]
     pub max_observed_keys: usize,

@@ -15,6 +15,7 @@ use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 use crate::support::{Broker, TestEnv, WAIT};
 
 mod lock;
+mod sliding;
 mod watch;
 
 const BIN: &str = env!("CARGO_BIN_EXE_stategate");

@@ -45,6 +45,7 @@ fn set(key: &[u8], value: &[u8]) -> Set {
         timestamp: None,
         fencing: None,
         persist: false,
+        sliding: false,
     }
 }
 

@@ -506,6 +506,12 @@ pub async fn execute_request(
     let mut scan_filter = None;
     match &mut cmd {
         Command::Get(c) => grant.check(Op::Read, &c.key)?,
+        // All or nothing, as a transaction's writes are.
+        Command::MGet(c) => {
+            for key in &c.keys {
+                grant.check(Op::Read, key)?;
+            }
+        }
         Command::Set(c) => grant.check(Op::Write, &c.key)?,
         Command::Del(c) => grant.check(Op::Write, &c.key)?,
         Command::VDel(c) => grant.check(Op::Write, &c.key)?,

@@ -25,6 +25,9 @@ pub enum ClientCommand {
     /// Print the value of a key.
     #[command(after_help = EXIT_CODES)]
     Get(GetArgs),
+    /// Print several keys as of one moment (never half of a transaction): MQTT or --grpc.
+    #[command(after_help = EXIT_CODES)]
+    Mget(MgetArgs),
     /// Set a key (value from the argument, stdin with `-`, or --file).
     #[command(after_help = EXIT_CODES)]
     Set(SetArgs),
@@ -246,6 +249,17 @@ pub struct GetArgs {
 }
 
 #[derive(Debug, Clone, Args)]
+pub struct MgetArgs {
+    /// The keys (any bytes), read together; exit 1 when any is absent.
+    #[arg(required = true)]
+    pub keys: Vec<OsString>,
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Clone, Args)]
 pub struct SetArgs {
     /// The key (any bytes; over HTTP it must be UTF-8 text).
     pub key: OsString,
@@ -267,6 +281,10 @@ pub struct SetArgs {
     /// Expire after this long, e.g. 1500ms, 10s, 1h (HTTP: rounded up to whole seconds).
     #[arg(long, env = "STATEGATE_TTL", value_parser = parse_ttl)]
     pub ttl: Option<Duration>,
+    /// The TTL slides: every read of the key, through any door, pushes its deadline out by the
+    /// TTL again (a stategate extension; needs --ttl or --px).
+    #[arg(long, env = "STATEGATE_SLIDING", value_parser = BoolishValueParser::new())]
+    pub sliding: bool,
     /// Only if the key exists with exactly this version (HTTP and gRPC only).
     #[arg(long, env = "STATEGATE_IF_VERSION", value_name = "VERSION", value_parser = parse_version)]
     pub if_version: Option<Hlc>,

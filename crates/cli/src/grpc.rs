@@ -127,6 +127,28 @@ impl Door for GrpcDoor {
         }))
     }
 
+    async fn mget(&self, keys: &[Bytes]) -> Result<Vec<Option<Found>>, CliError> {
+        let mut c = self.client.clone();
+        let keys: Vec<Vec<u8>> = keys.iter().map(|k| k.to_vec()).collect();
+        let asked = keys.len();
+        let r = self.call(c.get_many(self.request(pb::GetManyRequest { keys }))).await?;
+        if r.items.len() != asked {
+            return Err(CliError::unavailable(format!(
+                "the service answered {} items for {asked} keys",
+                r.items.len()
+            )));
+        }
+        Ok(r.items
+            .into_iter()
+            .map(|i| {
+                i.found.then(|| Found {
+                    value: Bytes::from(i.value),
+                    version: version(i.version),
+                })
+            })
+            .collect())
+    }
+
     async fn set(&self, w: &Write) -> Result<SetOutcome, CliError> {
         let (condition, if_version) = match &w.condition {
             Condition::Always => (pb::SetCondition::Unspecified, String::new()),
@@ -139,6 +161,7 @@ impl Door for GrpcDoor {
             value: w.value.to_vec(),
             condition: condition as i32,
             ttl_ms: w.ttl.map_or(0, ttl_ms),
+            ttl_sliding: w.sliding,
             fencing_token: w.fencing.clone().unwrap_or_default(),
             timestamp: String::new(),
             if_version,

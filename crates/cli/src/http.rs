@@ -222,6 +222,9 @@ impl HttpDoor {
         metadata.insert("contentEncoding".into(), json!("base64"));
         if let Some(ttl) = w.ttl {
             metadata.insert("ttlInSeconds".into(), json!(ttl_seconds(ttl).to_string()));
+            if w.sliding {
+                metadata.insert("ttlSliding".into(), json!("true"));
+            }
         }
         if let Some(ft) = &w.fencing {
             metadata.insert("fencingToken".into(), json!(ft));

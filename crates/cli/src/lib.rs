@@ -109,6 +109,8 @@ pub struct Write {
     pub value: Bytes,
     pub condition: Condition,
     pub ttl: Option<Duration>,
+    /// The TTL slides: every read pushes the deadline out again (needs `ttl`).
+    pub sliding: bool,
     pub fencing: Option<String>,
 }
 
@@ -179,6 +181,12 @@ pub const WATCH_BUFFER: usize = 4096;
 #[async_trait::async_trait]
 pub trait Door: Send + Sync {
     async fn get(&self, key: &Bytes) -> Result<Option<Found>, CliError>;
+    /// Every key as of one moment (MGET, a stategate extension over MQTT and gRPC).
+    async fn mget(&self, _keys: &[Bytes]) -> Result<Vec<Option<Found>>, CliError> {
+        Err(CliError::usage(
+            "mget needs MQTT or --grpc: the Dapr HTTP API has no point-in-time read of several keys",
+        ))
+    }
     async fn set(&self, write: &Write) -> Result<SetOutcome, CliError>;
     async fn del(&self, key: &Bytes, if_version: Option<&str>, fencing: Option<&str>) -> Result<DelOutcome, CliError>;
     async fn vdel(&self, key: &Bytes, value: &Bytes, fencing: Option<&str>) -> Result<DelOutcome, CliError>;
@@ -287,6 +295,7 @@ fn read_value(source: ValueSource) -> Result<Bytes, CliError> {
 async fn execute(cmd: ClientCommand) -> i32 {
     let out = match &cmd {
         ClientCommand::Get(a) => output_of(&a.output),
+        ClientCommand::Mget(a) => output_of(&a.output),
         ClientCommand::Set(a) => output_of(&a.output),
         ClientCommand::Del(a) => output_of(&a.output),
         ClientCommand::Vdel(a) => output_of(&a.output),
@@ -336,6 +345,12 @@ async fn dispatch(cmd: ClientCommand, out: Output) -> Result<i32, CliError> {
             out.print(output::get(out.format, out.verbose, &key, found.as_ref()))?;
             Ok(status(found.is_some()))
         }
+        ClientCommand::Mget(a) => {
+            let keys = a.keys.iter().map(|k| key_of(k, "key")).collect::<Result<Vec<_>, _>>()?;
+            let found = with_door(&a.connect, async |d| d.mget(&keys).await).await?;
+            out.print(output::mget(out.format, out.verbose, &keys, &found))?;
+            Ok(status(found.iter().all(Option::is_some)))
+        }
         ClientCommand::Set(a) => {
             let key = key_of(&a.key, "key")?;
             let source = ValueSource::of(a.value.as_ref(), a.file.as_ref())
@@ -349,11 +364,17 @@ async fn dispatch(cmd: ClientCommand, out: Output) -> Result<i32, CliError> {
             if matches!(condition, Condition::IfVersion(_)) && door_kind(&a.connect) == DoorKind::Mqtt {
                 return Err(no_version_condition_over_mqtt());
             }
+            if a.sliding && a.ttl.is_none() && a.px.is_none() {
+                return Err(CliError::usage(
+                    "--sliding needs --ttl or --px: the time to live that slides",
+                ));
+            }
             let write = Write {
                 key: key.clone(),
                 value: read_value(source)?,
                 condition,
                 ttl: a.ttl.or(a.px.map(Duration::from_millis)),
+                sliding: a.sliding,
                 fencing: hlc_text(&a.fencing_token),
             };
             let outcome = with_door(&a.connect, async |d| d.set(&write).await).await?;

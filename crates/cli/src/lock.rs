@@ -38,6 +38,7 @@ impl Lease {
             value: self.holder.clone(),
             condition: Condition::Nex,
             ttl: Some(self.ttl),
+            sliding: false,
             fencing: None,
         }
     }

@@ -409,6 +409,33 @@ impl Door for MqttDoor {
         }
     }
 
+    async fn mget(&self, keys: &[Bytes]) -> Result<Vec<Option<Found>>, CliError> {
+        let mut args: Vec<&[u8]> = vec![b"MGET"];
+        args.extend(keys.iter().map(|k| &k[..]));
+        let (frame, _) = self.request(&args, None).await?;
+        let Frame::Array(items) = frame else {
+            return Err(unexpected("MGET", &frame));
+        };
+        if items.len() != keys.len() {
+            return Err(unexpected("MGET", &Frame::Array(items)));
+        }
+        items
+            .into_iter()
+            .map(|item| match item {
+                Frame::Null => Ok(None),
+                Frame::Array(pair) => match <[Frame; 2]>::try_from(pair) {
+                    Ok([Frame::Bulk(value), Frame::Bulk(version)]) => Ok(Some(Found {
+                        value,
+                        version: Some(String::from_utf8_lossy(&version).into_owned()),
+                    })),
+                    Ok(other) => Err(unexpected("MGET", &Frame::Array(other.into()))),
+                    Err(other) => Err(unexpected("MGET", &Frame::Array(other))),
+                },
+                other => Err(unexpected("MGET", &other)),
+            })
+            .collect()
+    }
+
     async fn set(&self, w: &Write) -> Result<SetOutcome, CliError> {
         let mut args: Vec<&[u8]> = vec![b"SET", &w.key, &w.value];
         match &w.condition {
@@ -421,6 +448,9 @@ impl Door for MqttDoor {
         if let Some(px) = &px {
             args.push(b"PX");
             args.push(px.as_bytes());
+            if w.sliding {
+                args.push(b"SLIDING");
+            }
         }
         match self.request(&args, w.fencing.as_deref()).await? {
             (Frame::Simple(s), version) if s == "OK" => Ok(SetOutcome::Applied { version }),

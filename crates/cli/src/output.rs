@@ -37,6 +37,12 @@ impl Printed {
         self.stderr.push(line);
         self
     }
+
+    fn join(mut self, more: Printed) -> Printed {
+        self.stdout.extend(more.stdout);
+        self.stderr.extend(more.stderr);
+        self
+    }
 }
 
 /// Bytes for people: UTF-8 text as it is, except that `\`, control characters and bytes that
@@ -155,6 +161,27 @@ pub fn get(format: Format, verbose: bool, key: &[u8], found: Option<&Found>) -> 
         Some(n) => printed.note(n),
         None => printed,
     }
+}
+
+/// `mget`: one line per key in the order given. People: `KEY<TAB>VALUE` (an absent key: a note
+/// on stderr only); JSON: `get`'s line for each key, absent ones included.
+pub fn mget(format: Format, verbose: bool, keys: &[bytes::Bytes], found: &[Option<Found>]) -> Printed {
+    let mut printed = Printed::default();
+    for (key, found) in keys.iter().zip(found) {
+        let line = match (format, found) {
+            (Format::Json, _) => get(format, verbose, key, found.as_ref()),
+            (Format::Human | Format::Raw, None) => Printed::default().note(format!("not found: {}", escape(key))),
+            (Format::Human | Format::Raw, Some(f)) => {
+                let with = Printed::out(format!("{}\t{}\n", escape(key), text_or_escaped(&f.value)).into_bytes());
+                match version_note(verbose, f.version.as_deref()) {
+                    Some(n) => with.note(n),
+                    None => with,
+                }
+            }
+        };
+        printed = printed.join(line);
+    }
+    printed
 }
 
 /// `set`: `OK`, or (condition not met) nothing and a note.

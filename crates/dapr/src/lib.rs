@@ -266,6 +266,9 @@ pub struct WriteMeta {
     pub ttl_ms: Option<u64>,
     /// `fencingToken`: an HLC, required on keys protected by one.
     pub fencing: Option<Hlc>,
+    /// `ttlSliding: true` (a stategate extension): every read pushes the deadline out by the
+    /// TTL again. Needs `ttlInSeconds`.
+    pub sliding: bool,
 }
 
 impl WriteMeta {
@@ -290,7 +293,26 @@ impl WriteMeta {
                     .map_err(|_| DaprError::Malformed(format!("metadata 'fencingToken' {s:?} is not a version")))?,
             ),
         };
-        Ok(WriteMeta { ttl_ms, fencing })
+        let sliding = match meta.get("ttlSliding").map(|s| s.trim()) {
+            None | Some("") => false,
+            Some(s) if s.eq_ignore_ascii_case("true") => true,
+            Some(s) if s.eq_ignore_ascii_case("false") => false,
+            Some(s) => {
+                return Err(DaprError::Malformed(format!(
+                    "incorrect value for metadata 'ttlSliding': {s:?} (true or false)"
+                )));
+            }
+        };
+        if sliding && ttl_ms.is_none() {
+            return Err(DaprError::Malformed(
+                "metadata 'ttlSliding' needs 'ttlInSeconds' (the time to live that slides)".into(),
+            ));
+        }
+        Ok(WriteMeta {
+            ttl_ms,
+            fencing,
+            sliding,
+        })
     }
 }
 
@@ -342,6 +364,7 @@ impl SaveItem {
             fencing: meta.fencing,
             // Dapr asks for no persistence per request: the store's configuration decides.
             persist: false,
+            sliding: meta.sliding,
         })
     }
 }

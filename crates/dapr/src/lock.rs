@@ -80,6 +80,7 @@ pub async fn try_lock(engine: &Engine, grant: &Grant, store: &StoreSpec, req: &T
         timestamp: None,
         fencing: None,
         persist: false,
+        sliding: false,
     };
     let resp = access::execute(engine, grant, Command::Set(set)).await?;
     Ok(match (resp.reply, resp.version) {
@@ -114,7 +115,7 @@ pub async fn unlock(
         Reply::NotApplied => UnlockStatus::LockBelongsToOthers,
         Reply::Int(_) => UnlockStatus::LockDoesNotExist,
         // VDEL answers nothing else; were it to, the lock's state is unknown.
-        Reply::Ok | Reply::Nil | Reply::Value(_) | Reply::Keys { .. } => UnlockStatus::InternalError,
+        Reply::Ok | Reply::Nil | Reply::Value(_) | Reply::Keys { .. } | Reply::Values(_) => UnlockStatus::InternalError,
     })
 }
 

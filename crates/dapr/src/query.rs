@@ -347,7 +347,7 @@ pub async fn run(engine: &Engine, grant: &Grant, store: &StoreSpec, q: &Query) -
             if !store.owns(&key) || readable.as_ref().is_some_and(|f| !f.keeps(&key)) {
                 continue;
             }
-            let Some(entry) = engine.read(&key).await? else {
+            let Some(entry) = engine.peek(&key).await? else {
                 continue;
             };
             let Ok(doc) = serde_json::from_slice::<Value>(&entry.value) else {

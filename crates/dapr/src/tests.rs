@@ -81,6 +81,15 @@ fn metadata_parsing() {
     // In range or not is the engine's rule (see `ttl_out_of_range_is_the_engines_answer`).
     assert_eq!(WriteMeta::parse(&m("ttlInSeconds", "0")).unwrap().ttl_ms, Some(0));
     malformed(WriteMeta::parse(&m("fencingToken", "x")), "'fencingToken'");
+    let sliding = HashMap::from([
+        ("ttlInSeconds".to_owned(), "30".to_owned()),
+        ("ttlSliding".to_owned(), "TRUE".to_owned()),
+    ]);
+    assert_eq!(WriteMeta::parse(&sliding).unwrap().ttl_ms, Some(30_000));
+    assert!(WriteMeta::parse(&sliding).unwrap().sliding);
+    assert!(!WriteMeta::parse(&m("ttlSliding", "false")).unwrap().sliding);
+    malformed(WriteMeta::parse(&m("ttlSliding", "true")), "needs 'ttlInSeconds'");
+    malformed(WriteMeta::parse(&m("ttlSliding", "yes")), "'ttlSliding'");
     assert!(WriteMeta::parse(&m("fencingToken", "1:0:n")).unwrap().fencing.is_some());
     assert!(matches!(Concurrency::parse(Some("sometimes")), Err(DaprError::Malformed(m)) if m.contains("concurrency")));
     assert!(matches!(check_consistency(Some("weak")), Err(DaprError::Malformed(m)) if m.contains("consistency")));
@@ -346,6 +355,7 @@ async fn sealed_tokens_are_bound_to_principal_store_and_operation() {
             timestamp: None,
             fencing: None,
             persist: false,
+            sliding: false,
         };
         engine.execute(Command::Set(set)).await.unwrap();
     }

@@ -19,7 +19,7 @@ use std::sync::Mutex;
 
 use bytes::Bytes;
 
-use super::{ChangeKind, Engine, EngineError, Loaded, Removed, RequestId, Response, shared};
+use super::{Engine, EngineError, Loaded, RequestId, Response, shared};
 use crate::hlc::Hlc;
 use crate::storage::{Check, Record, RequestMark, Write, Written};
 
@@ -189,7 +189,7 @@ impl Engine {
     /// The record a write to `key` starts from: the cached one when there is one (and `fresh`
     /// is not asked for), else storage's (with the request's mark, in one round trip; the
     /// value only if `value`, see [`Engine::load_live_marked`]). A
-    /// cached record that expired is removed first, through the swap, like a read does.
+    /// cached record that looks expired is read again from storage.
     /// Caller holds the key's stripe lock.
     pub(super) async fn start_write(
         &self,
@@ -204,16 +204,10 @@ impl Engine {
         };
         if let Some(known) = known {
             return Ok(match known.record() {
-                Some(r) if self.is_expired(&r) => {
-                    match self.remove(key, &r, ChangeKind::Expire, None).await? {
-                        // Storage held that record until the removal: the key is absent now.
-                        Removed::Done(_) => Start::Record {
-                            record: None,
-                            cached: false,
-                        },
-                        Removed::Lost | Removed::Repeated(_) => Start::Stale,
-                    }
-                }
+                // A read may have pushed a sliding deadline out without a new version (see
+                // `sliding.rs`), which neither the cache nor the change log hears of: only
+                // storage's record says that a key expired.
+                Some(r) if self.is_expired(&r) => Start::Stale,
                 record => Start::Record { record, cached: true },
             });
         }
@@ -267,6 +261,7 @@ mod tests {
             version: Hlc::new(ms, 0, "n"),
             fencing: None,
             expires_at_ms: None,
+            slide_ms: None,
         }
     }
 

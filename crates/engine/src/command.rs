@@ -37,7 +37,7 @@ pub enum SetCondition {
 }
 
 /// ```text
-/// SET key value [NX|NEX] [PX ms]
+/// SET key value [NX|NEX] [PX ms [SLIDING]]
 /// ```
 #[derive(Debug, Clone)]
 pub struct Set {
@@ -51,6 +51,9 @@ pub struct Set {
     /// The caller asks for the key to outlive the process; refused by storage that cannot
     /// (`EngineError::NotPersistent`), never silently ignored.
     pub persist: bool,
+    /// The time to live slides: every read pushes the deadline out by `ttl_ms` again (a
+    /// stategate extension: `SLIDING` over MQTT, `ttlSliding` in Dapr metadata). Needs `ttl_ms`.
+    pub sliding: bool,
 }
 
 /// ```text
@@ -59,6 +62,15 @@ pub struct Set {
 #[derive(Debug, Clone)]
 pub struct Get {
     pub key: Bytes,
+}
+
+/// ```text
+/// MGET key [key ...]
+/// ```
+/// A stategate extension: every key's value and version as of one moment.
+#[derive(Debug, Clone)]
+pub struct MGet {
+    pub keys: Vec<Bytes>,
 }
 
 /// When a DEL applies.
@@ -147,6 +159,7 @@ pub enum Command {
     VDel(VDel),
     KeyNotify(KeyNotify),
     Scan(Scan),
+    MGet(MGet),
 }
 
 impl Command {
@@ -158,6 +171,7 @@ impl Command {
             Command::VDel(_) => "VDEL",
             Command::KeyNotify(_) => "KEYNOTIFY",
             Command::Scan(_) => "SCAN",
+            Command::MGet(_) => "MGET",
         }
     }
 
@@ -171,6 +185,7 @@ impl Command {
                 let value = args.next().ok_or(EngineError::WrongArity)?;
                 let mut condition = SetCondition::Always;
                 let mut ttl_ms = None;
+                let mut sliding = false;
                 while let Some(opt) = args.next() {
                     match &opt[..] {
                         b"NX" | b"NEX" if condition != SetCondition::Always => {
@@ -182,8 +197,13 @@ impl Command {
                             let ms = args.next().ok_or(EngineError::Syntax)?;
                             ttl_ms = Some(parse_px(&ms)?);
                         }
+                        b"SLIDING" if !sliding => sliding = true,
                         _ => return Err(EngineError::Syntax),
                     }
+                }
+                // A deadline to slide is needed: SLIDING alone means nothing.
+                if sliding && ttl_ms.is_none() {
+                    return Err(EngineError::Syntax);
                 }
                 Command::Set(Set {
                     key,
@@ -193,6 +213,7 @@ impl Command {
                     timestamp: meta.timestamp,
                     fencing: meta.fencing,
                     persist: meta.persist,
+                    sliding,
                 })
             }
             b"GET" => {
@@ -245,6 +266,16 @@ impl Command {
                     token,
                     filter: None,
                 })
+            }
+            b"MGET" => {
+                let mut keys = vec![args.key()?];
+                while let Some(key) = args.next() {
+                    if key.is_empty() {
+                        return Err(EngineError::EmptyKey);
+                    }
+                    keys.push(key);
+                }
+                Command::MGet(MGet { keys })
             }
             _ => return Err(EngineError::UnknownCommand),
         };

@@ -30,12 +30,13 @@ mod observing;
 mod owners;
 mod reads;
 mod shared;
+mod sliding;
 mod transact;
 mod transfer;
 pub mod watch;
 mod writes;
 
-pub use command::{Command, Del, DelCondition, Get, KeyFilter, KeyNotify, Meta, Scan, Set, SetCondition, VDel};
+pub use command::{Command, Del, DelCondition, Get, KeyFilter, KeyNotify, MGet, Meta, Scan, Set, SetCondition, VDel};
 pub use error::EngineError;
 pub use feed::{FeedEvent, FeedLimits, FeedReader, Lagged};
 pub use notify::{Change, ChangeKind, KeyNotification, KeyNotifyReceiver, ObserverLimits};
@@ -64,6 +65,8 @@ pub enum Reply {
     Int(i64),
     /// SCAN page; `token` is set when more pages follow.
     Keys { keys: Vec<Bytes>, token: Option<Bytes> },
+    /// MGET: each key's entry in the order asked (`None`: absent), all as of one moment.
+    Values(Vec<Option<Entry>>),
 }
 
 /// The id of a request that a transport may deliver more than once (an MQTT QoS 1
@@ -127,12 +130,20 @@ pub struct Limits {
     pub max_value_bytes: usize,
     /// Keys examined per SCAN page.
     pub scan_page: usize,
+    /// Most keys one MGET reads. (Its answer is bounded like a GET's: `max_value_bytes` plus
+    /// 1 KiB, versions and framing included.)
+    pub mget_keys: usize,
     pub observers: ObserverLimits,
     /// The change history watchers read (and resume from).
     pub feed: FeedLimits,
     /// Bytes of recently seen records kept on shared storage, so that a write can skip its
     /// read (see [`cache`]); 0: none.
     pub record_cache_bytes: usize,
+    /// How far past its time to live a read pushes a sliding deadline, in percent of it: a
+    /// read stores a new deadline only once the stored one is nearer than the time to live,
+    /// so a key read without pause is written once per this share of its time to live
+    /// (0: on every read, exact). See [`sliding`].
+    pub sliding_slack_percent: u32,
 }
 
 impl Default for Limits {
@@ -142,9 +153,11 @@ impl Default for Limits {
             max_key_bytes: 64 * 1024,
             max_value_bytes: 4 * 1024 * 1024,
             scan_page: 1000,
+            mget_keys: 1000,
             observers: ObserverLimits::default(),
             feed: FeedLimits::default(),
             record_cache_bytes: 64 * 1024 * 1024,
+            sliding_slack_percent: 10,
         }
     }
 }
@@ -302,6 +315,7 @@ impl Engine {
             }
             Command::KeyNotify(c) => self.keynotify(c).await,
             Command::Scan(c) => self.scan(c).await,
+            Command::MGet(c) => self.mget(c).await,
         }
     }
 

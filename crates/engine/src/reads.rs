@@ -6,8 +6,26 @@ use bytes::Bytes;
 use super::*;
 
 impl Engine {
-    /// Reads a live key (GET with its expiry deadline). An expired key is removed and absent.
+    /// Reads a live key (GET with its expiry deadline). An expired key is removed and absent;
+    /// a key with a sliding time to live has its deadline pushed out (see [`super::sliding`]).
     pub async fn read(&self, key: &Bytes) -> Result<Option<Entry>, EngineError> {
+        let Some(r) = self.read_record(key).await? else {
+            return Ok(None);
+        };
+        let r = match r.slide_ms {
+            Some(_) => self.slide(key, r).await?,
+            None => r,
+        };
+        Ok(Some(entry_of(r)))
+    }
+
+    /// Reads a live key without counting as a read of it: a sliding deadline stays where it
+    /// is (queries look at many keys they do not return).
+    pub async fn peek(&self, key: &Bytes) -> Result<Option<Entry>, EngineError> {
+        Ok(self.read_record(key).await?.map(entry_of))
+    }
+
+    async fn read_record(&self, key: &Bytes) -> Result<Option<Record>, EngineError> {
         if key.is_empty() {
             return Err(EngineError::EmptyKey);
         }
@@ -26,13 +44,51 @@ impl Engine {
                     Err(e) => Err(e),
                 }
             }
-            Some(r) => Ok(Some(Entry {
-                value: r.value,
-                version: r.version,
-                expires_at_ms: r.expires_at_ms,
-                fencing: r.fencing,
-            })),
+            Some(r) => Ok(Some(r)),
         }
+    }
+
+    /// MGET: the keys' records from one point-in-time storage read (`Backend::get_many`:
+    /// no swap, and so no transaction, is applied between its first read and its last), so
+    /// the answer never shows half of a transaction, on any backend, replicas included. No
+    /// stripe lock is needed for that. Expired keys read as absent (the expiry driver removes
+    /// them); sliding deadlines move as for any read, after the read (they change no value).
+    pub(crate) async fn mget(&self, c: MGet) -> Result<Response, EngineError> {
+        let l = &self.0.limits;
+        if c.keys.len() > l.mget_keys {
+            return Err(EngineError::TooLarge);
+        }
+        if c.keys.iter().any(|k| k.len() > l.max_key_bytes) {
+            return Err(EngineError::TooLarge);
+        }
+        let records = self.0.store.backend().get_many(&c.keys).await?;
+        let now = self.now_ms();
+        let mut bytes = 0usize;
+        let mut newest: Option<Hlc> = None;
+        let mut values = Vec::with_capacity(records.len());
+        // The answer (values, versions, framing) stays within what a GET of the largest value
+        // takes, so it fits any packet the MQTT door may send.
+        let most = l.max_value_bytes.saturating_add(1024);
+        for (key, record) in c.keys.iter().zip(records) {
+            let Some(r) = record.filter(|r| !r.is_expired(now)) else {
+                bytes = bytes.saturating_add(8);
+                values.push(None);
+                continue;
+            };
+            bytes = bytes.saturating_add(r.value.len() + r.version.node.len() + 64);
+            if bytes > most {
+                return Err(EngineError::TooLarge);
+            }
+            let r = match r.slide_ms {
+                Some(_) => self.slide(key, r).await?,
+                None => r,
+            };
+            if newest.as_ref().is_none_or(|n| r.version > *n) {
+                newest = Some(r.version.clone());
+            }
+            values.push(Some(entry_of(r)));
+        }
+        Ok(Response::new(Reply::Values(values), newest))
     }
 
     /// Keys removed so far because their deadline passed.
@@ -124,5 +180,15 @@ fn decode_token(token: &[u8]) -> Result<Vec<u8>, EngineError> {
     match hex::decode(token) {
         Ok(key) if !key.is_empty() => Ok(key),
         _ => Err(EngineError::Syntax),
+    }
+}
+
+/// What a reader is told of a record.
+pub(super) fn entry_of(r: Record) -> Entry {
+    Entry {
+        value: r.value,
+        version: r.version,
+        expires_at_ms: r.expires_at_ms,
+        fencing: r.fencing,
     }
 }

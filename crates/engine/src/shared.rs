@@ -564,6 +564,9 @@ fn stored_record(r: &ChangeRecord) -> Option<Record> {
             version: r.version.clone(),
             fencing: fencing.clone(),
             expires_at_ms: *expires_at_ms,
+            // The log does not carry it: a cached record only starts writes, which set their
+            // own, and one that looks expired is read again (`Engine::start_write`).
+            slide_ms: None,
         }),
         ChangeRecordKind::Delete | ChangeRecordKind::Expire => None,
     }

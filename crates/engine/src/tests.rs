@@ -393,6 +393,7 @@ async fn ttl_range_is_decided_by_the_engine() {
         timestamp: None,
         fencing: None,
         persist: false,
+        sliding: false,
     };
     assert_err!(
         f.engine.execute(Command::Set(set(Some(0)))).await,
@@ -438,6 +439,7 @@ async fn empty_keys_are_refused_by_execute_too() {
         timestamp: None,
         fencing: None,
         persist: false,
+        sliding: false,
     };
     assert_err!(f.engine.execute(Command::Set(set)).await, EngineError::EmptyKey);
     let get = Get { key: Bytes::new() };
@@ -555,6 +557,7 @@ async fn set_version_is_after_the_stored_version() {
             version: stored.clone(),
             fencing: None,
             expires_at_ms: None,
+            slide_ms: None,
         }),
     };
     let outcome = f.store.backend().swap_many(&[write], None).await.unwrap();
@@ -583,6 +586,7 @@ async fn versions_never_go_backwards_after_a_restart() {
             version: stored.clone(),
             fencing: None,
             expires_at_ms: None,
+            slide_ms: None,
         }),
     };
     assert_eq!(
@@ -642,6 +646,7 @@ async fn values_are_binary() {
         timestamp: None,
         fencing: None,
         persist: false,
+        sliding: false,
     };
     f.engine.execute(Command::Set(set)).await.unwrap();
     let got = f
@@ -753,6 +758,7 @@ async fn etag_conditions() {
             timestamp: None,
             fencing: None,
             persist: false,
+            sliding: false,
         })
     };
     assert_err!(f.engine.execute(set(hlc(1, 0))).await, EngineError::VersionMismatch);
@@ -1537,6 +1543,7 @@ async fn scan_binary_keys() {
             timestamp: None,
             fencing: None,
             persist: false,
+            sliding: false,
         };
         f.engine.execute(Command::Set(set)).await.unwrap();
     }
@@ -1695,6 +1702,7 @@ async fn first_write_delete_is_an_engine_condition() {
                     timestamp: None,
                     fencing: None,
                     persist: false,
+                    sliding: false,
                 };
                 e.execute(Command::Set(set)).await.map(|_| ())
             } else {
@@ -1737,6 +1745,7 @@ async fn transactions_make_room_from_expired_keys_too() {
             timestamp: None,
             fencing: None,
             persist: false,
+            sliding: false,
         })
     };
     f.engine.transact(vec![set("c"), set("d")]).await.unwrap();
@@ -2002,5 +2011,6 @@ mod expiry;
 mod persist;
 #[cfg(feature = "redis")]
 mod shared;
+mod sliding;
 mod transact;
 mod transfer;

@@ -23,6 +23,10 @@ impl Engine {
         if c.ttl_ms.is_some_and(|t| t == 0 || t > MAX_TTL_MS) {
             return Err(EngineError::TtlOutOfRange);
         }
+        // Only a deadline can slide.
+        if c.sliding && c.ttl_ms.is_none() {
+            return Err(EngineError::Syntax);
+        }
         self.check_skew(c.timestamp.as_ref(), || EngineError::TimestampSkew)?;
         self.check_skew(c.fencing.as_ref(), || EngineError::FencingTokenSkew)?;
         // The storage says what it can keep; no door decides this on its own.
@@ -69,6 +73,7 @@ impl Engine {
             version: self.0.hlc.next_after(floors),
             fencing,
             expires_at_ms: c.ttl_ms.map(|t| self.0.hlc.wall_ms().saturating_add(t)),
+            slide_ms: c.ttl_ms.filter(|_| c.sliding),
         }))
     }
 

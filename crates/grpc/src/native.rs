@@ -12,7 +12,7 @@ use super::pb::statestore::v1 as pb;
 use crate::access::{self, Access, Op};
 use crate::engine::watch::{Selector, Start, WatchItem, WatchSpec};
 use crate::engine::{
-    ChangeKind, Command, Del, DelCondition, Engine, EngineError, KeyFilter, Reply, Scan, Set, SetCondition, VDel,
+    ChangeKind, Command, Del, DelCondition, Engine, EngineError, KeyFilter, MGet, Reply, Scan, Set, SetCondition, VDel,
 };
 use crate::hlc::Hlc;
 
@@ -63,6 +63,7 @@ impl pb::state_store_server::StateStore for Native {
             fencing: hlc(&r.fencing_token)?,
             // statestore.v1 has no such field: what is kept is the storage's choice.
             persist: false,
+            sliding: r.ttl_sliding,
         };
         let resp = access::execute(&self.engine, &grant, Command::Set(cmd))
             .await
@@ -85,6 +86,33 @@ impl pb::state_store_server::StateStore for Native {
                 version: e.version.to_string(),
                 expires_at_ms: e.expires_at_ms.unwrap_or(0),
             },
+        }))
+    }
+
+    async fn get_many(&self, req: Request<pb::GetManyRequest>) -> Result<Response<pb::GetManyResponse>, Status> {
+        let grant = grant_of(&req)?;
+        let keys = req.into_inner().keys.into_iter().map(Bytes::from).collect();
+        let resp = access::execute(&self.engine, &grant, Command::MGet(MGet { keys }))
+            .await
+            .map_err(err)?;
+        let Reply::Values(values) = resp.reply else {
+            return Err(Status::internal("MGET returned no values"));
+        };
+        let items = values
+            .into_iter()
+            .map(|e| match e {
+                None => pb::GetResponse::default(),
+                Some(e) => pb::GetResponse {
+                    found: true,
+                    value: e.value.to_vec(),
+                    version: e.version.to_string(),
+                    expires_at_ms: e.expires_at_ms.unwrap_or(0),
+                },
+            })
+            .collect();
+        Ok(Response::new(pb::GetManyResponse {
+            items,
+            version: version(resp.version),
         }))
     }
 

@@ -18,6 +18,20 @@ pub fn reply_frame(reply: Reply) -> Frame {
                 Some(t) => Frame::Array(vec![keys, Frame::Bulk(t)]),
             }
         }
+        // One element per key asked: a null, or [value, version] (the version as `__ts`
+        // carries it).
+        Reply::Values(values) => Frame::Array(
+            values
+                .into_iter()
+                .map(|v| match v {
+                    None => Frame::Null,
+                    Some(entry) => Frame::Array(vec![
+                        Frame::Bulk(entry.value),
+                        Frame::Bulk(bytes::Bytes::from(entry.version.to_string())),
+                    ]),
+                })
+                .collect(),
+        ),
     }
 }
 

@@ -310,7 +310,7 @@ pub fn is_read_only(payload: &[u8]) -> bool {
         return false;
     };
     let rest = &rest[pos + 2..];
-    rest.starts_with(b"$3\r\nGET\r\n") || rest.starts_with(b"$4\r\nSCAN\r\n")
+    rest.starts_with(b"$3\r\nGET\r\n") || rest.starts_with(b"$4\r\nSCAN\r\n") || rest.starts_with(b"$4\r\nMGET\r\n")
 }
 
 /// The answer to a request refused because too many run at once: `__stat=503`, nothing executed.

@@ -8,7 +8,8 @@
 //! (one line). `value` is always base64 (standard alphabet, padded). `key` is the key as text
 //! when it is UTF-8; otherwise base64 with `"key_base64": true` beside it. `fencing_token` and
 //! `expires_at_ms` (the absolute deadline, ms since the epoch) are absent when the record has
-//! none. Unknown fields are refused, so a line never loses a meaning on the way in.
+//! none; `slide_ms` (a sliding time to live, pushed out by every read) only with a deadline.
+//! Unknown fields are refused, so a line never loses a meaning on the way in.
 //!
 //! Pure: bytes in, bytes out. Shared by the HTTP door (which serves and takes it) and the
 //! command-line client (which reads and writes files of it).
@@ -50,6 +51,8 @@ struct Line {
     fencing_token: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     expires_at_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    slide_ms: Option<u64>,
 }
 
 /// Appends one record as a line (with its `\n`).
@@ -65,6 +68,7 @@ pub fn encode_line(key: &[u8], record: &Record, out: &mut Vec<u8>) {
         version: record.version.to_string(),
         fencing_token: record.fencing.as_ref().map(ToString::to_string),
         expires_at_ms: record.expires_at_ms,
+        slide_ms: record.slide_ms,
     };
     // Serializing strings and integers cannot fail.
     if serde_json::to_writer(&mut *out, &line).is_ok() {
@@ -94,6 +98,12 @@ pub fn decode_line(line: &[u8]) -> Result<(Bytes, Record), DumpError> {
             .map_err(|_| DumpError(format!("{field} {s:?} is not a version (<ms>:<counter>:<node>)")))
     };
     let version = hlc("version", &l.version)?;
+    if l.slide_ms.is_some() && l.expires_at_ms.is_none() {
+        return Err(DumpError("slide_ms needs expires_at_ms".into()));
+    }
+    if l.slide_ms == Some(0) {
+        return Err(DumpError("slide_ms must be at least 1".into()));
+    }
     let fencing = l
         .fencing_token
         .as_deref()
@@ -106,6 +116,7 @@ pub fn decode_line(line: &[u8]) -> Result<(Bytes, Record), DumpError> {
             version,
             fencing,
             expires_at_ms: l.expires_at_ms,
+            slide_ms: l.slide_ms,
         },
     ))
 }
@@ -130,6 +141,7 @@ mod tests {
             version: Hlc::new(1_795_380_000_000, 2, "n1"),
             fencing: Some(Hlc::new(1_795_380_000_000, 1, "n1")),
             expires_at_ms: Some(1_795_380_060_000),
+            slide_ms: None,
         }
     }
 
@@ -141,9 +153,15 @@ mod tests {
         let plain = Record {
             fencing: None,
             expires_at_ms: None,
+            slide_ms: None,
             ..rec(b"")
         };
         encode_line(b"k", &plain, &mut out);
+        let sliding = Record {
+            slide_ms: Some(30_000),
+            ..rec(b"s")
+        };
+        encode_line(b"session", &sliding, &mut out);
         let text = String::from_utf8(out.clone()).unwrap();
         assert_eq!(
             text.lines().next().unwrap(),
@@ -158,6 +176,20 @@ mod tests {
         assert_eq!(back[0], (Bytes::from_static(b"user:1"), rec(b"hello")));
         assert_eq!(back[1], (Bytes::from_static(b"\xff\x00bin"), rec(b"\x00\xff\r\n")));
         assert_eq!(back[2], (Bytes::from_static(b"k"), plain));
+        assert!(
+            text.lines()
+                .nth(3)
+                .unwrap()
+                .ends_with(r#""expires_at_ms":1795380060000,"slide_ms":30000}"#)
+        );
+        assert_eq!(back[3], (Bytes::from_static(b"session"), sliding));
+        let bad = r#"{"key":"k","value":"","version":"001795380000000:00002:n1","slide_ms":5}"#;
+        assert!(
+            decode_line(bad.as_bytes())
+                .unwrap_err()
+                .0
+                .contains("needs expires_at_ms")
+        );
     }
 
     #[test]

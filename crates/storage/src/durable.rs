@@ -356,6 +356,27 @@ impl Backend for DurableBackend {
         Err(retries_exhausted())
     }
 
+    async fn get_many(&self, keys: &[Bytes]) -> Result<Vec<Option<Record>>, StorageError> {
+        self.shared.check()?;
+        for _ in 0..READ_ATTEMPTS {
+            let rollbacks = self.shared.rollbacks.load(Ordering::SeqCst);
+            let records = self.index.records_now(keys);
+            // Served only once every write it saw is acknowledged; it saw none past the last
+            // one in flight for these keys.
+            let lsn = {
+                let in_flight = lock(&self.shared.in_flight);
+                keys.iter().filter_map(|k| in_flight.get(&k[..]).copied()).max()
+            };
+            if let Some(lsn) = lsn {
+                self.shared.wait_acked(lsn).await?;
+            }
+            if self.shared.rollbacks.load(Ordering::SeqCst) == rollbacks {
+                return Ok(records);
+            }
+        }
+        Err(retries_exhausted())
+    }
+
     async fn get_head(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {
         self.shared.check()?;
         for _ in 0..READ_ATTEMPTS {

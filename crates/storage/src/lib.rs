@@ -37,6 +37,9 @@ pub struct Record {
     pub fencing: Option<Hlc>,
     /// Absolute expiry deadline, wall-clock milliseconds since the epoch.
     pub expires_at_ms: Option<u64>,
+    /// A sliding time to live: each read pushes the deadline out to this many ms past the read
+    /// (the engine decides how, see `Engine::read`). Only with a deadline.
+    pub slide_ms: Option<u64>,
 }
 
 impl Record {
@@ -249,6 +252,10 @@ pub trait Backend: Send + Sync + 'static {
     async fn get_head(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {
         self.get(key).await
     }
+
+    /// The stored records of `keys` (expired or not), in order, all as of one moment: no swap
+    /// is applied between the first read and the last (the point-in-time read of MGET).
+    async fn get_many(&self, keys: &[Bytes]) -> Result<Vec<Option<Record>>, StorageError>;
 
     /// Applies every swap or none. `max_keys` bounds the number of keys after the swap.
     async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError>;

@@ -129,6 +129,7 @@ impl Inner {
             version: self.version(e),
             fencing: extra.and_then(|x| x.fencing.clone()),
             expires_at_ms: extra.map(|x| x.expires_at_ms).filter(|d| *d != 0),
+            slide_ms: extra.map(|x| x.slide_ms).filter(|s| *s != 0),
         }
     }
 
@@ -158,6 +159,7 @@ impl Inner {
         if in_place
             && deadline == 0
             && rec.fencing.is_none()
+            && rec.slide_ms.is_none()
             && let Some(cur) = self.table.find_mut(hash, |e| e.key() == key)
             && cur.expires_at_ms() == 0
         {
@@ -167,8 +169,16 @@ impl Inner {
                 return Ok(None);
             }
         }
-        let fresh =
-            Entry::new(key, &rec.value, &rec.version, node, deadline, rec.fencing.as_ref()).map_err(|_| too_long())?;
+        let fresh = Entry::new(
+            key,
+            &rec.value,
+            &rec.version,
+            node,
+            deadline,
+            rec.fencing.as_ref(),
+            rec.slide_ms.unwrap_or(0),
+        )
+        .map_err(|_| too_long())?;
         Ok(self.place(hash, key, Some(fresh)))
     }
 
@@ -230,6 +240,13 @@ impl MemoryBackend {
     }
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
         self.inner.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The records of `keys` under one hold of the index's lock: every swap is applied under
+    /// the write lock, so they are all as of one moment.
+    pub(crate) fn records_now(&self, keys: &[Bytes]) -> Vec<Option<Record>> {
+        let inner = self.read();
+        keys.iter().map(|k| inner.get(k).map(|e| inner.record(e))).collect()
     }
 
     /// Loads records without checks (durable backends replay into this).
@@ -362,6 +379,10 @@ impl Backend for MemoryBackend {
     async fn get(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {
         let inner = self.read();
         Ok(inner.get(key).map(|e| inner.record(e)))
+    }
+
+    async fn get_many(&self, keys: &[Bytes]) -> Result<Vec<Option<Record>>, StorageError> {
+        Ok(self.records_now(keys))
     }
 
     async fn get_head(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {

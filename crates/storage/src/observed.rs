@@ -29,6 +29,10 @@ impl Backend for Observed {
         self.inner.backend().get(key).await
     }
 
+    async fn get_many(&self, keys: &[Bytes]) -> Result<Vec<Option<Record>>, StorageError> {
+        self.inner.backend().get_many(keys).await
+    }
+
     async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError> {
         let started = Instant::now();
         let outcome = self.inner.backend().swap_many(swaps, max_keys).await;

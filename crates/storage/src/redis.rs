@@ -229,6 +229,30 @@ impl Backend for RedisBackend {
         decode_record(self.query(Purpose::Call, &cmd).await?)
     }
 
+    async fn get_many(&self, keys: &[Bytes]) -> Result<Vec<Option<Record>>, StorageError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        // MULTI/EXEC: Redis runs the reads back to back, no other client's command (a swap
+        // script) between them.
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for key in keys {
+            pipe.cmd("HMGET").arg(self.names.record(key)).arg(&RECORD_FIELDS[..]);
+        }
+        let replies: Vec<Vec<Option<Bytes>>> = self
+            .bounded(Purpose::Call, |mut c| async move {
+                pipe.query_async(&mut c).await.map_err(storage_error)
+            })
+            .await?;
+        if replies.len() != keys.len() {
+            return Err(StorageError::Backend(
+                "MULTI/EXEC answered fewer replies than reads".into(),
+            ));
+        }
+        replies.into_iter().map(decode_record).collect()
+    }
+
     async fn get_marked(
         &self,
         key: &[u8],
@@ -314,8 +338,9 @@ impl Backend for RedisBackend {
                     .arg(&r.value[..])
                     .arg(encode_version(&r.version))
                     .arg(r.fencing.as_ref().map(encode_version).unwrap_or_default())
-                    .arg(r.expires_at_ms.map(encode_deadline).unwrap_or_default()),
-                None => eval.arg("d").arg("").arg("").arg("").arg(""),
+                    .arg(r.expires_at_ms.map(encode_deadline).unwrap_or_default())
+                    .arg(r.slide_ms.map(encode_deadline).unwrap_or_default()),
+                None => eval.arg("d").arg("").arg("").arg("").arg("").arg(""),
             };
         }
         for c in w.checks {

@@ -21,6 +21,7 @@ fn rec(value: &[u8], version: Hlc, expires_at_ms: Option<u64>) -> Record {
         version,
         fencing: None,
         expires_at_ms,
+        slide_ms: None,
     }
 }
 
@@ -119,6 +120,8 @@ pub(crate) async fn test_suite(store: Store) {
     every_record_shape_round_trips(&store).await;
     wipe(&store).await;
     concurrent_swaps_are_atomic(&store).await;
+    wipe(&store).await;
+    get_many_reads_one_moment(&store).await;
 }
 
 /// One key rewritten through every shape a record can take (the memory index stores each
@@ -143,6 +146,15 @@ async fn every_record_shape_round_trips(store: &Store) {
         Record {
             fencing: Some(Hlc::new(19, 3, "other")),
             ..rec(b"all of it", Hlc::new(19, 4, "yet-another-node"), Some(950))
+        },
+        Record {
+            slide_ms: Some(500),
+            ..rec(b"sliding", v(19, 5), Some(1000))
+        },
+        // A read of a sliding key stores the same record, same version, a later deadline.
+        Record {
+            slide_ms: Some(500),
+            ..rec(b"sliding", v(19, 5), Some(1200))
         },
         rec(b"plain again", v(20, 0), None),
     ];
@@ -199,6 +211,7 @@ async fn insert_get_update_delete(store: &Store) {
         version: v(100, 0),
         fencing: Some(v(90, 3)),
         expires_at_ms: Some(5_000),
+        slide_ms: None,
     };
     // Insert: expected None means "must be absent".
     assert_eq!(swap(store, put(b"k", None, r1.clone()), None).await, SwapOutcome::Done);
@@ -646,6 +659,65 @@ async fn concurrent_swaps_are_atomic(store: &Store) {
     }
     let total = get(store, b"counter").await.unwrap().value;
     assert_eq!(total, b((TASKS * EACH).to_string().as_bytes()), "no lost update");
+}
+
+/// `get_many` answers in the order asked (repeats and absent keys included), and never sees
+/// half of a multi-key swap: writers move units between two keys in one swap, keeping their
+/// sum, while a reader checks the sum of every point-in-time read.
+async fn get_many_reads_one_moment(store: &Store) {
+    assert_eq!(
+        store.backend().get_many(&[]).await.unwrap(),
+        Vec::<Option<Record>>::new()
+    );
+    let (a, z) = (rec(b"50", v(1, 0), None), rec(b"50", v(1, 1), Some(7_000)));
+    let both = [put(b"a", None, a.clone()), put(b"z", None, z.clone())];
+    assert_eq!(store.backend().swap_many(&both, None).await.unwrap(), SwapOutcome::Done);
+    let asked = [b(b"z"), b(b"none"), b(b"a"), b(b"z")];
+    assert_eq!(
+        store.backend().get_many(&asked).await.unwrap(),
+        vec![Some(z.clone()), None, Some(a.clone()), Some(z)]
+    );
+    let number = |r: &Option<Record>| -> i64 {
+        std::str::from_utf8(&r.as_ref().unwrap().value)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let writer = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut moved = 0u32;
+            while moved < 100 {
+                let cur = store.backend().get_many(&[b(b"a"), b(b"z")]).await.unwrap();
+                let (x, y) = (number(&cur[0]), number(&cur[1]));
+                let version = |i: usize| cur[i].as_ref().unwrap().version.clone();
+                let swaps = [
+                    put(
+                        b"a",
+                        Some(version(0)),
+                        rec((x - 1).to_string().as_bytes(), v(10 + u64::from(moved), 0), None),
+                    ),
+                    put(
+                        b"z",
+                        Some(version(1)),
+                        rec((y + 1).to_string().as_bytes(), v(10 + u64::from(moved), 1), None),
+                    ),
+                ];
+                if store.backend().swap_many(&swaps, None).await.unwrap() == SwapOutcome::Done {
+                    moved += 1;
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let mut reads = 0;
+    while !writer.is_finished() || reads == 0 {
+        let both = store.backend().get_many(&[b(b"a"), b(b"z")]).await.unwrap();
+        assert_eq!(number(&both[0]) + number(&both[1]), 100, "a torn read: {both:?}");
+        reads += 1;
+        tokio::task::yield_now().await;
+    }
+    writer.await.unwrap();
 }
 
 #[tokio::test]

@@ -26,6 +26,7 @@ async fn set(e: &Engine, key: &str, value: &[u8], ttl_ms: Option<u64>) -> Hlc {
         timestamp: None,
         fencing: None,
         persist: false,
+        sliding: false,
     };
     e.execute(Command::Set(cmd)).await.unwrap().version.unwrap()
 }

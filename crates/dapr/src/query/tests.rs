@@ -86,6 +86,7 @@ async fn sort_and_filter_on_bare_value_over_a_store() {
             timestamp: None,
             fencing: None,
             persist: false,
+            sliding: false,
         };
         engine.execute(crate::engine::Command::Set(set)).await.unwrap();
     }
@@ -199,6 +200,7 @@ async fn engine_with(docs: &[(String, Value)]) -> Engine {
             timestamp: None,
             fencing: None,
             persist: false,
+            sliding: false,
         };
         e.execute(crate::engine::Command::Set(set)).await.unwrap();
     }

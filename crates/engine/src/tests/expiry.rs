@@ -143,6 +143,7 @@ async fn expiry_driver_is_woken_by_a_transaction_deadline() {
         timestamp: None,
         fencing: None,
         persist: false,
+        sliding: false,
     });
     f.engine.transact(vec![op]).await.unwrap();
     f.changes();

@@ -15,6 +15,7 @@ fn persisted(key: &str, v: &str, condition: SetCondition) -> Set {
         timestamp: Some(hlc(T0, 0)),
         fencing: None,
         persist: true,
+        sliding: false,
     }
 }
 
@@ -37,6 +38,7 @@ async fn a_set_asking_for_persistence_follows_the_storage() {
             TxOp::Set(persisted("tx-a", "1", SetCondition::Always)),
             TxOp::Set(Set {
                 persist: false,
+                sliding: false,
                 ..persisted("tx-b", "2", SetCondition::Always)
             }),
         ])
@@ -108,6 +110,7 @@ async fn engine_after_a_reopen() {
             timestamp: None,
             fencing: None,
             persist: false,
+            sliding: false,
         })
     };
     let limits = Limits {

@@ -13,6 +13,7 @@ fn set(key: &str, v: &str) -> TxOp {
         timestamp: None,
         fencing: None,
         persist: false,
+        sliding: false,
     })
 }
 
@@ -25,6 +26,7 @@ fn set_if(key: &str, v: &str, condition: SetCondition) -> TxOp {
         timestamp: None,
         fencing: None,
         persist: false,
+        sliding: false,
     })
 }
 

@@ -83,6 +83,7 @@ async fn an_import_from_the_future_is_an_ordinary_change() {
         version: Hlc::new(T0 + 1_000, 0, "elsewhere"),
         fencing: None,
         expires_at_ms: None,
+        slide_ms: None,
     };
     f.engine
         .import(vec![(b("b"), later.clone())], ImportOptions::default())
@@ -108,6 +109,7 @@ async fn an_import_does_not_replace_a_fenced_key_without_its_token() {
         version: Hlc::new(T0 + 10, 0, "elsewhere"),
         fencing,
         expires_at_ms: None,
+        slide_ms: None,
     };
     let overwrite = ImportOptions {
         overwrite: true,

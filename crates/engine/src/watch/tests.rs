@@ -45,6 +45,7 @@ async fn set(e: &Engine, key: &str, value: &str) -> Hlc {
         timestamp: None,
         fencing: None,
         persist: false,
+        sliding: false,
     };
     e.execute(Command::Set(cmd)).await.unwrap().version.unwrap()
 }
@@ -330,6 +331,9 @@ impl std::ops::Deref for Shared {
 impl Backend for Shared {
     async fn get(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {
         self.inner.get(key).await
+    }
+    async fn get_many(&self, keys: &[Bytes]) -> Result<Vec<Option<Record>>, StorageError> {
+        self.inner.get_many(keys).await
     }
     async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError> {
         self.inner.swap_many(swaps, max_keys).await

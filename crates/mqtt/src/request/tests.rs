@@ -140,6 +140,7 @@ fn notification_payloads_are_exact() {
 #[test]
 fn read_only_commands_are_recognised_from_the_payload() {
     assert!(is_read_only(&resp3::encode_request([&b"GET"[..], b"k"])));
+    assert!(is_read_only(&resp3::encode_request([&b"MGET"[..], b"k", b"j"])));
     assert!(is_read_only(&resp3::encode_request([&b"SCAN"[..], b"*", b"tok"])));
     for args in [
         &[&b"SET"[..], b"k", b"v"][..],
@@ -152,4 +153,21 @@ fn read_only_commands_are_recognised_from_the_payload() {
     }
     assert!(!is_read_only(b"GET k"));
     assert!(!is_read_only(b""));
+}
+
+/// MGET (a stategate extension): one element per key, `$-1` for an absent one, else
+/// `[value, version]`; `__ts` is the newest version read.
+#[tokio::test]
+async fn mget_answers_values_and_versions() {
+    let e = engine().await;
+    let set = handle(&e, "s", &req(&[b"SET", b"a", b"1"], &[("__ts", &ts())]))
+        .await
+        .unwrap();
+    let version = user(&set, "__ts").unwrap();
+    let out = handle(&e, "s", &req(&[b"MGET", b"a", b"none"], &[])).await.unwrap();
+    let expected = format!("*2\r\n*2\r\n$1\r\n1\r\n${}\r\n{version}\r\n$-1\r\n", version.len());
+    assert_eq!(String::from_utf8_lossy(&out.payload), expected);
+    assert_eq!(user(&out, "__ts").as_deref(), Some(version.as_str()));
+    let out = handle(&e, "s", &req(&[b"MGET"], &[])).await.unwrap();
+    assert_eq!(&out.payload[..], b"-ERR wrong number of arguments\r\n");
 }

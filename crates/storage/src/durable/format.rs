@@ -419,12 +419,19 @@ fn put_entry(p: &mut Vec<u8>, key: &[u8], rec: Option<&Record>) {
             put_bytes32(p, &r.value);
             put_hlc(p, &r.version);
             put_opt_hlc(p, r.fencing.as_ref());
-            match r.expires_at_ms {
-                Some(d) => {
+            // 0: no deadline; 1: a deadline; 2: a deadline that slides by the u64 after it
+            // (files written before sliding deadlines existed only hold 0 and 1).
+            match (r.expires_at_ms, r.slide_ms) {
+                (Some(d), None) => {
                     p.push(1);
                     p.extend_from_slice(&d.to_le_bytes());
                 }
-                None => p.push(0),
+                (Some(d), Some(slide)) => {
+                    p.push(2);
+                    p.extend_from_slice(&d.to_le_bytes());
+                    p.extend_from_slice(&slide.to_le_bytes());
+                }
+                (None, _) => p.push(0),
             }
         }
     }
@@ -500,9 +507,10 @@ impl Decoder {
         let value = Bytes::copy_from_slice(r.bytes32()?);
         let version = self.hlc(r)?;
         let fencing = self.opt_hlc(r)?;
-        let expires_at_ms = match r.u8()? {
-            0 => None,
-            1 => Some(r.u64()?),
+        let (expires_at_ms, slide_ms) = match r.u8()? {
+            0 => (None, None),
+            1 => (Some(r.u64()?), None),
+            2 => (Some(r.u64()?), Some(r.u64()?)),
             _ => return Err(FormatError::Malformed("expiry flag")),
         };
         Ok(Record {
@@ -510,6 +518,7 @@ impl Decoder {
             version,
             fencing,
             expires_at_ms,
+            slide_ms,
         })
     }
 

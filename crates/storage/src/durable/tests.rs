@@ -25,6 +25,7 @@ fn rec(value: &[u8], version: Hlc) -> Record {
         version,
         fencing: None,
         expires_at_ms: None,
+        slide_ms: None,
     }
 }
 
@@ -225,6 +226,7 @@ async fn contract_with_constant_compaction() {
             version: v(10_000 + u64::from(i), 0),
             fencing: (i % 3 == 0).then(|| v(7, i)),
             expires_at_ms: (i % 5 == 0).then_some(20_000 + u64::from(i)),
+            slide_ms: None,
         };
         put(&store, format!("after-{i}").as_bytes(), r).await;
     }
@@ -250,6 +252,7 @@ async fn every_field_survives_a_reopen() {
         // A client's fencing token can carry a long node id (over 64 KiB, multi-byte UTF-8).
         fencing: Some(Hlc::new(90, 3, "é".repeat(40_000))),
         expires_at_ms: Some(5_000),
+        slide_ms: None,
     };
     {
         let store = open(dir.path());
@@ -306,6 +309,7 @@ async fn a_snapshot_keeps_everything_too() {
                 version: v(1_000 + u64::from(i), 0),
                 fencing: (i % 3 == 0).then(|| v(7, i)),
                 expires_at_ms: (i % 5 == 0).then_some(10_000 + u64::from(i)),
+                slide_ms: None,
             };
             put(&store, format!("k{}", i % 50).as_bytes(), r).await;
         }
@@ -620,6 +624,7 @@ fn decoding_never_panics_and_frames_check_out() {
                 version: v(1, 2),
                 fencing: Some(v(3, 4)),
                 expires_at_ms: Some(5),
+                slide_ms: None,
             }),
         },
         Swap {
@@ -686,6 +691,7 @@ async fn a_commit_thread_panic_is_a_fail_stop() {
             version: Hlc::new(1, 0, "n"),
             fencing: None,
             expires_at_ms: None,
+            slide_ms: None,
         }),
     };
     let limit = std::time::Duration::from_secs(10);
@@ -714,6 +720,7 @@ async fn records_are_stamped_with_the_injected_clock() {
             version: Hlc::new(1, 0, "n"),
             fencing: None,
             expires_at_ms: None,
+            slide_ms: None,
         },
     )
     .await;

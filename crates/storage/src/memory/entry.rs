@@ -39,11 +39,13 @@ pub(super) struct Extra {
     pub fencing: Option<Hlc>,
     /// The version, when its counter or node index does not fit the header.
     pub version: Option<Hlc>,
+    /// A sliding time to live, ms; 0 = none.
+    pub slide_ms: u64,
 }
 
 impl Extra {
     fn is_empty(&self) -> bool {
-        self.expires_at_ms == 0 && self.fencing.is_none() && self.version.is_none()
+        self.expires_at_ms == 0 && self.fencing.is_none() && self.version.is_none() && self.slide_ms == 0
     }
 }
 
@@ -81,6 +83,7 @@ impl Entry {
         node: usize,
         expires_at_ms: u64,
         fencing: Option<&Hlc>,
+        slide_ms: u64,
     ) -> Result<Entry, TooLong> {
         let key_len = u32::try_from(key.len()).map_err(|_| TooLong)?;
         let value_len = u32::try_from(value.len()).map_err(|_| TooLong)?;
@@ -94,6 +97,7 @@ impl Entry {
             expires_at_ms,
             fencing: fencing.cloned(),
             version: (!packs).then(|| version.clone()),
+            slide_ms,
         };
         let extra = (!extra.is_empty()).then(|| Box::new(extra));
         if extra.is_some() {

@@ -7,7 +7,7 @@ use crate::hlc::Hlc;
 use crate::{Record, StorageError};
 
 /// The fields of a record hash, in the order [`decode_record`] takes them.
-pub const RECORD_FIELDS: [&str; 4] = ["v", "ver", "ft", "exp"];
+pub const RECORD_FIELDS: [&str; 5] = ["v", "ver", "ft", "exp", "sl"];
 
 /// The Redis keys of one store, all under one prefix.
 #[derive(Debug, Clone)]
@@ -129,9 +129,13 @@ fn decode_deadline(bytes: &[u8]) -> Result<u64, StorageError> {
 /// A record from the values of [`RECORD_FIELDS`] (HMGET), or `None` when the hash is absent.
 pub fn decode_record(fields: Vec<Option<Bytes>>) -> Result<Option<Record>, StorageError> {
     let mut fields = fields.into_iter();
-    let (Some(value), Some(version), Some(fencing), Some(deadline)) =
-        (fields.next(), fields.next(), fields.next(), fields.next())
-    else {
+    let (Some(value), Some(version), Some(fencing), Some(deadline), Some(slide)) = (
+        fields.next(),
+        fields.next(),
+        fields.next(),
+        fields.next(),
+        fields.next(),
+    ) else {
         return Err(StorageError::Backend("HMGET answered fewer fields than asked".into()));
     };
     let Some(version) = version else {
@@ -143,6 +147,7 @@ pub fn decode_record(fields: Vec<Option<Bytes>>) -> Result<Option<Record>, Stora
         version: decode_version(&version)?,
         fencing: fencing.map(|f| decode_version(&f)).transpose()?,
         expires_at_ms: deadline.map(|d| decode_deadline(&d)).transpose()?,
+        slide_ms: slide.map(|s| decode_deadline(&s)).transpose()?,
     }))
 }
 
@@ -208,15 +213,21 @@ mod tests {
     fn records_decode() {
         let b = |s: &str| Some(Bytes::copy_from_slice(s.as_bytes()));
         let ver = "00000000000000000005:0000000003:a";
-        assert_eq!(decode_record(vec![None, None, None, None]).unwrap(), None);
-        let r = decode_record(vec![b("x"), b(ver), b(ver), b("42")]).unwrap().unwrap();
+        assert_eq!(decode_record(vec![None, None, None, None, None]).unwrap(), None);
+        let r = decode_record(vec![b("x"), b(ver), b(ver), b("42"), None])
+            .unwrap()
+            .unwrap();
         assert_eq!(r.value, Bytes::from_static(b"x"));
         assert_eq!(r.version, Hlc::new(5, 3, "a"));
         assert_eq!(r.fencing, Some(Hlc::new(5, 3, "a")));
         assert_eq!(r.expires_at_ms, Some(42));
-        let r = decode_record(vec![None, b(ver), None, None]).unwrap().unwrap();
+        let r = decode_record(vec![None, b(ver), None, None, None]).unwrap().unwrap();
         assert_eq!((r.value, r.fencing, r.expires_at_ms), (Bytes::new(), None, None));
-        assert!(decode_record(vec![b("x"), b(ver), None, b("soon")]).is_err());
+        assert!(decode_record(vec![b("x"), b(ver), None, b("soon"), None]).is_err());
+        let r = decode_record(vec![b("x"), b(ver), None, b("42"), b("7")])
+            .unwrap()
+            .unwrap();
+        assert_eq!((r.expires_at_ms, r.slide_ms), (Some(42), Some(7)));
         assert!(decode_record(vec![b("x")]).is_err());
     }
 

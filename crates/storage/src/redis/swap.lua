@@ -23,8 +23,9 @@
 -- ARGV[4] the outcome to store, ARGV[5] how long to keep it, ms
 -- ARGV[6] origin (the writing replica), ARGV[7] a tag unique to this call
 -- ARGV[8] number of swaps, ARGV[9] number of checks, ARGV[10] number of changes
--- then 7 per swap i: key, expected version ('' = must be absent), 'p' (put) or 'd' (delete),
--- value, version, fencing token ('' = none), deadline ('' = none)
+-- then 8 per swap i: key, expected version ('' = must be absent), 'p' (put) or 'd' (delete),
+-- value, version, fencing token ('' = none), deadline ('' = none), sliding time to live ('' =
+-- none)
 -- then 1 per check: expected version ('' = must be absent)
 -- then 6 per change: key, 's' (set), 'i' (a set by an import: logged as 's' with the field
 -- i = 1, which replicas of earlier releases ignore), 'd' (delete) or 'e' (expire), version,
@@ -40,7 +41,7 @@ end
 local index, deadlines, highest = KEYS[1], KEYS[2], KEYS[3]
 local log, logseq, mark = KEYS[4], KEYS[5], KEYS[6]
 local S = 11
-local C = S + 7 * swaps
+local C = S + 8 * swaps
 
 -- A redelivered request: its first execution stands; apply nothing.
 if ARGV[3] ~= '' then
@@ -57,7 +58,7 @@ redis.call('ZCARD', deadlines)
 redis.call('ZCARD', highest)
 local added = 0
 for i = 1, swaps do
-  local a = S + 7 * (i - 1)
+  local a = S + 8 * (i - 1)
   local stored = redis.call('HGET', KEYS[6 + i], 'ver')
   local expected = ARGV[a + 1]
   if expected == '' then
@@ -66,7 +67,7 @@ for i = 1, swaps do
     return {1}
   end
   if ARGV[a + 2] == 'p' then
-    if ARGV[a + 6] ~= '' and not tonumber(ARGV[a + 6]) then
+    if (ARGV[a + 6] ~= '' and not tonumber(ARGV[a + 6])) or (ARGV[a + 7] ~= '' and not tonumber(ARGV[a + 7])) then
       return redis.error_reply('ERR stategate swap: bad deadline')
     end
     if not stored then added = added + 1 end
@@ -102,7 +103,7 @@ end
 
 -- Write.
 for i = 1, swaps do
-  local a = S + 7 * (i - 1)
+  local a = S + 8 * (i - 1)
   local record, key = KEYS[6 + i], ARGV[a]
   redis.call('DEL', record)
   redis.call('ZREM', deadlines, key)
@@ -117,6 +118,10 @@ for i = 1, swaps do
       fields[#fields + 1] = 'exp'
       fields[#fields + 1] = deadline
       redis.call('ZADD', deadlines, deadline, key)
+    end
+    if ARGV[a + 7] ~= '' then
+      fields[#fields + 1] = 'sl'
+      fields[#fields + 1] = ARGV[a + 7]
     end
     redis.call('HSET', record, unpack(fields))
     redis.call('ZADD', index, 0, key)

@@ -62,6 +62,7 @@ fn rec(value: &[u8], ms: u64, counter: u32, node: &str) -> Record {
         version: Hlc::new(ms, counter, node),
         fencing: None,
         expires_at_ms: None,
+        slide_ms: None,
     }
 }
 
@@ -129,6 +130,7 @@ async fn two_replicas_see_each_others_writes() {
         version: Hlc::new(10, 1, "a"),
         fencing: Some(Hlc::new(9, 0, "client")),
         expires_at_ms: Some(99),
+        slide_ms: None,
     };
     assert_eq!(
         swap(a.backend(), put(b"k", None, r.clone()), None).await.unwrap(),
