@@ -42,9 +42,12 @@ impl RetainStorage for MirrorRetained {
     }
 
     async fn set(&self, topic: &TopicName, retain: Retain, expiry: Option<Duration>) -> rmqtt::Result<()> {
-        if &*retain.from.id.client_id != self.service_id || !self.topics.owns(topic) {
+        if *retain.from.id.client_id != self.service_id || !self.topics.owns(topic) {
             return Ok(());
         }
+        // A client's publish (the service's own, with `--mqtt-client-path`) comes with the
+        // listener's message expiry, where zero means "never" but rmqtt's tree reads "now".
+        let expiry = expiry.filter(|e| !e.is_zero());
         self.messages.set_with_timeout(topic, retain, expiry).await
     }
 
