@@ -100,6 +100,53 @@ pub(super) fn ttl_expire_ms(meta: &HashMap<String, String>) -> Option<u64> {
     })
 }
 
+/// `ttlSliding` (a stategate extension) through the Dapr runtime API: every GetState (and bulk
+/// get) pushes the deadline out by `ttlInSeconds` again, the ETag stays; without reads the key
+/// expires; `ttlSliding` without `ttlInSeconds`, or not a boolean, is INVALID_ARGUMENT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dapr_ttl_sliding() {
+    let env = TestEnv::start(Broker::Embedded).await;
+    let (_, mut d) = clients(&env).await;
+    let sliding = |key: &str| with_meta(with_meta(item(key, b"s"), "ttlInSeconds", "100"), "ttlSliding", "true");
+    save(&mut d, vec![sliding("session")]).await;
+    let first = get_state(&mut d, "session").await;
+    for _ in 0..3 {
+        // 90 s later each time: past the first deadline by the third read.
+        env.advance(90_000);
+        let g = get_state(&mut d, "session").await;
+        assert_eq!(g.data, b"s", "alive: every read pushed its deadline out");
+        assert_eq!(g.etag, first.etag, "a read changes no ETag");
+    }
+    let bulk = within(
+        "GetBulkState",
+        d.get_bulk_state(rpb::GetBulkStateRequest {
+            store_name: "statestore".into(),
+            keys: vec!["session".into()],
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("GetBulkState")
+    .into_inner();
+    assert_eq!(bulk.items[0].data, b"s");
+    env.advance(120_000);
+    assert!(
+        get_state(&mut d, "session").await.data.is_empty(),
+        "no read for longer than the TTL: gone"
+    );
+    for bad in [
+        with_meta(item("k", b"v"), "ttlSliding", "true"),
+        with_meta(with_meta(item("k", b"v"), "ttlInSeconds", "5"), "ttlSliding", "yes"),
+    ] {
+        expect_status(
+            within("SaveState", d.save_state(save_req(vec![bad]))).await,
+            Code::InvalidArgument,
+            "ttlSliding",
+        );
+    }
+    env.stop().await;
+}
+
 /// GetState, SaveState (ETags, first-write, TTL, JSON compaction, partial saves) and DeleteState.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dapr_get_save_delete() {
