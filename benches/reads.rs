@@ -52,7 +52,9 @@ async fn engine(durable: Option<&std::path::Path>, keys: Keys) -> Engine {
         },
         ..Limits::default()
     };
-    let e = Engine::open(store, "bench", Arc::new(SystemClock), limits).await.expect("engine");
+    let e = Engine::open(store, "bench", Arc::new(SystemClock), limits)
+        .await
+        .expect("engine");
     for i in 0..KEYS {
         let cmd = Command::Set(Set {
             key: key(i),
@@ -109,8 +111,15 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let secs: u64 = std::env::var("STATEGATE_BENCH_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
-    let cases = [Keys::Plain, Keys::Sliding { slack_percent: 10 }, Keys::Sliding { slack_percent: 0 }];
+    let secs: u64 = std::env::var("STATEGATE_BENCH_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let cases = [
+        Keys::Plain,
+        Keys::Sliding { slack_percent: 10 },
+        Keys::Sliding { slack_percent: 0 },
+    ];
     println!("GET throughput, {READERS} readers, {KEYS} keys, {secs} s per round, median of 3");
     for durable in [false, true] {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -144,7 +153,12 @@ async fn main() {
                 many.push(read_load(e, secs, 10).await);
             }
             let (single, many) = (median(single), median(many));
-            println!("  {storage:<24} {:<26} {:>10.0} keys/s  {:.2}x of GET", "MGET of 10 keys", many, many / single);
+            println!(
+                "  {storage:<24} {:<26} {:>10.0} keys/s  {:.2}x of GET",
+                "MGET of 10 keys",
+                many,
+                many / single
+            );
         }
     }
 }
