@@ -512,10 +512,7 @@ pub async fn list_keys(
             None => {}
         }
     }
-    let token = match after {
-        Some(k) => Some(grant.position_token(readable.as_ref(), &k, Pages::Keys { store: &store.name })),
-        None => None,
-    };
+    let token = after.map(|k| grant.position_token(readable.as_ref(), &k, Pages::Keys { store: &store.name }));
     Ok(KeysPage { keys, token })
 }
 
