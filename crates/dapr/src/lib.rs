@@ -19,6 +19,7 @@ use crate::engine::{Del, DelCondition, Engine, EngineError, Entry, KeyFilter, Re
 use crate::hlc::Hlc;
 
 pub mod configuration;
+pub mod election;
 mod json;
 pub mod lock;
 pub mod query;
