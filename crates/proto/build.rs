@@ -6,6 +6,7 @@ use prost::Message;
 /// The files, under the repository's `proto/` (the include root).
 const PROTOS: &[&str] = &[
     "statestore/v1/state.proto",
+    "statestore/v1/election.proto",
     "dapr/proto/common/v1/common.proto",
     "dapr/proto/runtime/v1/dapr.proto",
     "dapr/proto/components/v1/common.proto",

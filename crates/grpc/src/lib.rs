@@ -2,7 +2,8 @@
 //! runtime state RPCs, health and reflection; and on a Unix socket: the Dapr pluggable state
 //! component API (with reflection, which daprd uses to discover it).
 //!
-//! - `native.rs`, `runtime.rs`, `component.rs`: the services; `error.rs`: the status mapping.
+//! - `native.rs`, `election.rs` (statestore.v1), `runtime.rs`, `component.rs`: the services;
+//!   `error.rs`: the status mapping.
 
 use stategate_access as access;
 use stategate_dapr as dapr;
@@ -32,6 +33,7 @@ use crate::listener::Listener;
 use crate::listener::inflight::InFlight;
 
 mod component;
+mod election;
 pub mod error;
 pub mod health;
 mod limit;
@@ -103,7 +105,11 @@ fn reflection_v1alpha(
 }
 
 /// The services of the TCP door, as reflection lists them.
-pub const TCP_SERVICES: &[&str] = &[npb::state_store_server::SERVICE_NAME, rpb::dapr_server::SERVICE_NAME];
+pub const TCP_SERVICES: &[&str] = &[
+    npb::state_store_server::SERVICE_NAME,
+    npb::election_server::SERVICE_NAME,
+    rpb::dapr_server::SERVICE_NAME,
+];
 /// The services of the component socket (what daprd discovers).
 const COMPONENT_SERVICES: &[&str] = &[
     cpb::state_store_server::SERVICE_NAME,
@@ -178,6 +184,13 @@ pub async fn serve_tcp<H: tonic_health::pb::health_server::Health>(
         metrics: obs.metrics.clone(),
         door: crate::metrics::Door::Grpc,
     };
+    let election = npb::election_server::ElectionServer::new(election::Election {
+        engine: engine.clone(),
+        access: settings.access.clone(),
+        obs: obs.clone(),
+    })
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let native = npb::state_store_server::StateStoreServer::new(native::Native {
         engine: engine.clone(),
         access: settings.access.clone(),
@@ -209,6 +222,10 @@ pub async fn serve_tcp<H: tonic_health::pb::health_server::Health>(
         .http2_keepalive_timeout(Some(limits.keepalive))
         .add_service(tonic::service::interceptor::InterceptedService::new(
             native,
+            check.clone(),
+        ))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            election,
             check.clone(),
         ))
         .add_service(tonic::service::interceptor::InterceptedService::new(runtime, check))

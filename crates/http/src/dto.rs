@@ -364,3 +364,85 @@ pub struct ImportReport {
     /// Not stored: expired already.
     pub expired: u64,
 }
+
+/// `POST /v1.0-alpha1/election/{store}/campaign` body (a stategate extension).
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CampaignRequest {
+    /// The election's name: a key of the lock store, the same key a lock on that name uses.
+    pub name: String,
+    /// Who campaigns, stored as the lease's value (an AIO leased lock's holder name).
+    pub holder: String,
+    /// What the leader proclaims once elected.
+    #[serde(default)]
+    pub value: Option<String>,
+    /// The lease's time to live, ms (positive); the leader renews it before it runs out.
+    #[serde(rename = "ttlMs")]
+    pub ttl_ms: u64,
+    /// How long to wait while someone else leads, ms (default 0: one attempt). The request
+    /// timeout bounds it: a campaign answers before it.
+    #[serde(rename = "waitMs", default)]
+    pub wait_ms: u64,
+}
+
+/// `POST /v1.0-alpha1/election/{store}/proclaim` body.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProclaimRequest {
+    pub name: String,
+    pub holder: String,
+    /// The fencing token campaign returned.
+    pub token: String,
+    pub value: String,
+}
+
+/// `POST /v1.0-alpha1/election/{store}/resign` body.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResignRequest {
+    pub name: String,
+    pub holder: String,
+}
+
+/// Who leads an election.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ElectionLeader {
+    pub holder: String,
+    /// What the leader proclaimed (absent: nothing, e.g. a leased-lock holder).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// The leadership's fencing token (pass it as metadata `fencingToken` on state writes).
+    pub token: String,
+    /// The lease's current version (each renewal changes it).
+    #[serde(rename = "leaseVersion")]
+    pub lease_version: String,
+    /// The lease's deadline (RFC 3339).
+    #[serde(rename = "ttlExpireTime", skip_serializing_if = "Option::is_none")]
+    pub ttl_expire_time: Option<String>,
+    /// Elected by campaign; false for a lease taken as a leased lock (over MQTT, `stategate
+    /// lock`, the Dapr lock API), whose token is the lease's current version.
+    pub campaigned: bool,
+}
+
+/// Campaign's answer.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CampaignResponse {
+    /// Whether the caller leads now.
+    pub elected: bool,
+    /// The caller when elected; otherwise who leads (null: nobody, just released).
+    pub leader: Option<ElectionLeader>,
+}
+
+/// The leader route's answer, and each `leader` event of observe.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LeaderResponse {
+    /// Null when nobody leads.
+    pub leader: Option<ElectionLeader>,
+}
+
+/// Proclaim's and resign's answer: `SUCCESS`, `NO_LEADER` (nobody holds the lease) or
+/// `NOT_LEADER` (someone else does, or the token belongs to an earlier leadership).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ElectionStatus {
+    pub status: &'static str,
+}

@@ -34,6 +34,8 @@ pub enum Op {
     ConfigurationSubscribe,
     ConfigurationUnsubscribe,
     Import,
+    /// Leader election (a stategate extension over lock stores).
+    Election,
 }
 
 impl Op {
@@ -51,6 +53,7 @@ impl Op {
             Op::ConfigurationGet => "ERR_CONFIGURATION_GET",
             Op::ConfigurationSubscribe => "ERR_CONFIGURATION_SUBSCRIBE",
             Op::ConfigurationUnsubscribe => "ERR_CONFIGURATION_UNSUBSCRIBE",
+            Op::Election => "ERR_ELECTION",
         }
     }
 
@@ -66,7 +69,7 @@ impl Op {
             | Op::Subscribe
             | Op::List
             | Op::Import => "ERR_STATE_STORE_NOT_FOUND",
-            Op::TryLock | Op::Unlock => "ERR_LOCK_STORE_NOT_FOUND",
+            Op::TryLock | Op::Unlock | Op::Election => "ERR_LOCK_STORE_NOT_FOUND",
             Op::ConfigurationGet | Op::ConfigurationSubscribe | Op::ConfigurationUnsubscribe => {
                 "ERR_CONFIGURATION_STORE_NOT_FOUND"
             }

@@ -2,9 +2,10 @@
 //! metadata, the service status, the OpenAPI document and the web console.
 //!
 //! - `state.rs`: the state routes; `sse.rs`: change events; `lock.rs`, `configuration.rs`:
-//!   the Dapr lock and configuration APIs; `status.rs`: the service status;
-//!   `ui.rs`: the web console's embedded files (`crates/http/ui/`); `dto.rs`: JSON shapes (the only
-//!   place that derives serde/utoipa traits); `error.rs`: Dapr's error body and the error mapping.
+//!   the Dapr lock and configuration APIs; `election.rs`: leader election (an extension);
+//!   `status.rs`: the service status; `ui.rs`: the web console's embedded files
+//!   (`crates/http/ui/`); `dto.rs`: JSON shapes (the only place that derives serde/utoipa
+//!   traits); `error.rs`: Dapr's error body and the error mapping.
 
 use stategate_access as access;
 use stategate_dapr as dapr;
@@ -41,6 +42,7 @@ use crate::listener::inflight::{InFlight, Kind, SlotBody};
 mod browser;
 mod configuration;
 pub mod dto;
+mod election;
 pub mod error;
 mod lock;
 pub mod observe;
@@ -199,6 +201,11 @@ fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(sse::subscribe))
         .routes(routes!(lock::try_lock))
         .routes(routes!(lock::unlock))
+        .routes(routes!(election::campaign))
+        .routes(routes!(election::proclaim))
+        .routes(routes!(election::resign))
+        .routes(routes!(election::leader))
+        .routes(routes!(election::observe))
         .routes(routes!(configuration::get_configuration))
         .routes(routes!(configuration::subscribe_configuration))
         .routes(routes!(configuration::unsubscribe_configuration))
