@@ -14,6 +14,7 @@ mod daprsdk_go;
 mod deploy;
 mod disk_full;
 mod durability;
+mod election;
 mod grpc;
 mod http;
 mod http_browser;

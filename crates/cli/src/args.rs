@@ -49,6 +49,10 @@ pub enum ClientCommand {
     /// Release a lease taken by `lock` (only if HOLDER holds it).
     #[command(after_help = EXIT_CODES)]
     Unlock(UnlockArgs),
+    /// Campaign to lead the election NAME (its lease, shared with `lock`); run COMMAND while
+    /// leading. `--leader`: print who leads.
+    #[command(after_help = ELECT_HELP)]
+    Elect(ElectArgs),
     /// Write every live record (key, value, version, fencing token, deadline) as JSON lines,
     /// from a running service (--http), a stopped data directory (--data-dir) or Redis (--redis).
     #[command(after_help = TRANSFER_EXIT_CODES)]
@@ -186,6 +190,21 @@ Exit codes:
   1  the lease is held by another holder (and --wait ran out)
   2  usage error, or COMMAND cannot be started
   3  the lease was lost while COMMAND ran
+  4  not authorized
+  5  service unreachable, timed out, busy or failing";
+
+const ELECT_HELP: &str = "\
+Campaigns by taking the lease NAME as `lock` does (waiting up to --wait while another holder
+leads), records the leadership in NAME.proclaimed (with --value), runs COMMAND with the fencing
+token in STATEGATE_FENCING_TOKEN, renews the lease every ttl/3, and resigns when COMMAND ends,
+exiting with COMMAND's status. If leadership is lost (the lease deleted or taken after a renewal
+failed), COMMAND gets SIGTERM (SIGKILL 10 s later) and elect exits 3. See docs/election.md.
+
+Exit codes:
+  0  COMMAND's status; with --leader: someone leads
+  1  another holder leads (and --wait ran out); with --leader: nobody leads
+  2  usage error, or COMMAND cannot be started
+  3  leadership was lost while COMMAND ran
   4  not authorized
   5  service unreachable, timed out, busy or failing";
 
@@ -387,6 +406,34 @@ pub struct UnlockArgs {
     /// The holder that took the lease.
     #[arg(long, env = "STATEGATE_HOLDER")]
     pub holder: OsString,
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ElectArgs {
+    /// The election's name: the key of its lease.
+    pub name: OsString,
+    /// Who campaigns: the value stored under NAME. Must be unique among contenders.
+    #[arg(long, env = "STATEGATE_HOLDER", required_unless_present = "leader")]
+    pub holder: Option<OsString>,
+    /// How long the lease lasts without renewal (renewed every ttl/3).
+    #[arg(long, env = "STATEGATE_TTL", default_value = "10s", value_parser = parse_ttl)]
+    pub ttl: Duration,
+    /// What the leader proclaims (read back with --leader, the election API's leader and observe).
+    #[arg(long, env = "STATEGATE_ELECT_VALUE")]
+    pub value: Option<OsString>,
+    /// How long to wait while another holder leads: a duration, or `forever`.
+    #[arg(long, env = "STATEGATE_WAIT", default_value = "forever", value_parser = parse_wait)]
+    pub wait: Wait,
+    /// Print who leads NAME (and what it proclaimed) instead of campaigning.
+    #[arg(long, conflicts_with_all = ["holder", "value", "command"])]
+    pub leader: bool,
+    /// The command to run while leading.
+    #[arg(last = true, required_unless_present = "leader")]
+    pub command: Vec<OsString>,
     #[command(flatten)]
     pub connect: ConnectArgs,
     #[command(flatten)]

@@ -25,6 +25,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 pub mod args;
+mod elect;
 mod grpc;
 mod http;
 mod lock;
@@ -303,6 +304,7 @@ async fn execute(cmd: ClientCommand) -> i32 {
         ClientCommand::Watch(a) => output_of(&a.output),
         ClientCommand::Lock(a) => output_of(&a.output),
         ClientCommand::Unlock(a) => output_of(&a.output),
+        ClientCommand::Elect(a) => output_of(&a.output),
         ClientCommand::Export(_) | ClientCommand::Import(_) | ClientCommand::Backup(_) | ClientCommand::Rekey(_) => {
             Output {
                 format: Format::Human,
@@ -445,6 +447,24 @@ async fn dispatch(cmd: ClientCommand, out: Output) -> Result<i32, CliError> {
             let outcome = with_door(&a.connect, async |d| d.vdel(&name, &holder, None).await).await?;
             out.print(output::unlocked(out.format, &name, outcome))?;
             Ok(status(outcome == DelOutcome::Deleted))
+        }
+        ClientCommand::Elect(a) => {
+            let name = key_of(&a.name, "election name")?;
+            if a.leader {
+                return with_door(&a.connect, async |d| elect::print_leader(d, &name, out).await).await;
+            }
+            let holder = a.holder.as_ref().map(|h| key_of(h, "holder")).transpose()?;
+            let lease = lock::Lease {
+                name,
+                holder: holder.ok_or_else(|| CliError::usage("--holder is required"))?,
+                ttl: a.ttl,
+            };
+            let value = a.value.as_ref().map(|v| Bytes::from(args::arg_bytes(v)));
+            let mut signals = lock::Signals::new()?;
+            with_door(&a.connect, async |d| {
+                elect::elect(d, &lease, value.as_ref(), a.wait, &a.command, out, &mut signals).await
+            })
+            .await
         }
         ClientCommand::Export(a) => transfer::export(a).await,
         ClientCommand::Import(a) => transfer::import(a).await,

@@ -145,7 +145,7 @@ async fn released(watch: &mut Watch) -> WaitEnded {
     }
 }
 
-async fn acquire(
+pub(crate) async fn acquire(
     door: &dyn Door,
     lease: &Lease,
     wait: Wait,
@@ -218,7 +218,7 @@ async fn acquire(
 }
 
 /// Runs the command with the fencing token, renewing the lease every ttl/3; releases it after.
-async fn run_under_lease(
+pub(crate) async fn run_under_lease(
     door: &dyn Door,
     lease: &Lease,
     token: &str,
