@@ -308,6 +308,7 @@ mod file_layering {
             "tls-key" => "\"/etc/stategate/tls/key.pem\"",
             "mqtt-tls-client-ca" => "\"/etc/stategate/tls/clients-ca.pem\"",
             "mqtt-ca-file" => "\"/etc/stategate/tls/broker-ca.pem\"",
+            "state-topics" => "\"state/\"",
             _ => return None,
         })
     }
