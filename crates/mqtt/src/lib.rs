@@ -22,9 +22,9 @@ pub mod broker;
 pub mod brokerauth;
 mod dedup;
 pub mod door;
-pub mod mirror;
 #[cfg(feature = "embedded-broker")]
 pub mod inbroker;
+pub mod mirror;
 mod observe;
 pub mod payload;
 pub mod request;
