@@ -72,7 +72,11 @@ pub(super) async fn reflection_describes(ch: Channel, symbol: &str) -> bool {
     matches!(resp.message_response, Some(MessageResponse::FileDescriptorResponse(f)) if !f.file_descriptor_proto.is_empty())
 }
 
-const TCP_SERVICES: [&str; 3] = ["dapr.proto.runtime.v1.Dapr", "statestore.v1.StateStore", "statestore.v1.Election"];
+const TCP_SERVICES: [&str; 3] = [
+    "dapr.proto.runtime.v1.Dapr",
+    "statestore.v1.StateStore",
+    "statestore.v1.Election",
+];
 pub(super) const COMPONENT_SERVICES: [&str; 4] = [
     "dapr.proto.components.v1.QueriableStateStore",
     "dapr.proto.components.v1.StateStore",
