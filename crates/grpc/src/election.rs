@@ -136,24 +136,11 @@ impl pb::election_server::Election for Election {
         });
         // Ends as Watch does: UNAVAILABLE when the service stops, UNAUTHENTICATED when a
         // reload removed the caller's token.
-        let active = self.obs.metrics.stream_opened(crate::metrics::Stream::GrpcWatch);
-        let obs = self.obs.clone();
-        let ending = grant.clone();
-        let stream = futures_util::StreamExt::take_until(stream, async move {
-            tokio::select! {
-                () = obs.stopped() => {}
-                () = ending.revoked() => {}
-            }
-        });
-        let stopping = self.obs.stopping.clone();
-        let last = futures_util::stream::once(async move {
-            let _active = active;
-            if grant.is_revoked() {
-                return Some(Err(Status::unauthenticated("the token of this stream was revoked")));
-            }
-            (*stopping.borrow()).then(|| Err(Status::unavailable("the service is shutting down; observe again")))
-        })
-        .filter_map(|e| e);
-        Ok(Response::new(Box::pin(stream.chain(last))))
+        Ok(Response::new(Box::pin(crate::native::until_stopped(
+            &self.obs,
+            grant,
+            stream,
+            "observe again",
+        ))))
     }
 }

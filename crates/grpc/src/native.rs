@@ -12,7 +12,8 @@ use super::pb::statestore::v1 as pb;
 use crate::access::{self, Access, Op};
 use crate::engine::watch::{Selector, Start, WatchItem, WatchSpec};
 use crate::engine::{
-    ChangeKind, Command, Del, DelCondition, Engine, EngineError, KeyFilter, MGet, Reply, Scan, Set, SetCondition, VDel,
+    ChangeKind, Command, Del, DelCondition, Engine, EngineError, Entry, KeyFilter, MGet, Reply, Scan, Set,
+    SetCondition, VDel,
 };
 use crate::hlc::Hlc;
 
@@ -78,15 +79,7 @@ impl pb::state_store_server::StateStore for Native {
         let grant = grant_of(&req)?;
         let key = Bytes::from(req.into_inner().key);
         grant.check(Op::Read, &key).map_err(err)?;
-        Ok(Response::new(match self.engine.read(&key).await.map_err(err)? {
-            None => pb::GetResponse::default(),
-            Some(e) => pb::GetResponse {
-                found: true,
-                value: e.value.to_vec(),
-                version: e.version.to_string(),
-                expires_at_ms: e.expires_at_ms.unwrap_or(0),
-            },
-        }))
+        Ok(Response::new(get_response(self.engine.read(&key).await.map_err(err)?)))
     }
 
     async fn get_many(&self, req: Request<pb::GetManyRequest>) -> Result<Response<pb::GetManyResponse>, Status> {
@@ -98,18 +91,7 @@ impl pb::state_store_server::StateStore for Native {
         let Reply::Values(values) = resp.reply else {
             return Err(Status::internal("MGET returned no values"));
         };
-        let items = values
-            .into_iter()
-            .map(|e| match e {
-                None => pb::GetResponse::default(),
-                Some(e) => pb::GetResponse {
-                    found: true,
-                    value: e.value.to_vec(),
-                    version: e.version.to_string(),
-                    expires_at_ms: e.expires_at_ms.unwrap_or(0),
-                },
-            })
-            .collect();
+        let items = values.into_iter().map(get_response).collect();
         Ok(Response::new(pb::GetManyResponse {
             items,
             version: version(resp.version),
@@ -204,28 +186,60 @@ impl pb::state_store_server::StateStore for Native {
                 let _open = &slot;
                 watch_event(item)
             });
-        // Ends with UNAVAILABLE "shutting down" when the service stops (graceful shutdown
-        // waits for open streams), UNAUTHENTICATED when a reload removed the caller's token.
-        let active = self.obs.metrics.stream_opened(crate::metrics::Stream::GrpcWatch);
-        let obs = self.obs.clone();
-        let ending = caller.clone();
-        let stream = futures_util::StreamExt::take_until(stream, async move {
-            tokio::select! {
-                () = obs.stopped() => {}
-                () = ending.revoked() => {}
-            }
-        });
-        let stopping = self.obs.stopping.clone();
-        let last = futures_util::stream::once(async move {
-            let _active = active;
-            if caller.is_revoked() {
-                return Some(Err(Status::unauthenticated("the token of this stream was revoked")));
-            }
-            (*stopping.borrow()).then(|| Err(Status::unavailable("the service is shutting down; watch again")))
-        })
-        .filter_map(|e| e);
-        Ok(Response::new(Box::pin(stream.chain(last))))
+        Ok(Response::new(Box::pin(until_stopped(
+            &self.obs,
+            caller,
+            stream,
+            "watch again",
+        ))))
     }
+}
+
+/// A key as `Get` (and each item of `GetMany`) answers it.
+fn get_response(entry: Option<Entry>) -> pb::GetResponse {
+    match entry {
+        None => pb::GetResponse::default(),
+        Some(e) => pb::GetResponse {
+            found: true,
+            value: e.value.to_vec(),
+            version: e.version.to_string(),
+            expires_at_ms: e.expires_at_ms.unwrap_or(0),
+        },
+    }
+}
+
+/// A long-lived stream of this door, ended with UNAVAILABLE "shutting down" (saying to
+/// `again`) when the service stops, which graceful shutdown waits for, or UNAUTHENTICATED when
+/// a reload removed the caller's token; it counts as an open stream while it runs.
+pub(crate) fn until_stopped<T, S>(
+    obs: &crate::health::Observe,
+    grant: crate::access::Grant,
+    stream: S,
+    again: &'static str,
+) -> impl Stream<Item = Result<T, Status>> + Send + use<T, S>
+where
+    T: Send + 'static,
+    S: Stream<Item = Result<T, Status>> + Send + 'static,
+{
+    let active = obs.metrics.stream_opened(crate::metrics::Stream::GrpcWatch);
+    let stopped = obs.clone();
+    let ending = grant.clone();
+    let stream = futures_util::StreamExt::take_until(stream, async move {
+        tokio::select! {
+            () = stopped.stopped() => {}
+            () = ending.revoked() => {}
+        }
+    });
+    let stopping = obs.stopping.clone();
+    let last = futures_util::stream::once(async move {
+        let _active = active;
+        if grant.is_revoked() {
+            return Some(Err(Status::unauthenticated("the token of this stream was revoked")));
+        }
+        (*stopping.borrow()).then(|| Err(Status::unavailable(format!("the service is shutting down; {again}"))))
+    })
+    .filter_map(|e| e);
+    stream.chain(last)
 }
 
 /// One watch item on the wire.

@@ -6,14 +6,14 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::{Event, Sse};
 use bytes::Bytes;
 use futures_util::Stream;
 use tokio_stream::StreamExt;
 
 use super::dto;
 use super::error::{ApiError, ErrorBody, Op};
-use super::sse::{KEEP_ALIVE, REVOKED_EVENT, json_event};
+use super::sse::json_event;
 use super::{AppState, Body, Caller, DaprPath, DaprQuery};
 use crate::dapr::StoreSpec;
 use crate::dapr::election::{self, Campaign, Campaigned, Leader, Observed, Outcome};
@@ -266,27 +266,5 @@ pub async fn observe(
     });
     // Ends like the state subscription: `shutdown` when the service stops, `revoked` when a
     // reload removed the caller's token.
-    let active = st.obs.metrics.stream_opened(crate::metrics::Stream::Sse);
-    let obs = st.obs.clone();
-    let ending = grant.clone();
-    let stream = futures_util::StreamExt::take_until(stream, async move {
-        tokio::select! {
-            () = obs.stopped() => {}
-            () = ending.revoked() => {}
-        }
-    });
-    let stopping = st.obs.stopping.clone();
-    let last = futures_util::stream::once(async move {
-        let _active = active;
-        if grant.is_revoked() {
-            return Some(Ok(Event::default().event("revoked").data(REVOKED_EVENT)));
-        }
-        (*stopping.borrow()).then(|| {
-            Ok(Event::default()
-                .event("shutdown")
-                .data("{\"message\":\"the service is shutting down; observe again\"}"))
-        })
-    })
-    .filter_map(|e| e);
-    Ok(Sse::new(stream.chain(last)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
+    Ok(super::sse::until_stopped(&st, grant, stream, "observe again"))
 }

@@ -273,11 +273,24 @@ pub async fn subscribe(
         let asked = asked.as_deref().unwrap_or_default();
         Ok(encode(item, asked, Op::Subscribe, |i| state_event(&spec, i, base64)))
     });
-    // Ends with a final `shutdown` event when the service stops (graceful shutdown waits for
-    // it), or `revoked` when a reload removed the caller's token.
+    Ok(until_stopped(&st, caller, stream, "subscribe again"))
+}
+
+/// The SSE response of a long-lived stream of this door: it ends with a final `shutdown` event
+/// (saying to `again`) when the service stops, which graceful shutdown waits for, or `revoked`
+/// when a reload removed the caller's token; it counts as an open SSE stream while it runs.
+pub fn until_stopped<S>(
+    st: &AppState,
+    grant: crate::access::Grant,
+    stream: S,
+    again: &'static str,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>> + use<S>>
+where
+    S: Stream<Item = Result<Event, Infallible>> + Send + 'static,
+{
     let active = st.obs.metrics.stream_opened(crate::metrics::Stream::Sse);
     let obs = st.obs.clone();
-    let ending = caller.clone();
+    let ending = grant.clone();
     let stream = futures_util::StreamExt::take_until(stream, async move {
         tokio::select! {
             () = obs.stopped() => {}
@@ -287,15 +300,15 @@ pub async fn subscribe(
     let stopping = st.obs.stopping.clone();
     let last = futures_util::stream::once(async move {
         let _active = active;
-        if caller.is_revoked() {
+        if grant.is_revoked() {
             return Some(Ok(Event::default().event("revoked").data(REVOKED_EVENT)));
         }
         (*stopping.borrow()).then(|| {
             Ok(Event::default()
                 .event("shutdown")
-                .data("{\"message\":\"the service is shutting down; subscribe again\"}"))
+                .data(format!("{{\"message\":\"the service is shutting down; {again}\"}}")))
         })
     })
     .filter_map(|e| e);
-    Ok(Sse::new(stream.chain(last)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
+    Sse::new(stream.chain(last)).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
 }
