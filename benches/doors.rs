@@ -4,7 +4,7 @@
 //! cargo bench --bench doors -- [--mqtt-url mqtt://host:port] [--secs 5] [--warmup-secs 1]
 //!                              [--only mqtt,http,grpc,memory,replicas] [--keys 1000000]
 //!                              [--inflight 1,16,64,256] [--verbs GET,SET] [--rounds 3]
-//!                              [--paths inbroker,client]
+//!                              [--paths inbroker,client,mirrored]
 //!
 //! Echo and stategate run alternately `--rounds` times per row and the run with the median
 //! throughput is printed for each, so a burst of noise on a shared 2-core machine does not
@@ -15,6 +15,8 @@
 //!   stategate, with the same load; on the embedded broker both ways of serving, each on its own
 //!   broker with its own echo: in-broker (the default) and the client path (`--mqtt-client-path`): QoS 1 requests, 1/16/64/256 in flight, GET and SET of 16-byte
 //!   keys with 100-byte values. Prints throughput, p50/p90/p99/p99.9 and stategate/echo ratios.
+//!   `--paths mirrored` adds in-broker serving with `--state-topics state/` and a `state/#`
+//!   subscriber taking every retained message: what the mirror costs a SET.
 //! - HTTP: GET and SAVE at a fixed 1,000 requests/s and at saturation with 16 connections, next
 //!   to a bare axum handler returning a constant body.
 //! - gRPC: Dapr GetState and SaveState at 1,000 requests/s and at saturation with 16 concurrent
@@ -402,17 +404,26 @@ struct MqttTarget {
     label: &'static str,
     running: stategate::Running,
     req: Requester,
+    /// Messages the `state/#` subscriber received (mirrored target only).
+    mirrored: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// Starts stategate on `broker` with the echo responder and a load client beside it, and fills
 /// the GET keys.
-async fn mqtt_target(label: &'static str, broker: BrokerChoice, n: usize) -> MqttTarget {
+async fn mqtt_target(label: &'static str, broker: BrokerChoice, n: usize, mirrored: bool) -> MqttTarget {
     let mut config = Config {
         http_listen: None,
         grpc_listen: None,
         broker,
         ..Config::default()
     };
+    if mirrored {
+        config.mqtt.state_topics = Some(stategate::mqtt::mirror::StateTopics {
+            prefix: "state/".into(),
+            set_by_publish: false,
+            external_broker: false,
+        });
+    }
     config.mqtt.client_id = format!("stategate-bench-{n}");
     if std::env::var_os("BENCH_CLEAN_SESSION").is_some() {
         config.mqtt.session_expiry = Duration::ZERO;
@@ -426,6 +437,10 @@ async fn mqtt_target(label: &'static str, broker: BrokerChoice, n: usize) -> Mqt
     };
     println!("{label}: broker {host}:{port}");
     echo_responder(&host, port, n).await;
+    let mirrored = match mirrored {
+        true => Some(mirror_subscriber(&host, port, n).await),
+        false => None,
+    };
     let value = vec![b'v'; 100];
     let setup = Requester::connect(&format!("bench-setup-{n}"), &host, port).await;
     for i in 0..10_000u64 {
@@ -440,7 +455,43 @@ async fn mqtt_target(label: &'static str, broker: BrokerChoice, n: usize) -> Mqt
             .await;
     }
     let req = Requester::connect(&format!("bench-load-{n}"), &host, port).await;
-    MqttTarget { label, running, req }
+    MqttTarget {
+        label,
+        running,
+        req,
+        mirrored,
+    }
+}
+
+/// A `state/#` subscriber that takes (and drops) every message of the state topics mirror.
+async fn mirror_subscriber(host: &str, port: u16, n: usize) -> Arc<std::sync::atomic::AtomicU64> {
+    let (client, mut el) = AsyncClient::new(mqtt_opts(&format!("bench-mirror-{n}"), host, port), 4096);
+    let received = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = received.clone();
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let mut ready_tx = Some(ready_tx);
+    tokio::spawn(async move {
+        loop {
+            match el.poll().await {
+                Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                    let c = client.clone();
+                    tokio::spawn(async move { c.subscribe("state/#", QoS::AtLeastOnce).await });
+                }
+                Ok(Event::Incoming(Packet::SubAck(_))) => {
+                    if let Some(r) = ready_tx.take() {
+                        let _ = r.send(());
+                    }
+                }
+                Ok(Event::Incoming(Packet::Publish(_))) => {
+                    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Ok(_) => {}
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    });
+    let _ = tokio::time::timeout(Duration::from_secs(10), ready_rx).await;
+    received
 }
 
 async fn mqtt(o: &Opts) {
@@ -456,11 +507,15 @@ async fn mqtt(o: &Opts) {
                 ..Default::default()
             };
             let broker = Config::from_args(a).expect("--mqtt-url").broker;
-            targets.push(mqtt_target("client   ", broker, 0).await);
+            targets.push(mqtt_target("client   ", broker, 0, false).await);
         }
         None => {
-            for (n, (label, client_path)) in [("in-broker", false), ("client   ", true)].into_iter().enumerate() {
-                let wanted = if client_path { "client" } else { "inbroker" };
+            let paths = [
+                ("in-broker", "inbroker", false, false),
+                ("client   ", "client", true, false),
+                ("mirrored ", "mirrored", false, true),
+            ];
+            for (n, (label, wanted, client_path, mirrored)) in paths.into_iter().enumerate() {
                 if !o.paths.iter().any(|p| p == wanted) {
                     continue;
                 }
@@ -468,7 +523,7 @@ async fn mqtt(o: &Opts) {
                     listen: "127.0.0.1:0".parse().expect("addr"),
                     client_path,
                 };
-                targets.push(mqtt_target(label, broker, n).await);
+                targets.push(mqtt_target(label, broker, n, mirrored).await);
             }
         }
     }
@@ -516,6 +571,13 @@ async fn mqtt(o: &Opts) {
         }
     }
     for t in targets {
+        if let Some(n) = &t.mirrored {
+            let n = n.load(std::sync::atomic::Ordering::Relaxed);
+            println!(
+                "{}: the state/# subscriber received {n} mirror messages",
+                t.label.trim()
+            );
+        }
         t.running.shutdown().await;
     }
 }
