@@ -61,14 +61,17 @@ impl Engine {
         if c.keys.iter().any(|k| k.len() > l.max_key_bytes) {
             return Err(EngineError::TooLarge);
         }
-        let records = self.0.store.backend().get_many(&c.keys).await?;
+        // The answer (values, versions, framing) stays within what a GET of the largest value
+        // takes, so it fits any packet the MQTT door may send; the storage checks the values
+        // before it copies any.
+        let most = l.max_value_bytes.saturating_add(1024);
+        let Some(records) = self.0.store.backend().get_many(&c.keys, most).await? else {
+            return Err(EngineError::TooLarge);
+        };
         let now = self.now_ms();
         let mut bytes = 0usize;
         let mut newest: Option<Hlc> = None;
         let mut values = Vec::with_capacity(records.len());
-        // The answer (values, versions, framing) stays within what a GET of the largest value
-        // takes, so it fits any packet the MQTT door may send.
-        let most = l.max_value_bytes.saturating_add(1024);
         for (key, record) in c.keys.iter().zip(records) {
             let Some(r) = record.filter(|r| !r.is_expired(now)) else {
                 bytes = bytes.saturating_add(8);

@@ -356,11 +356,15 @@ impl Backend for DurableBackend {
         Err(retries_exhausted())
     }
 
-    async fn get_many(&self, keys: &[Bytes]) -> Result<Vec<Option<Record>>, StorageError> {
+    async fn get_many(
+        &self,
+        keys: &[Bytes],
+        max_value_bytes: usize,
+    ) -> Result<Option<Vec<Option<Record>>>, StorageError> {
         self.shared.check()?;
         for _ in 0..READ_ATTEMPTS {
             let rollbacks = self.shared.rollbacks.load(Ordering::SeqCst);
-            let records = self.index.records_now(keys);
+            let records = self.index.records_now(keys, max_value_bytes);
             // Served only once every write it saw is acknowledged; it saw none past the last
             // one in flight for these keys.
             let lsn = {

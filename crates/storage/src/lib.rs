@@ -255,7 +255,12 @@ pub trait Backend: Send + Sync + 'static {
 
     /// The stored records of `keys` (expired or not), in order, all as of one moment: no swap
     /// is applied between the first read and the last (the point-in-time read of MGET).
-    async fn get_many(&self, keys: &[Bytes]) -> Result<Vec<Option<Record>>, StorageError>;
+    /// `None` when their values together exceed `max_value_bytes`: then no value is copied.
+    async fn get_many(
+        &self,
+        keys: &[Bytes],
+        max_value_bytes: usize,
+    ) -> Result<Option<Vec<Option<Record>>>, StorageError>;
 
     /// Applies every swap or none. `max_keys` bounds the number of keys after the swap.
     async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError>;

@@ -243,10 +243,16 @@ impl MemoryBackend {
     }
 
     /// The records of `keys` under one hold of the index's lock: every swap is applied under
-    /// the write lock, so they are all as of one moment.
-    pub(crate) fn records_now(&self, keys: &[Bytes]) -> Vec<Option<Record>> {
+    /// the write lock, so they are all as of one moment. `None` (nothing copied) when their
+    /// values together exceed `max_value_bytes`.
+    pub(crate) fn records_now(&self, keys: &[Bytes], max_value_bytes: usize) -> Option<Vec<Option<Record>>> {
         let inner = self.read();
-        keys.iter().map(|k| inner.get(k).map(|e| inner.record(e))).collect()
+        let entries: Vec<Option<&Entry>> = keys.iter().map(|k| inner.get(k)).collect();
+        let bytes = entries
+            .iter()
+            .flatten()
+            .fold(0usize, |n, e| n.saturating_add(e.value().len()));
+        (bytes <= max_value_bytes).then(|| entries.into_iter().map(|e| e.map(|e| inner.record(e))).collect())
     }
 
     /// Loads records without checks (durable backends replay into this).
@@ -381,8 +387,12 @@ impl Backend for MemoryBackend {
         Ok(inner.get(key).map(|e| inner.record(e)))
     }
 
-    async fn get_many(&self, keys: &[Bytes]) -> Result<Vec<Option<Record>>, StorageError> {
-        Ok(self.records_now(keys))
+    async fn get_many(
+        &self,
+        keys: &[Bytes],
+        max_value_bytes: usize,
+    ) -> Result<Option<Vec<Option<Record>>>, StorageError> {
+        Ok(self.records_now(keys, max_value_bytes))
     }
 
     async fn get_head(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {

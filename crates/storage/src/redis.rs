@@ -32,6 +32,7 @@
 //!   `NOSCRIPT` (a restarted or flushed server) the script is loaded and the call repeated.
 //!   With `--redis-wait-replicas N`, `WAIT` travels in the same pipeline (still one round trip).
 //! - `scan`: one `EVALSHA` of `redis/scan.lua` (a page of the index plus the deadlines).
+//! - `get_many`: one `EVALSHA` of `redis/mget.lua` (the records, if their values fit).
 //! - `expired`: two (the due keys, then their versions); `next_deadline`, `len`,
 //!   `max_version`: one each.
 //!
@@ -116,6 +117,7 @@ pub struct Shared {
     wait_replicas: u32,
     swap: LuaScript,
     scan: LuaScript,
+    mget: LuaScript,
     observe: LuaScript,
     start: LuaScript,
     seen_script: LuaScript,
@@ -157,6 +159,7 @@ impl RedisBackend {
             wait_replicas: options.wait_replicas,
             swap: LuaScript::new(include_str!("redis/swap.lua")),
             scan: LuaScript::new(include_str!("redis/scan.lua")),
+            mget: LuaScript::new(include_str!("redis/mget.lua")),
             observe: LuaScript::new(include_str!("redis/observe.lua")),
             start: LuaScript::new(include_str!("redis/start.lua")),
             seen_script: LuaScript::new(log::SEEN_SCRIPT),
@@ -229,28 +232,36 @@ impl Backend for RedisBackend {
         decode_record(self.query(Purpose::Call, &cmd).await?)
     }
 
-    async fn get_many(&self, keys: &[Bytes]) -> Result<Vec<Option<Record>>, StorageError> {
+    async fn get_many(
+        &self,
+        keys: &[Bytes],
+        max_value_bytes: usize,
+    ) -> Result<Option<Vec<Option<Record>>>, StorageError> {
         if keys.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Some(Vec::new()));
         }
-        // MULTI/EXEC: Redis runs the reads back to back, no other client's command (a swap
-        // script) between them.
+        let records: Vec<Vec<u8>> = keys.iter().map(|k| self.names.record(k)).collect();
+        let names: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
+        let mut eval = self.mget.evalsha(&names);
+        eval.arg(max_value_bytes);
         let mut pipe = redis::pipe();
-        pipe.atomic();
-        for key in keys {
-            pipe.cmd("HMGET").arg(self.names.record(key)).arg(&RECORD_FIELDS[..]);
+        pipe.add_command(eval);
+        let reply = self.eval_pipeline(Purpose::Call, &self.mget, &pipe).await?;
+        let bad = |e: String| StorageError::Backend(format!("the mget script answered: {e}"));
+        let reply = reply.into_iter().next().ok_or_else(|| bad("nothing".into()))?;
+        if matches!(reply, redis::Value::Int(0)) {
+            return Ok(None);
         }
-        let replies: Vec<Vec<Option<Bytes>>> = self
-            .bounded(Purpose::Call, |mut c| async move {
-                pipe.query_async(&mut c).await.map_err(storage_error)
-            })
-            .await?;
-        if replies.len() != keys.len() {
-            return Err(StorageError::Backend(
-                "MULTI/EXEC answered fewer replies than reads".into(),
-            ));
+        let fields: Vec<Vec<Option<Bytes>>> =
+            FromRedisValue::from_redis_value(reply).map_err(|e| bad(e.to_string()))?;
+        if fields.len() != keys.len() {
+            return Err(bad(format!("{} records for {} keys", fields.len(), keys.len())));
         }
-        replies.into_iter().map(decode_record).collect()
+        fields
+            .into_iter()
+            .map(decode_record)
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
     }
 
     async fn get_marked(

@@ -665,18 +665,19 @@ async fn concurrent_swaps_are_atomic(store: &Store) {
 /// half of a multi-key swap: writers move units between two keys in one swap, keeping their
 /// sum, while a reader checks the sum of every point-in-time read.
 async fn get_many_reads_one_moment(store: &Store) {
-    assert_eq!(
-        store.backend().get_many(&[]).await.unwrap(),
-        Vec::<Option<Record>>::new()
-    );
+    let all = usize::MAX;
+    assert_eq!(store.backend().get_many(&[], all).await.unwrap(), Some(Vec::new()));
     let (a, z) = (rec(b"50", v(1, 0), None), rec(b"50", v(1, 1), Some(7_000)));
     let both = [put(b"a", None, a.clone()), put(b"z", None, z.clone())];
     assert_eq!(store.backend().swap_many(&both, None).await.unwrap(), SwapOutcome::Done);
     let asked = [b(b"z"), b(b"none"), b(b"a"), b(b"z")];
     assert_eq!(
-        store.backend().get_many(&asked).await.unwrap(),
-        vec![Some(z.clone()), None, Some(a.clone()), Some(z)]
+        store.backend().get_many(&asked, all).await.unwrap(),
+        Some(vec![Some(z.clone()), None, Some(a.clone()), Some(z)])
     );
+    // The values together (2 + 2 + 2 bytes) against the budget: exactly fits, one byte short.
+    assert!(store.backend().get_many(&asked, 6).await.unwrap().is_some());
+    assert_eq!(store.backend().get_many(&asked, 5).await.unwrap(), None);
     let number = |r: &Option<Record>| -> i64 {
         std::str::from_utf8(&r.as_ref().unwrap().value)
             .unwrap()
@@ -688,7 +689,12 @@ async fn get_many_reads_one_moment(store: &Store) {
         tokio::spawn(async move {
             let mut moved = 0u32;
             while moved < 100 {
-                let cur = store.backend().get_many(&[b(b"a"), b(b"z")]).await.unwrap();
+                let cur = store
+                    .backend()
+                    .get_many(&[b(b"a"), b(b"z")], usize::MAX)
+                    .await
+                    .unwrap()
+                    .unwrap();
                 let (x, y) = (number(&cur[0]), number(&cur[1]));
                 let version = |i: usize| cur[i].as_ref().unwrap().version.clone();
                 let swaps = [
@@ -712,7 +718,12 @@ async fn get_many_reads_one_moment(store: &Store) {
     };
     let mut reads = 0;
     while !writer.is_finished() || reads == 0 {
-        let both = store.backend().get_many(&[b(b"a"), b(b"z")]).await.unwrap();
+        let both = store
+            .backend()
+            .get_many(&[b(b"a"), b(b"z")], usize::MAX)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(number(&both[0]) + number(&both[1]), 100, "a torn read: {both:?}");
         reads += 1;
         tokio::task::yield_now().await;

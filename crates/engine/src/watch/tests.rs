@@ -332,8 +332,12 @@ impl Backend for Shared {
     async fn get(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {
         self.inner.get(key).await
     }
-    async fn get_many(&self, keys: &[Bytes]) -> Result<Vec<Option<Record>>, StorageError> {
-        self.inner.get_many(keys).await
+    async fn get_many(
+        &self,
+        keys: &[Bytes],
+        max_value_bytes: usize,
+    ) -> Result<Option<Vec<Option<Record>>>, StorageError> {
+        self.inner.get_many(keys, max_value_bytes).await
     }
     async fn swap_many(&self, swaps: &[Swap], max_keys: Option<u64>) -> Result<SwapOutcome, StorageError> {
         self.inner.swap_many(swaps, max_keys).await
