@@ -196,6 +196,56 @@ async fn mosquitto_a_denied_key_never_reaches_a_subscriber() {
 }
 
 /// Nobody but the service publishes under the prefix of the embedded broker.
+/// Changes dropped from a full notification queue do not leave topics stale: the mirror
+/// notices the drop and publishes every key anew, clearing the topics of keys that went. A
+/// queue of one byte takes only the first change of a transaction (they are queued back to
+/// back, none taken meanwhile); the rest, the delete included, are dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_dropped_from_a_full_queue_are_republished() {
+    let env = TestEnv::start_with(Broker::Embedded, |c| {
+        mirror(c);
+        c.limits.observers.queue_bytes = 1;
+    })
+    .await;
+    let engine = env.engine();
+    let mut sub = subscriber(env.broker_port).await;
+    run(engine, &["SET", "going", "soon gone"]).await;
+    assert_eq!(topic(&sub.next().await), "state/going");
+    let set = |k: String| {
+        stategate::engine::TxOp::Set(stategate::engine::Set {
+            key: Bytes::from(k),
+            value: Bytes::from_static(b"v"),
+            condition: stategate::engine::SetCondition::Always,
+            ttl_ms: None,
+            timestamp: None,
+            fencing: None,
+            persist: false,
+            sliding: false,
+        })
+    };
+    let mut ops: Vec<_> = (0..20).map(|i| set(format!("k{i}"))).collect();
+    ops.push(stategate::engine::TxOp::Del(stategate::engine::Del {
+        key: Bytes::from_static(b"going"),
+        fencing: None,
+        condition: stategate::engine::DelCondition::Always,
+    }));
+    engine.transact(ops).await.expect("the transaction applies");
+    assert!(engine.keynotify_dropped() > 0, "the queue dropped changes");
+    // Every key comes back, and the deleted one is cleared (`gone`: its delete was lost).
+    let mut values: HashMap<String, Bytes> = HashMap::new();
+    while (0..20).any(|i| values.get(&format!("state/k{i}")).is_none_or(|v| v.is_empty()))
+        || values.get("state/going").is_none_or(|v| !v.is_empty())
+    {
+        let p = sub.next().await;
+        values.insert(topic(&p), p.payload.clone());
+    }
+    // A newcomer gets the keys there are, and nothing of the one that went.
+    let want: Vec<(String, &str)> = (0..20).map(|i| (format!("state/k{i}"), "v")).collect();
+    let want: Vec<(&str, &str)> = want.iter().map(|(t, v)| (t.as_str(), *v)).collect();
+    expect_retained(env.broker_port, engine, "marker", &want).await;
+    env.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_cannot_publish_state_topics() {
     let env = TestEnv::start_with(Broker::Embedded, mirror).await;

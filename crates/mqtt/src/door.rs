@@ -358,10 +358,11 @@ pub fn notifier(
                 _ = stop.changed() => return,
             }
         }
-        send_notifications(feed, sink, access, service_id, mirror, stop, metrics).await
+        send_notifications(feed, sink, access, service_id, mirror, stop, metrics, engine).await
     }
 }
 
+#[allow(clippy::too_many_arguments)] // the notifier's parts, handed over once
 async fn send_notifications(
     mut feed: KeyNotifyReceiver,
     sink: Arc<dyn Sink>,
@@ -370,8 +371,24 @@ async fn send_notifications(
     mirror: Option<Mirror>,
     mut stop: watch::Receiver<bool>,
     metrics: crate::metrics::Metrics,
+    engine: crate::engine::Engine,
 ) {
+    let mut dropped = engine.keynotify_dropped();
     loop {
+        // Changes were lost on the way (the queue was full): the mirror's topics may be stale
+        // until their keys change again, so they are all published anew, as at start (where
+        // this process may, see `Mirror::republishes`).
+        if let Some(m) = &mirror
+            && engine.keynotify_dropped() != dropped
+            && m.republishes(&engine)
+        {
+            dropped = engine.keynotify_dropped();
+            tracing::warn!("state topics: changes were dropped from a full queue; republishing every key");
+            tokio::select! {
+                _ = m.republish(&engine, &*sink) => {}
+                _ = stop.changed() => return,
+            }
+        }
         let n = tokio::select! {
             _ = stop.changed() => return,
             n = feed.recv() => n,
@@ -386,8 +403,10 @@ async fn send_notifications(
         let version = change.version.to_string();
         for client_id in observers {
             if &*client_id == EVERY_KEY_OBSERVER {
-                if let Some(msg) = mirror.as_ref().and_then(|m| m.message(&change)) {
-                    sink.publish_retained(&msg).await;
+                if let Some(m) = &mirror
+                    && let Some(msg) = m.message(&change)
+                {
+                    m.publish(&*sink, &msg).await;
                 }
                 continue;
             }

@@ -166,6 +166,9 @@ pub struct Mirror {
     metrics: Metrics,
     /// Connection settings for reading what an external broker retained (clearing at start).
     external: Option<Arc<crate::service::MqttSettings>>,
+    /// The topics this process left holding a value: what a resync after lost changes may
+    /// have to clear (one name per mirrored key, beside the broker's own copy of the value).
+    live: Arc<std::sync::Mutex<HashSet<String>>>,
 }
 
 impl Mirror {
@@ -175,6 +178,7 @@ impl Mirror {
             access,
             metrics,
             external: None,
+            live: Default::default(),
         }
     }
 
@@ -217,12 +221,31 @@ impl Mirror {
         Some(msg)
     }
 
+    /// Publishes `msg` and remembers whether its topic now holds a value.
+    pub async fn publish(&self, sink: &dyn crate::door::Sink, msg: &Retained) {
+        sink.publish_retained(msg).await;
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        if msg.payload.is_empty() {
+            live.remove(&msg.topic);
+        } else if !live.contains(&msg.topic) {
+            live.insert(msg.topic.clone());
+        }
+    }
+
     /// Publishes every current key, so that the broker's retained messages are the store's
     /// (an embedded broker starts empty; an external one may hold values from before), and
-    /// clears what an external broker retained of keys that are gone. Runs on the notifier
-    /// before it sends any change: changes made meanwhile wait in the queue and go out after,
-    /// so the last message of each topic is its newest value.
+    /// clears the topics of keys that are gone: what an external broker retained, and what
+    /// this process published (after changes were lost, see `door::notifier`). Runs on the
+    /// notifier before it sends any further change: changes made meanwhile wait in the queue
+    /// and go out after, so the last message of each topic is its newest value.
     pub async fn republish(&self, engine: &Engine, sink: &dyn crate::door::Sink) {
+        let published: Vec<String> = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect();
         let mut stale: HashSet<String> = match &self.external {
             Some(settings) => match external::retained_topics(settings, &self.topics.prefix).await {
                 // Only mirror topics: anything else under the prefix is not the mirror's to clear.
@@ -234,6 +257,7 @@ impl Mirror {
             },
             None => HashSet::new(),
         };
+        stale.extend(published);
         let (mut after, mut published) = (None::<Bytes>, 0u64);
         loop {
             let page = match engine.export_page(after.as_deref(), REPUBLISH_PAGE).await {
@@ -251,7 +275,7 @@ impl Mirror {
                 };
                 if let Some(msg) = self.message(&change) {
                     stale.remove(&msg.topic);
-                    sink.publish_retained(&msg).await;
+                    self.publish(sink, &msg).await;
                     published += 1;
                 }
             }
@@ -266,7 +290,7 @@ impl Mirror {
                 payload: Bytes::new(),
                 user_properties: vec![(PROP_KIND.to_owned(), KIND_GONE.to_owned())],
             };
-            sink.publish_retained(&gone).await;
+            self.publish(sink, &gone).await;
         }
         info!(
             published,
