@@ -121,8 +121,13 @@ impl Proc {
                 seen = log.len();
             }
             if let Ok(Some(status)) = self.child.try_wait() {
-                // Let the readers drain what is left before reporting.
-                let _ = tokio::time::timeout(Duration::from_millis(500), self.lines.changed()).await;
+                // The process may have printed the line just before it exited: read what is
+                // left, until both readers reach the end of their pipes (every sender gone),
+                // bounded in case a grandchild keeps a pipe open, then look once more.
+                while let Ok(Ok(())) = tokio::time::timeout(Duration::from_secs(5), self.lines.changed()).await {}
+                if self.log.lock().unwrap()[seen..].iter().any(|l| pred(l)) {
+                    return;
+                }
                 panic!(
                     "{}: exited ({status}) before {what}; output:\n{}",
                     self.name,
