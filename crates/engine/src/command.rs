@@ -267,16 +267,10 @@ impl Command {
                     filter: None,
                 })
             }
-            b"MGET" => {
-                let mut keys = vec![args.key()?];
-                while let Some(key) = args.next() {
-                    if key.is_empty() {
-                        return Err(EngineError::EmptyKey);
-                    }
-                    keys.push(key);
-                }
-                Command::MGet(MGet { keys })
-            }
+            // Which keys are acceptable is the engine's rule (`Engine::mget`), for every door.
+            b"MGET" => Command::MGet(MGet {
+                keys: args.0.by_ref().collect(),
+            }),
             _ => return Err(EngineError::UnknownCommand),
         };
         Ok(cmd)

@@ -55,6 +55,12 @@ impl Engine {
     /// them); sliding deadlines move as for any read, after the read (they change no value).
     pub(crate) async fn mget(&self, c: MGet) -> Result<Response, EngineError> {
         let l = &self.0.limits;
+        if c.keys.is_empty() {
+            return Err(EngineError::WrongArity);
+        }
+        if c.keys.iter().any(|k| k.is_empty()) {
+            return Err(EngineError::EmptyKey);
+        }
         if c.keys.len() > l.mget_keys {
             return Err(EngineError::TooLarge);
         }

@@ -20,7 +20,7 @@ use crate::storage::{Record, Swap, Write};
 
 impl Engine {
     /// The deadline a read of `r` at `now_ms` must store, when it must store one.
-    pub(super) fn slid_deadline(&self, r: &Record, now_ms: u64) -> Option<u64> {
+    fn slid_deadline(&self, r: &Record, now_ms: u64) -> Option<u64> {
         let (Some(slide), Some(deadline)) = (r.slide_ms, r.expires_at_ms) else {
             return None;
         };

@@ -125,14 +125,17 @@ async fn mget_answers_in_order_with_versions() {
         Response::new(Reply::Values(vec![None]), None),
         "expired reads as absent"
     );
+    // The engine's rule, whatever door built the command (gRPC GetMany included).
     assert!(matches!(
-        parse(&["MGET"], Meta::default()),
+        f.run(&["MGET"], Meta::default()).await,
         Err(EngineError::WrongArity)
     ));
     assert!(matches!(
-        parse(&["MGET", "a", ""], Meta::default()),
+        f.run(&["MGET", "a", ""], Meta::default()).await,
         Err(EngineError::EmptyKey)
     ));
+    let direct = Command::MGet(MGet { keys: vec![] });
+    assert!(matches!(f.engine.execute(direct).await, Err(EngineError::WrongArity)));
 }
 
 async fn mget_limits() {
