@@ -1,4 +1,5 @@
-//! What an external broker retained under the mirror's prefix, read once at start.
+//! What an external broker retained under the mirror's prefix, read whenever the mirror
+//! republishes (at start, and after changes were dropped).
 //!
 //! An external broker may keep retained messages across a restart of this process (Mosquitto
 //! with persistence, a cluster): a key deleted while the service was down would otherwise stay
