@@ -398,7 +398,7 @@ pub async fn start_observed(
     });
     #[cfg(feature = "embedded-broker")]
     if let Some(b) = &broker {
-        obs.sources.add(b.mirror());
+        obs.sources.add(b.gauge_source());
     }
     let metrics_task = match config.ops.metrics_listen {
         Some(addr) if metrics.is_enabled() => {

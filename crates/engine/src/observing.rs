@@ -143,9 +143,9 @@ impl Engine {
 
 /// What the metrics mirror of the engine and its storage, read at each scrape.
 #[async_trait::async_trait]
-impl crate::metrics::Mirror for Engine {
-    async fn mirrored(&self) -> crate::metrics::Mirrored {
-        crate::metrics::Mirrored {
+impl crate::metrics::GaugeSource for Engine {
+    async fn gauges(&self) -> crate::metrics::GaugeReadings {
+        crate::metrics::GaugeReadings {
             keys: self.key_count().await.ok(),
             value_bytes: self.value_bytes().await.ok().flatten(),
             storage_writable: Some(self.storage_health() == crate::storage::StorageHealth::Ok),

@@ -290,8 +290,8 @@ impl EmbeddedBroker {
         move || scx.connections.count().max(0) as usize
     }
 
-    /// What the metrics mirror of the broker: its connections.
-    pub fn mirror(&self) -> Arc<dyn crate::metrics::Mirror> {
+    /// What the gauges read of the broker: its connections.
+    pub fn gauge_source(&self) -> Arc<dyn crate::metrics::GaugeSource> {
         Arc::new(Connections(self.scx.clone()))
     }
 
@@ -443,9 +443,9 @@ mod tests;
 struct Connections(ServerContext);
 
 #[async_trait::async_trait]
-impl crate::metrics::Mirror for Connections {
-    async fn mirrored(&self) -> crate::metrics::Mirrored {
-        crate::metrics::Mirrored {
+impl crate::metrics::GaugeSource for Connections {
+    async fn gauges(&self) -> crate::metrics::GaugeReadings {
+        crate::metrics::GaugeReadings {
             broker_connections: Some(self.0.connections.count().max(0) as u64),
             ..Default::default()
         }

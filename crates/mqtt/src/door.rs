@@ -325,9 +325,9 @@ impl Door {
 
 /// What the metrics mirror of the door: the bytes its response cache holds.
 #[async_trait]
-impl crate::metrics::Mirror for Door {
-    async fn mirrored(&self) -> crate::metrics::Mirrored {
-        crate::metrics::Mirrored {
+impl crate::metrics::GaugeSource for Door {
+    async fn gauges(&self) -> crate::metrics::GaugeReadings {
+        crate::metrics::GaugeReadings {
             response_cache_bytes: Some(self.response_cache_held().1 as u64),
             ..Default::default()
         }

@@ -1,5 +1,5 @@
 //! What the service tells its operators, knowing nothing of the engine or the doors: logs,
-//! metrics ([`metrics`]: the parts report through [`metrics::Mirror`]) and the masking of
+//! metrics ([`metrics`]: the parts report through [`metrics::GaugeSource`]) and the masking of
 //! secrets in what is logged ([`secret`]).
 //!
 //! Logs: `tracing` records to stderr as text (colours only on a terminal) or JSON lines, with a

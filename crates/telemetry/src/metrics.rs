@@ -3,7 +3,7 @@
 //! One [`Metrics`] handle per process, created in `main` and passed down like the engine
 //! handle (a cheap `Clone`). Every series a request touches is created the first time and
 //! cached in a slot: the hot path does an atomic load, an atomic add and a lock-free histogram
-//! observation, never a label lookup or a format. Gauges that mirror engine or storage state
+//! observation, never a label lookup or a format. Gauges that show engine or storage state
 //! (keys, bytes, registrations) are read when `/metrics` is scraped, not on every write.
 //! [`Metrics::disabled`] records nothing (`--no-metrics`, and the benchmark's baseline).
 //!
@@ -608,8 +608,8 @@ fn unreachable_metric<T>(name: &str, e: prometheus::Error) -> T {
     panic!("metric {name} is malformed: {e}")
 }
 
-mod mirror;
-pub use mirror::{Mirror, Mirrored, Sources};
+mod gauges;
+pub use gauges::{GaugeReadings, GaugeSource, Sources};
 
 #[cfg(test)]
 mod tests;

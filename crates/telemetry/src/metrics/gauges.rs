@@ -1,11 +1,11 @@
-//! What the gauges mirror of the parts of the service (keys, bytes, registrations,
-//! connections), which report it through [`Mirror`]: the metrics know no engine or door.
+//! What the gauges read of the parts of the service (keys, bytes, registrations,
+//! connections), which report it through [`GaugeSource`]: the metrics know no engine or door.
 
 use std::sync::{Arc, Mutex};
 
-/// What the gauges mirror, as one part of the service knows it; `None`: not this part's.
+/// What the gauges show, as one part of the service knows it; `None`: not this part's.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Mirrored {
+pub struct GaugeReadings {
     pub keys: Option<u64>,
     pub value_bytes: Option<u64>,
     pub storage_writable: Option<bool>,
@@ -20,10 +20,10 @@ pub struct Mirrored {
     pub broker_connections: Option<u64>,
 }
 
-impl Mirrored {
+impl GaugeReadings {
     /// `self` with what `other` knows on top.
-    fn and(self, other: Mirrored) -> Mirrored {
-        Mirrored {
+    fn and(self, other: GaugeReadings) -> GaugeReadings {
+        GaugeReadings {
             keys: other.keys.or(self.keys),
             value_bytes: other.value_bytes.or(self.value_bytes),
             storage_writable: other.storage_writable.or(self.storage_writable),
@@ -38,31 +38,31 @@ impl Mirrored {
     }
 }
 
-/// A part of the service whose state the gauges mirror (the engine, the MQTT door, the
+/// A part of the service whose state the gauges show (the engine, the MQTT door, the
 /// broker): the metrics know these parts only through this.
 #[async_trait::async_trait]
-pub trait Mirror: Send + Sync + 'static {
+pub trait GaugeSource: Send + Sync + 'static {
     /// What this part knows now; read when `/metrics` is scraped.
-    async fn mirrored(&self) -> Mirrored;
+    async fn gauges(&self) -> GaugeReadings;
 }
 
-/// Where `/metrics` reads the state it mirrors. Shared, and filled in as the parts start.
+/// Where `/metrics` reads the state its gauges show. Shared, and filled in as the parts start.
 #[derive(Default)]
 pub struct Sources {
-    parts: Mutex<Vec<Arc<dyn Mirror>>>,
+    parts: Mutex<Vec<Arc<dyn GaugeSource>>>,
 }
 
 impl Sources {
-    /// Adds a part whose state the gauges mirror from now on.
-    pub fn add(&self, part: Arc<dyn Mirror>) {
+    /// Adds a part whose state the gauges show from now on.
+    pub fn add(&self, part: Arc<dyn GaugeSource>) {
         self.parts.lock().unwrap_or_else(|e| e.into_inner()).push(part);
     }
 
-    pub(super) async fn read(&self) -> Mirrored {
+    pub(super) async fn read(&self) -> GaugeReadings {
         let parts = self.parts.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let mut out = Mirrored::default();
+        let mut out = GaugeReadings::default();
         for p in parts {
-            out = out.and(p.mirrored().await);
+            out = out.and(p.gauges().await);
         }
         out
     }
