@@ -217,7 +217,27 @@ async fn an_expiry_never_removes_a_key_a_slide_moved() {
     );
 }
 
+/// The same race through a read: replica A's GET finds the key expired and removes it, while
+/// replica B's reader slides it first. A's removal loses, and A reads the key again: alive.
+async fn a_read_whose_removal_lost_to_a_slide_answers_the_key() {
+    let (gate, a, b_) = two_replicas().await;
+    b_.engine.execute(set_sliding("s", 1000)).await.unwrap();
+    a.clock.advance(1000);
+    b_.clock.advance(999);
+    let mut armed = gate.arm();
+    let engine = a.engine.clone();
+    let reader = tokio::spawn(async move { engine.read(&b("s")).await });
+    armed.arrived().await;
+    assert_eq!(b_.get("s").await.reply, value("v"));
+    armed.release();
+    let seen = reader.await.unwrap().unwrap().expect("A's reader sees the slid key");
+    assert_eq!(seen.value, b("v"));
+    assert_eq!(seen.expires_at_ms, Some(T0 + 999 + 1100));
+    assert!(b_.record("s").await.is_some(), "the key lives on");
+}
+
 on_every_backend!(
     an_earlier_slide_landing_last_keeps_the_later_deadline,
     an_expiry_never_removes_a_key_a_slide_moved,
+    a_read_whose_removal_lost_to_a_slide_answers_the_key,
 );
