@@ -28,6 +28,7 @@ pub mod feed;
 pub mod notify;
 mod observing;
 mod owners;
+pub mod proclamation;
 mod reads;
 mod shared;
 mod sliding;
