@@ -16,7 +16,7 @@ use bytes::Bytes;
 use stategate::engine::{Command, Engine, Limits, Set, SetCondition};
 use stategate::hlc::{Hlc, SystemClock};
 use stategate::storage::durable::{DurableBackend, DurableOptions, FsyncMode};
-use stategate::storage::{Record, Store, Swap};
+use stategate::storage::{DeadlineCheck, Record, Store, Swap};
 
 const KEY_SPACE_PER_WRITER: u64 = 10_000;
 
@@ -246,6 +246,7 @@ async fn restart(base: &std::path::Path, n: u64, segment_bytes: u64) -> (Duratio
                             expires_at_ms: None,
                             slide_ms: None,
                         }),
+                        deadline: DeadlineCheck::Any,
                     };
                     store.backend().swap_many(&[swap], None).await.expect("swap");
                     i += 64;

@@ -473,3 +473,72 @@ async fn election_needs_the_rights_on_its_key() {
     assert_eq!(resigned["status"], "SUCCESS");
     env.stop().await;
 }
+
+/// The value a key of `env`'s store holds now.
+async fn stored(env: &TestEnv, key: &str) -> Option<Bytes> {
+    let key = Bytes::copy_from_slice(key.as_bytes());
+    env.engine().read(&key).await.unwrap().map(|e| e.value)
+}
+
+/// A key named like an election's companion but holding no proclamation (someone's own key):
+/// `stategate elect --leader` reads it as the service does, through the same parser (no value
+/// for the lease); resign leaves it; neither `stategate elect` nor an HTTP campaign overwrites
+/// it (they give the lease back and say why).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ordinary_key_named_like_the_companion_is_no_proclamation() {
+    use stategate::engine::{Command as EngineCommand, Set, SetCondition};
+    let env = TestEnv::start(Broker::Embedded).await;
+    let set = |key: &str, value: &str, condition, ttl_ms| {
+        EngineCommand::Set(Set {
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            value: Bytes::copy_from_slice(value.as_bytes()),
+            condition,
+            ttl_ms,
+            timestamp: None,
+            fencing: None,
+            persist: false,
+            sliding: false,
+        })
+    };
+    let own = "a\nnotes";
+    env.engine()
+        .execute(set("cron.proclaimed", own, SetCondition::Always, None))
+        .await
+        .unwrap();
+    // "a" holds the lease as a leased lock: it proclaimed nothing.
+    env.engine()
+        .execute(set("cron", "a", SetCondition::IfAbsentOrEqual, Some(60_000)))
+        .await
+        .unwrap();
+    let (status, body) = get_leader(&env, "cron", None).await;
+    assert_eq!((status, &body["leader"]["value"]), (200, &Value::Null));
+    for door in [mqtt(&env), vec!["--grpc".to_owned(), env.grpc()]] {
+        let (code, out) = run(&["elect", "cron", "--leader"], &door).await;
+        assert_eq!((code, out.as_str()), (0, "a\n"), "no value, as the service says");
+    }
+    let resign = |holder: &str| json!({"name": "cron", "holder": holder});
+    assert_eq!(post(&env, "resign", resign("a"), None).await.1["status"], "SUCCESS");
+    assert_eq!(stored(&env, "cron.proclaimed").await.as_deref(), Some(own.as_bytes()));
+    assert_eq!(post(&env, "resign", resign("a"), None).await.1["status"], "NO_LEADER");
+    assert_eq!(stored(&env, "cron.proclaimed").await.as_deref(), Some(own.as_bytes()));
+
+    let out = client(
+        &["elect", "cron", "--holder", "b", "--value", "v", "--", "true"],
+        &mqtt(&env),
+    )
+    .stdin(Stdio::null())
+    .output();
+    let out = within("elect to finish", out).await.unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("not this election's proclamation"), "{err}");
+    assert_eq!(stored(&env, "cron.proclaimed").await.as_deref(), Some(own.as_bytes()));
+    assert_eq!(stored(&env, "cron").await, None, "elect gave the lease back");
+
+    let campaign = json!({"name": "cron", "holder": "c", "value": "v", "ttlMs": 10000});
+    let (status, body) = post(&env, "campaign", campaign, None).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(stored(&env, "cron.proclaimed").await.as_deref(), Some(own.as_bytes()));
+    assert_eq!(stored(&env, "cron").await, None, "the campaign gave the lease back");
+    env.stop().await;
+}

@@ -7,13 +7,17 @@
 //! - The **lease**: the election's key, holding the leader's holder id, with the lease's time to
 //!   live as its deadline: `SET key holder NEX PX ttl`, exactly the AIO leased lock's write, so
 //!   an election campaigner and a leased-lock client on the same name exclude each other.
-//! - The **proclamation**: the companion key `<key>.proclaimed` holding `holder\nvalue`,
-//!   written with the leadership's fencing token (so the record keeps the highest token that
-//!   wrote it, and a deposed leader's late write is refused by the engine's fencing rule). It
-//!   counts only while its holder leads (a leader who took the lease another way, say over MQTT,
-//!   has proclaimed nothing, whatever an earlier leader left there). It has no deadline of its
-//!   own: resign deletes it; a leader that died leaves it until the next campaign overwrites it.
-//!   Access to it follows the election's key: who may write the key may proclaim.
+//! - The **proclamation**: the companion key `<key>.proclaimed` holding `token\nholder\nvalue`
+//!   (`engine::proclamation`, its one parser, which `stategate elect` uses too), written by the
+//!   lease's holder with the leadership's fencing token (so the record keeps the highest token
+//!   that wrote it, and a deposed leader's late write is refused by the engine's fencing rule).
+//!   It counts only for the lease it belongs to: the same holder, a token not newer than the
+//!   lease, and the record's own fencing token the one it names (a leader who took the lease
+//!   another way, say over MQTT, has proclaimed nothing). It has no deadline of its own: resign
+//!   deletes it when it belongs to the lease given up; a leader that died leaves it until the
+//!   next campaign overwrites it. A key of that name that is no proclamation (an ordinary key)
+//!   is never overwritten nor removed: a campaign is refused instead. Access to it follows the
+//!   election's key: who may write the key may proclaim.
 //!
 //! # Fencing token
 //!
@@ -30,22 +34,16 @@ use tokio::time::Instant;
 
 use super::DaprError;
 use crate::access::{self, Grant, Op};
+use crate::engine::proclamation::{self, Proclamation};
+pub use crate::engine::proclamation::{PROCLAIMED_SUFFIX, proclaimed_key};
 use crate::engine::watch::{Start, WatchItem, WatchSpec};
 use crate::engine::{
-    ChangeKind, Command, Del, DelCondition, Engine, EngineError, KeyFilter, Reply, Set, SetCondition, VDel,
+    ChangeKind, Command, Del, DelCondition, Engine, EngineError, Entry, KeyFilter, Reply, Set, SetCondition, VDel,
 };
 use crate::hlc::Hlc;
 
-/// What the companion key of an election adds to the election's key.
-pub const PROCLAIMED_SUFFIX: &str = ".proclaimed";
-
-/// The companion key holding what the leader of `key` proclaimed.
-pub fn proclaimed_key(key: &[u8]) -> Bytes {
-    let mut k = Vec::with_capacity(key.len() + PROCLAIMED_SUFFIX.len());
-    k.extend_from_slice(key);
-    k.extend_from_slice(PROCLAIMED_SUFFIX.as_bytes());
-    Bytes::from(k)
-}
+/// Attempts at writing the proclamation while others change the companion key meanwhile.
+const PROCLAIM_ATTEMPTS: usize = 8;
 
 /// What campaign asks for.
 #[derive(Debug, Clone)]
@@ -115,24 +113,21 @@ fn check_key(key: &[u8]) -> Result<(), DaprError> {
     Ok(())
 }
 
-/// The proclamation's stored form: `holder\nvalue`, or `holder` alone for a leader that
-/// proclaimed nothing (the record still marks where its leadership began: its token).
-fn proclamation(holder: &[u8], value: Option<&[u8]>) -> Bytes {
-    let mut v = Vec::with_capacity(holder.len() + 1 + value.map_or(0, <[u8]>::len));
-    v.extend_from_slice(holder);
-    if let Some(value) = value {
-        v.push(b'\n');
-        v.extend_from_slice(value);
-    }
-    Bytes::from(v)
+/// The proclamation `record` (the companion key as read) holds for the lease `holder` holds
+/// at `lease_version`, if it belongs to that lease.
+fn belonging(record: Option<Entry>, holder: &[u8], lease_version: &Hlc) -> Option<(Proclamation, Entry)> {
+    let record = record?;
+    let p = Proclamation::parse(&record.value)?;
+    (p.written_under(record.fencing.as_ref()) && p.belongs_to(holder, lease_version)).then_some((p, record))
 }
 
-/// Splits a stored proclamation into holder and value.
-fn split_proclamation(stored: &Bytes) -> (Bytes, Option<Bytes>) {
-    match stored.iter().position(|b| *b == b'\n') {
-        Some(at) => (stored.slice(..at), Some(stored.slice(at + 1..))),
-        None => (stored.clone(), None),
-    }
+/// The refusal when the companion key is someone's ordinary key.
+fn occupied(key: &[u8]) -> DaprError {
+    DaprError::Malformed(format!(
+        "{:?} holds a key that is not this election's proclamation: the election does not \
+         overwrite it (delete or rename it)",
+        String::from_utf8_lossy(&proclaimed_key(key))
+    ))
 }
 
 /// Who leads `key` now (the caller needs `read` on the key).
@@ -155,15 +150,10 @@ async fn current(engine: &Engine, key: &Bytes) -> Result<Option<Leader>, EngineE
         expires_at_ms: lease.expires_at_ms,
         campaigned: false,
     };
-    if let Some(p) = engine.read(&proclaimed_key(key)).await?
-        && let Some(token) = p.fencing
-        && let (holder, value) = split_proclamation(&p.value)
-        // Written during this holder's leadership: by its token, no newer than the lease.
-        && holder == leader.holder
-        && token <= leader.lease_version
-    {
-        leader.value = value;
-        leader.token = token;
+    let record = engine.peek(&proclaimed_key(key)).await?;
+    if let Some((p, _)) = belonging(record, &leader.holder, &leader.lease_version) {
+        leader.value = p.value;
+        leader.token = p.token;
         leader.campaigned = true;
     }
     Ok(Some(leader))
@@ -200,25 +190,47 @@ async fn take_lease(engine: &Engine, grant: &Grant, c: &Campaign) -> Result<Opti
     })
 }
 
-/// Writes the proclamation with the leadership's token (the caller was checked on the key).
-async fn write_proclamation(
-    engine: &Engine,
-    key: &Bytes,
-    holder: &[u8],
-    value: Option<&[u8]>,
-    token: &Hlc,
-) -> Result<(), EngineError> {
-    let set = Set {
-        key: proclaimed_key(key),
-        value: proclamation(holder, value),
-        condition: SetCondition::Always,
-        ttl_ms: None,
-        timestamp: None,
-        fencing: Some(token.clone()),
-        persist: false,
-        sliding: false,
-    };
-    engine.execute(Command::Set(set)).await.map(|_| ())
+/// What writing the proclamation did.
+#[derive(Debug, PartialEq, Eq)]
+enum Wrote {
+    Done,
+    /// The companion key holds no proclamation (an ordinary key): left as it is.
+    Occupied,
+}
+
+/// Writes the proclamation with the leadership's token (the caller holds the lease and was
+/// checked on the key): over nothing or an earlier proclamation only, never over an ordinary
+/// key of that name (the swap's condition keeps it so while others write).
+async fn write_proclamation(engine: &Engine, key: &Bytes, p: &Proclamation) -> Result<Wrote, EngineError> {
+    let companion = proclaimed_key(key);
+    let mut last = EngineError::VersionMismatch;
+    for _ in 0..PROCLAIM_ATTEMPTS {
+        let stored = engine.peek(&companion).await?;
+        if !proclamation::may_replace(stored.as_ref().map(|e| &e.value)) {
+            return Ok(Wrote::Occupied);
+        }
+        let set = Set {
+            key: companion.clone(),
+            value: p.encode(),
+            condition: match stored {
+                None => SetCondition::IfAbsent,
+                Some(e) => SetCondition::IfVersion(e.version),
+            },
+            ttl_ms: None,
+            timestamp: None,
+            fencing: Some(p.token.clone()),
+            persist: false,
+            sliding: false,
+        };
+        match engine.execute(Command::Set(set)).await {
+            Ok(r) if matches!(r.reply, Reply::Ok) => return Ok(Wrote::Done),
+            // Written or removed since it was read: look again.
+            Ok(_) => {}
+            Err(EngineError::VersionMismatch) => last = EngineError::VersionMismatch,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last)
 }
 
 /// Campaigns for `c.key`: takes the lease if it is free (or already the caller's: a renewal,
@@ -274,10 +286,20 @@ pub async fn campaign(engine: &Engine, grant: &Grant, c: &Campaign) -> Result<Ca
 /// The caller holds the lease with `token`: proclaims its value (or nothing, which still
 /// records the token, so proclaim can tell an earlier leadership's token), then reports it.
 async fn elected(engine: &Engine, c: &Campaign, token: Hlc) -> Result<Campaigned, DaprError> {
-    if let Err(e) = write_proclamation(engine, &c.key, &c.holder, c.value.as_deref(), &token).await {
+    let p = Proclamation {
+        token: token.clone(),
+        holder: c.holder.clone(),
+        value: c.value.clone(),
+    };
+    let refusal = match write_proclamation(engine, &c.key, &p).await {
+        Ok(Wrote::Done) => None,
+        Ok(Wrote::Occupied) => Some(occupied(&c.key)),
+        Err(e) => Some(e.into()),
+    };
+    if let Some(refusal) = refusal {
         // Leading without the value asked for would mislead observers: give the lease back.
         let _ = release(engine, &c.key, &c.holder).await;
-        return Err(e.into());
+        return Err(refusal);
     }
     let expires_at_ms = engine.read(&c.key).await?.and_then(|e| e.expires_at_ms);
     Ok(Campaigned::Elected(Leader {
@@ -310,16 +332,22 @@ pub async fn proclaim(
     if lease.value != *holder || *token > lease.version {
         return Ok(Outcome::NotLeader);
     }
-    match write_proclamation(engine, key, holder, Some(value), token).await {
-        Ok(()) => Ok(Outcome::Done),
+    let p = Proclamation {
+        token: token.clone(),
+        holder: holder.clone(),
+        value: Some(value.clone()),
+    };
+    match write_proclamation(engine, key, &p).await {
+        Ok(Wrote::Done) => Ok(Outcome::Done),
+        Ok(Wrote::Occupied) => Err(occupied(key)),
         // A later leadership proclaimed since: this token is deposed.
         Err(EngineError::FencingTokenLower) => Ok(Outcome::NotLeader),
         Err(e) => Err(e.into()),
     }
 }
 
-/// Gives the lease up (`VDEL key holder`) and deletes the holder's proclamation. The caller
-/// needs `write` on the key.
+/// Gives the lease up (`VDEL key holder`) and deletes the proclamation that belongs to it. The
+/// caller needs `write` on the key.
 pub async fn resign(engine: &Engine, grant: &Grant, key: &Bytes, holder: &Bytes) -> Result<Outcome, DaprError> {
     check_key(key)?;
     check_holder(holder)?;
@@ -328,6 +356,13 @@ pub async fn resign(engine: &Engine, grant: &Grant, key: &Bytes, holder: &Bytes)
 }
 
 async fn release(engine: &Engine, key: &Bytes, holder: &Bytes) -> Result<Outcome, EngineError> {
+    // The proclamation of this holder's lease, read before the lease goes (after, nothing
+    // tells whose it was): nothing when the holder holds no lease.
+    let companion = proclaimed_key(key);
+    let owned = match engine.peek(key).await? {
+        Some(lease) if lease.value == *holder => belonging(engine.peek(&companion).await?, holder, &lease.version),
+        _ => None,
+    };
     let vdel = VDel {
         key: key.clone(),
         value: holder.clone(),
@@ -338,16 +373,14 @@ async fn release(engine: &Engine, key: &Bytes, holder: &Bytes) -> Result<Outcome
         Reply::NotApplied => return Ok(Outcome::NotLeader),
         _ => Outcome::NoLeader,
     };
-    // The proclamation goes if it is this holder's; a newer leader's is left alone (the
-    // version condition keeps one written meanwhile).
-    let companion = proclaimed_key(key);
-    if let Some(p) = engine.read(&companion).await?
-        && split_proclamation(&p.value).0 == *holder
-    {
+    // The proclamation goes only with the lease it belongs to; one written meanwhile (by a
+    // newer leader) is left alone by the version condition, and so is any key of that name
+    // when the holder held no lease.
+    if let (Outcome::Done, Some((_, record))) = (&outcome, owned) {
         let del = Del {
             key: companion,
-            fencing: p.fencing,
-            condition: DelCondition::IfVersion(p.version),
+            fencing: record.fencing,
+            condition: DelCondition::IfVersion(record.version),
         };
         match engine.execute(Command::Del(del)).await {
             Ok(_) | Err(EngineError::VersionMismatch | EngineError::FencingTokenLower) => {}

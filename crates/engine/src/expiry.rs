@@ -7,7 +7,7 @@ use bytes::Bytes;
 
 use super::{Change, ChangeKind, Engine, EngineError};
 use crate::hlc::Hlc;
-use crate::storage::{Swap, Written};
+use crate::storage::{DeadlineCheck, Swap, Written};
 
 /// Due keys removed per storage write (one log record, one fsync, one script call).
 const EXPIRY_BATCH: usize = 256;
@@ -37,7 +37,8 @@ impl Engine {
     }
 
     /// Removes a batch of due keys in one swap, under all their stripe locks (taken in order,
-    /// as transactions do). Keys changed since they were found due are left alone.
+    /// as transactions do). Keys changed since they were found due are left alone, and so are
+    /// keys whose deadline a read moved meanwhile (on another replica: the swap checks it).
     async fn expire_batch(&self, due: Vec<(Bytes, Hlc)>, now: u64) -> Result<usize, EngineError> {
         let mut stripes: Vec<usize> = due.iter().map(|(k, _)| self.stripe(k)).collect();
         stripes.sort_unstable();
@@ -52,9 +53,9 @@ impl Engine {
             let Some(r) = self.0.store.backend().get(&key).await? else {
                 continue;
             };
-            if !r.is_expired(now) {
+            let Some(deadline) = r.expires_at_ms.filter(|_| r.is_expired(now)) else {
                 continue;
-            }
+            };
             let change = Change {
                 key: key.clone(),
                 version: self.0.hlc.next_after(&[&r.version]),
@@ -65,6 +66,8 @@ impl Engine {
                 key,
                 expected: Some(r.version),
                 new: None,
+                // A slide keeps the version: only the deadline tells that it moved.
+                deadline: DeadlineCheck::Still(deadline),
             });
         }
         if swaps.is_empty() {

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use tokio::sync::{Mutex as AsyncMutex, MutexGuard, Notify};
 
 use crate::hlc::{Clock, Hlc, HlcClock};
-use crate::storage::{Record, RequestMark, Store, Swap, Write, Written};
+use crate::storage::{DeadlineCheck, Record, RequestMark, Store, Swap, Write, Written};
 
 mod cache;
 pub mod command;
@@ -28,6 +28,7 @@ pub mod feed;
 pub mod notify;
 mod observing;
 mod owners;
+pub mod proclamation;
 mod reads;
 mod shared;
 mod sliding;
@@ -461,13 +462,24 @@ impl Engine {
         if let Some(cache) = &self.0.cache {
             cache.read(key, rec.as_ref());
         }
-        Ok(Loaded::Record(match rec {
-            Some(r) if self.is_expired(&r) => {
-                self.remove(key, &r, ChangeKind::Expire, None).await?;
-                None
+        let mut rec = rec;
+        for _ in 0..MAX_SWAP_ATTEMPTS {
+            match rec {
+                Some(r) if self.is_expired(&r) => match self.remove(key, &r, ChangeKind::Expire, None).await? {
+                    // Changed since the read, or slid by a reader on another replica (its
+                    // deadline moved): what is stored now decides.
+                    Removed::Lost => {
+                        rec = backend.get(key).await?;
+                        if let Some(cache) = &self.0.cache {
+                            cache.read(key, rec.as_ref());
+                        }
+                    }
+                    Removed::Done(_) | Removed::Repeated(_) => return Ok(Loaded::Record(None)),
+                },
+                other => return Ok(Loaded::Record(other)),
             }
-            other => other,
-        }))
+        }
+        Err(contended())
     }
 
     /// Deletes `key` whose current record is `cur` and publishes the change. Caller holds the lock.
@@ -480,10 +492,17 @@ impl Engine {
         request: Option<&RequestId>,
     ) -> Result<Removed, EngineError> {
         let version = self.0.hlc.next_after(&[&cur.version]);
+        let deadline = match (&kind, cur.expires_at_ms) {
+            // An expiry removes the deadline it found passed, not one a read moved since (a
+            // slide keeps the version; another replica may have slid it).
+            (ChangeKind::Expire, Some(d)) => DeadlineCheck::Still(d),
+            _ => DeadlineCheck::Any,
+        };
         let swap = Swap {
             key: key.clone(),
             expected: Some(cur.version.clone()),
             new: None,
+            deadline,
         };
         let mark = self.mark(request, &Response::new(Reply::Int(1), Some(version.clone())));
         let change = Change {

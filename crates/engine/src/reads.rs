@@ -38,9 +38,12 @@ impl Engine {
             Some(r) if self.is_expired(&r) => {
                 let _guard = self.lock(key).await;
                 match self.load_live(key).await {
-                    // The key is absent either way; a full disk only delays its removal (the
-                    // expiry driver retries), and reads go on while writes are refused.
-                    Ok(_) | Err(EngineError::StorageFull) => Ok(None),
+                    // Removed (absent), or found alive after all: slid by a reader on another
+                    // replica since it was read.
+                    Ok(live) => Ok(live),
+                    // Absent: a full disk only delays its removal (the expiry driver retries),
+                    // and reads go on while writes are refused.
+                    Err(EngineError::StorageFull) => Ok(None),
                     Err(e) => Err(e),
                 }
             }

@@ -12,11 +12,18 @@
 //!
 //! A swap that loses (the key changed since it was read) writes nothing: the change that won
 //! set its own deadline. The extension publishes no change: it is not one.
+//!
+//! A deadline only moves forward. The swap carries `DeadlineCheck::Later`: the storage
+//! stores the new deadline only if it is later than the stored one, in the same atomic step as
+//! the version comparison. The version cannot tell two slides apart (a slide keeps it), and
+//! replicas sharing a store take no lock in common, so a reader that decided earlier may land
+//! its swap last; its earlier deadline is then refused. For the same reason the expiry's
+//! removal carries `DeadlineCheck::Still` (`expiry.rs`): a key a slide moved is not removed.
 
 use bytes::Bytes;
 
 use super::{Engine, EngineError, Written};
-use crate::storage::{Record, Swap, Write};
+use crate::storage::{DeadlineCheck, Record, Swap, Write};
 
 impl Engine {
     /// The deadline a read of `r` at `now_ms` must store, when it must store one.
@@ -35,10 +42,15 @@ impl Engine {
     /// Pushes the deadline of `key`, just read as `r`, out as a read requires; returns the
     /// record as it now stands for the reader (its deadline moved when the swap held).
     pub(super) async fn slide(&self, key: &Bytes, mut r: Record) -> Result<Record, EngineError> {
+        if self.slid_deadline(&r, self.now_ms()).is_none() {
+            return Ok(r);
+        }
+        let _guard = self.lock(key).await;
+        // Decided under the lock, from the clock as it is now: readers of this service land
+        // their swaps in the order they decide them (other replicas: see `DeadlineCheck`).
         let Some(deadline) = self.slid_deadline(&r, self.now_ms()) else {
             return Ok(r);
         };
-        let _guard = self.lock(key).await;
         let moved = Record {
             expires_at_ms: Some(deadline),
             ..r.clone()
@@ -47,6 +59,7 @@ impl Engine {
             key: key.clone(),
             expected: Some(r.version.clone()),
             new: Some(moved),
+            deadline: DeadlineCheck::Later,
         };
         let write = Write {
             swaps: std::slice::from_ref(&swap),
@@ -57,8 +70,8 @@ impl Engine {
         };
         match self.0.store.backend().write(&write).await {
             Ok(Written::Done { .. }) => r.expires_at_ms = Some(deadline),
-            // Changed since the read: the read stands as of then; the new record has its own
-            // deadline.
+            // Changed since the read, or slid to a later deadline by another reader: the read
+            // stands as of then; the stored record has its own deadline.
             Ok(Written::Conflict | Written::TooManyKeys | Written::Repeated(_)) => {}
             // A full disk refuses writes and serves reads: the read is answered, the deadline
             // stays (logged once per refusal by the storage's health).

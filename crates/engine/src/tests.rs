@@ -559,6 +559,7 @@ async fn set_version_is_after_the_stored_version() {
             expires_at_ms: None,
             slide_ms: None,
         }),
+        deadline: crate::storage::DeadlineCheck::Any,
     };
     let outcome = f.store.backend().swap_many(&[write], None).await.unwrap();
     assert_eq!(outcome, crate::storage::SwapOutcome::Done);
@@ -588,6 +589,7 @@ async fn versions_never_go_backwards_after_a_restart() {
             expires_at_ms: None,
             slide_ms: None,
         }),
+        deadline: crate::storage::DeadlineCheck::Any,
     };
     assert_eq!(
         store.backend().swap_many(&[old], None).await.unwrap(),
@@ -1892,11 +1894,17 @@ tokio::task_local! {
 
 /// A fresh, empty store of the running test's backend.
 async fn test_store() -> Store {
+    test_replica_stores(1).await.remove(0)
+}
+
+/// `n` handles on one fresh, empty store of the running test's backend, one per replica: on
+/// memory the same store (no lock in common but the storage's), on Redis a connection each.
+async fn test_replica_stores(n: usize) -> Vec<Store> {
     let backing = BACKING
         .try_with(Backing::clone)
         .unwrap_or_else(|_| panic!("engine tests run through on_every_backend!: list the test there"));
     match backing {
-        Backing::Memory => Store::memory(),
+        Backing::Memory => vec![Store::memory(); n],
         #[cfg(feature = "redis")]
         Backing::Redis(url) => {
             use std::sync::atomic::AtomicU64;
@@ -1909,8 +1917,12 @@ async fn test_store() -> Store {
                 timeout: std::time::Duration::from_secs(5),
                 ..Default::default()
             };
-            let backend = crate::storage::redis::RedisBackend::open(&url, &options).await.unwrap();
-            Store::new(backend)
+            let mut stores = Vec::with_capacity(n);
+            for _ in 0..n {
+                let backend = crate::storage::redis::RedisBackend::open(&url, &options).await.unwrap();
+                stores.push(Store::new(backend));
+            }
+            stores
         }
     }
 }
@@ -2012,5 +2024,6 @@ mod persist;
 #[cfg(feature = "redis")]
 mod shared;
 mod sliding;
+mod sliding_races;
 mod transact;
 mod transfer;

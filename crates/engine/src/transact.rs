@@ -82,7 +82,12 @@ impl Engine {
             let swaps: Vec<Swap> = view
                 .into_iter()
                 .filter(|(_, (read, cur))| read.as_ref() != cur.as_ref().map(|r| &r.version))
-                .map(|(key, (expected, new))| Swap { key, expected, new })
+                .map(|(key, (expected, new))| Swap {
+                    key,
+                    expected,
+                    new,
+                    deadline: DeadlineCheck::Any,
+                })
                 .collect();
             // A key the transaction leaves as it found it (set then deleted while absent)
             // changed nothing anyone can read: its intermediate changes are not published.

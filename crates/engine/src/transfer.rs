@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 
 use super::{Change, ChangeKind, Engine, EngineError, MAX_TTL_MS, contended};
-use crate::storage::{Record, Swap, Written};
+use crate::storage::{DeadlineCheck, Record, Swap, Written};
 
 /// Keys per storage swap (one log record, one stripe-lock set) during an import.
 const IMPORT_BATCH: usize = 256;
@@ -193,6 +193,7 @@ impl Engine {
                     key: key.clone(),
                     expected: cur.map(|c| c.version),
                     new: Some(r.clone()),
+                    deadline: DeadlineCheck::Any,
                 });
             }
             report.imported = swaps.len() as u64;

@@ -134,6 +134,7 @@ impl Engine {
                 key: c.key.clone(),
                 expected: cur.map(|r| r.version),
                 new: Some(new.clone()),
+                deadline: DeadlineCheck::Any,
             };
             let response = Response::new(Reply::Ok, Some(version.clone()));
             let change = Change {

@@ -2,7 +2,8 @@
 //! and swaps them atomically.
 //!
 //! The one write primitive is a conditional swap: replace a key's record (or its absence) only
-//! if the stored version is still the one the engine read. [`Backend::swap_many`] does the same
+//! if the stored version is still the one the engine read (and, for a sliding read or an
+//! expiry, the stored deadline is as [`DeadlineCheck`] asks). [`Backend::swap_many`] does the same
 //! for several keys at once, all or nothing (transactions). The Redis backend implements both
 //! with a server-side script; the in-memory backend with a lock.
 
@@ -56,13 +57,50 @@ pub struct Swap {
     pub expected: Option<Hlc>,
     /// The new record, or `None` to delete the key.
     pub new: Option<Record>,
+    /// What the stored deadline must also be (compared with the version, in the same step).
+    pub deadline: DeadlineCheck,
+}
+
+/// What a swap asks of the stored deadline besides the version. A sliding read moves a
+/// deadline without a new version (`engine/sliding.rs`), so the version alone cannot tell the
+/// record a reader or the expiry driver saw from the one stored since: replicas sharing a
+/// store take no lock in common, and a swap decided earlier may land later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeadlineCheck {
+    /// Nothing: the version decides (every write but the two below).
+    #[default]
+    Any,
+    /// A sliding read's extension: the new record's deadline must be later than the stored
+    /// one, so a deadline only moves forward (of two slides, the one with the later deadline
+    /// stands whichever lands last). No deadline counts as later than any; a stored record
+    /// without one is never slid.
+    Later,
+    /// An expiry's removal: the stored deadline must still be this one (the one found passed).
+    /// A slide of the same version moved it otherwise, and the key lives on.
+    Still(u64),
+}
+
+impl DeadlineCheck {
+    /// Whether a record whose deadline is `stored` may be replaced by `new` (`None`: removed).
+    pub fn holds(self, stored: Option<u64>, new: Option<&Record>) -> bool {
+        match self {
+            DeadlineCheck::Any => true,
+            DeadlineCheck::Later => match (stored, new.and_then(|r| r.expires_at_ms)) {
+                (None, _) => false,
+                (Some(_), None) => true,
+                (Some(old), Some(new)) => new > old,
+            },
+            DeadlineCheck::Still(seen) => stored == Some(seen),
+        }
+    }
 }
 
 /// The outcome of a swap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SwapOutcome {
     Done,
-    /// A stored version differed from `expected`: nothing was written; read again and retry.
+    /// A stored version differed from `expected` (or a deadline failed its [`DeadlineCheck`]):
+    /// nothing was written; read again and retry.
     Conflict,
     /// The swap would create keys beyond `max_keys`: nothing was written.
     TooManyKeys,

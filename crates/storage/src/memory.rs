@@ -356,7 +356,8 @@ impl MemoryBackend {
     }
 }
 
-/// Checks swaps against the index: every expected version must be the stored one.
+/// Checks swaps against the index: every expected version must be the stored one, every
+/// stored deadline as its swap's [`super::DeadlineCheck`] asks.
 fn check_swaps(inner: &Inner, swaps: &[Swap], hashes: &[u64], max_keys: Option<u64>) -> SwapOutcome {
     let mut added: i64 = 0;
     for (s, hash) in swaps.iter().zip(hashes) {
@@ -367,6 +368,10 @@ fn check_swaps(inner: &Inner, swaps: &[Swap], hashes: &[u64], max_keys: Option<u
             _ => false,
         };
         if !matches {
+            return SwapOutcome::Conflict;
+        }
+        let deadline = cur.map(Entry::expires_at_ms).filter(|d| *d != 0);
+        if !s.deadline.holds(deadline, s.new.as_ref()) {
             return SwapOutcome::Conflict;
         }
         added += i64::from(s.new.is_some()) - i64::from(cur.is_some());

@@ -27,8 +27,9 @@
 //! # Calls and round trips
 //!
 //! - `get`: one `HMGET`.
-//! - `swap_many`: one `EVALSHA` of `redis/swap.lua` (compare every expected version, check the
-//!   key limit, then write records, index, deadlines and highest version; all or nothing). On
+//! - `swap_many`: one `EVALSHA` of `redis/swap.lua` (compare every expected version and
+//!   deadline check, check the key limit, then write records, index, deadlines and highest
+//!   version; all or nothing). On
 //!   `NOSCRIPT` (a restarted or flushed server) the script is loaded and the call repeated.
 //!   With `--redis-wait-replicas N`, `WAIT` travels in the same pipeline (still one round trip).
 //! - `scan`: one `EVALSHA` of `redis/scan.lua` (a page of the index plus the deadlines).
@@ -55,8 +56,8 @@ use redis::{Cmd, FromRedisValue, Script, Value};
 
 use super::log::ChangeLog;
 use super::{
-    Backend, ChangeRecordKind, KeyPage, Record, RedisOptions, RedisUrl, RoundTrips, StorageError, Swap, SwapOutcome,
-    Write, Written,
+    Backend, ChangeRecordKind, DeadlineCheck, KeyPage, Record, RedisOptions, RedisUrl, RoundTrips, StorageError, Swap,
+    SwapOutcome, Write, Written,
 };
 use crate::hlc::Hlc;
 
@@ -352,6 +353,11 @@ impl Backend for RedisBackend {
                     .arg(r.expires_at_ms.map(encode_deadline).unwrap_or_default())
                     .arg(r.slide_ms.map(encode_deadline).unwrap_or_default()),
                 None => eval.arg("d").arg("").arg("").arg("").arg("").arg(""),
+            };
+            match s.deadline {
+                DeadlineCheck::Any => eval.arg(""),
+                DeadlineCheck::Later => eval.arg("l"),
+                DeadlineCheck::Still(d) => eval.arg(format!("={}", encode_deadline(d))),
             };
         }
         for c in w.checks {

@@ -7,6 +7,8 @@ use bytes::Bytes;
 
 use super::*;
 
+mod deadlines;
+
 fn b(s: &[u8]) -> Bytes {
     Bytes::copy_from_slice(s)
 }
@@ -30,6 +32,7 @@ fn put(key: &[u8], expected: Option<Hlc>, new: Record) -> Swap {
         key: b(key),
         expected,
         new: Some(new),
+        deadline: crate::DeadlineCheck::Any,
     }
 }
 
@@ -38,6 +41,7 @@ fn delete(key: &[u8], expected: Hlc) -> Swap {
         key: b(key),
         expected: Some(expected),
         new: None,
+        deadline: crate::DeadlineCheck::Any,
     }
 }
 
@@ -122,6 +126,10 @@ pub(crate) async fn test_suite(store: Store) {
     concurrent_swaps_are_atomic(&store).await;
     wipe(&store).await;
     get_many_reads_one_moment(&store).await;
+    wipe(&store).await;
+    deadlines::slides_only_move_a_deadline_forward(&store).await;
+    wipe(&store).await;
+    deadlines::expiry_removes_only_the_deadline_it_found_passed(&store).await;
 }
 
 /// One key rewritten through every shape a record can take (the memory index stores each
@@ -244,6 +252,7 @@ async fn insert_get_update_delete(store: &Store) {
         key: b(b"k"),
         expected: None,
         new: None,
+        deadline: crate::DeadlineCheck::Any,
     };
     assert_eq!(swap(store, noop, None).await, SwapOutcome::Done);
     assert_eq!(len(store).await, 0);

@@ -57,7 +57,13 @@ async fn the_lease_is_the_leased_lock_record_and_the_value_its_companion() {
     assert_eq!((&lease.value[..], &lease.version), (&b"a"[..], &l.token));
     assert_eq!(lease.expires_at_ms, Some(T0 + 10_000));
     let p = e.read(&proclaimed_key(b"job")).await.unwrap().unwrap();
-    assert_eq!(&p.value[..], b"a\nhttp://a");
+    let expected = Proclamation {
+        token: l.token.clone(),
+        holder: Bytes::from("a"),
+        value: Some(Bytes::from("http://a")),
+    };
+    assert_eq!(&p.value[..], &expected.encode()[..]);
+    assert_eq!(Proclamation::parse(&p.value), Some(expected));
     assert_eq!(p.fencing.as_ref(), Some(&l.token));
     let now = leader(&e, &Grant::all(), &Bytes::from("job")).await.unwrap().unwrap();
     assert_eq!(now, l);
@@ -223,4 +229,89 @@ async fn refuses_bad_holders_and_ttls() {
         campaign(&e, &Grant::all(), &zero).await,
         Err(DaprError::Malformed(_))
     ));
+}
+
+/// A plain SET of `key`, as any client may write a key that happens to have the companion's name.
+async fn set_plain(e: &Engine, key: &[u8], value: &str) {
+    let set = Set {
+        key: Bytes::copy_from_slice(key),
+        value: Bytes::copy_from_slice(value.as_bytes()),
+        condition: SetCondition::Always,
+        ttl_ms: None,
+        timestamp: None,
+        fencing: None,
+        persist: false,
+        sliding: false,
+    };
+    e.execute(Command::Set(set)).await.unwrap();
+}
+
+async fn stored(e: &Engine, key: &[u8]) -> Option<Bytes> {
+    e.read(&Bytes::copy_from_slice(key))
+        .await
+        .unwrap()
+        .map(|entry| entry.value)
+}
+
+#[tokio::test]
+async fn resign_leaves_a_companion_key_that_is_no_proclamation_of_the_lease_alone() {
+    let (e, _) = engine().await;
+    let (key, ha) = (Bytes::from("job"), Bytes::from("a"));
+    let companion = proclaimed_key(&key);
+    // Nobody holds the lease: resign changes nothing, whatever the key of that name holds.
+    set_plain(&e, &companion, "a").await;
+    assert_eq!(resign(&e, &Grant::all(), &key, &ha).await.unwrap(), Outcome::NoLeader);
+    assert_eq!(stored(&e, &companion).await, Some(Bytes::from("a")));
+    // "a" holds the lease as a leased lock (no proclamation): the lease goes, the key stays.
+    set_plain(&e, &companion, "a\nnotes").await;
+    e.execute(Command::Set(renewal("a"))).await.unwrap();
+    assert_eq!(resign(&e, &Grant::all(), &key, &ha).await.unwrap(), Outcome::Done);
+    assert_eq!(stored(&e, &key).await, None);
+    assert_eq!(stored(&e, &companion).await, Some(Bytes::from("a\nnotes")));
+}
+
+#[tokio::test]
+async fn a_campaign_never_overwrites_a_companion_key_that_is_no_proclamation() {
+    let (e, _) = engine().await;
+    let key = Bytes::from("job");
+    let companion = proclaimed_key(&key);
+    set_plain(&e, &companion, "someone's notes").await;
+    let refused = campaign(&e, &Grant::all(), &campaign_of("a", Some("va"), Duration::ZERO)).await;
+    assert!(
+        matches!(&refused, Err(DaprError::Malformed(m)) if m.contains("job.proclaimed")),
+        "{refused:?}"
+    );
+    assert_eq!(stored(&e, &companion).await, Some(Bytes::from("someone's notes")));
+    assert_eq!(stored(&e, &key).await, None, "the lease was given back");
+    // Once the key is gone, the election proclaims as usual.
+    e.execute(Command::Del(Del {
+        key: companion.clone(),
+        fencing: None,
+        condition: DelCondition::Always,
+    }))
+    .await
+    .unwrap();
+    let a = elect(&e, "a", Some("va")).await;
+    assert_eq!(a.value, Some(Bytes::from("va")));
+}
+
+#[tokio::test]
+async fn a_proclamation_counts_only_when_written_under_its_token_for_its_lease() {
+    let (e, _) = engine().await;
+    let key = Bytes::from("job");
+    let version = e.execute(Command::Set(renewal("a"))).await.unwrap().version.unwrap();
+    // The right form, written without the token it names: not the leader's.
+    let forged = Proclamation {
+        token: version.clone(),
+        holder: Bytes::from("a"),
+        value: Some(Bytes::from("forged")),
+    };
+    set_plain(
+        &e,
+        &proclaimed_key(&key),
+        std::str::from_utf8(&forged.encode()).unwrap(),
+    )
+    .await;
+    let now = leader(&e, &Grant::all(), &key).await.unwrap().unwrap();
+    assert_eq!((now.value, now.campaigned), (None, false));
 }

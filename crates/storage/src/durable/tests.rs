@@ -50,6 +50,7 @@ async fn put(store: &Store, key: &[u8], r: Record) {
         key: b(key),
         expected: cur,
         new: Some(r),
+        deadline: crate::DeadlineCheck::Any,
     };
     assert_eq!(
         store.backend().swap_many(&[swap], None).await.unwrap(),
@@ -63,6 +64,7 @@ async fn del(store: &Store, key: &[u8]) {
         key: b(key),
         expected: cur,
         new: None,
+        deadline: crate::DeadlineCheck::Any,
     };
     assert_eq!(
         store.backend().swap_many(&[swap], None).await.unwrap(),
@@ -204,6 +206,7 @@ async fn contract_with_constant_compaction() {
             key: key.clone(),
             expected: None,
             new: Some(rec(b"x", v(1, 0))),
+            deadline: crate::DeadlineCheck::Any,
         };
         assert_eq!(
             store.backend().swap_many(&[insert], None).await.unwrap(),
@@ -213,6 +216,7 @@ async fn contract_with_constant_compaction() {
             key: key.clone(),
             expected: Some(r.version.clone()),
             new: None,
+            deadline: crate::DeadlineCheck::Any,
         };
         assert_eq!(
             store.backend().swap_many(&[delete], None).await.unwrap(),
@@ -267,11 +271,13 @@ async fn every_field_survives_a_reopen() {
                 key: b(b"m1"),
                 expected: None,
                 new: Some(rec(b"a", v(103, 0))),
+                deadline: crate::DeadlineCheck::Any,
             },
             Swap {
                 key: b(b"m2"),
                 expected: None,
                 new: Some(rec(b"b", v(103, 0))),
+                deadline: crate::DeadlineCheck::Any,
             },
         ];
         assert_eq!(store.backend().swap_many(&both, None).await.unwrap(), SwapOutcome::Done);
@@ -626,11 +632,13 @@ fn decoding_never_panics_and_frames_check_out() {
                 expires_at_ms: Some(5),
                 slide_ms: None,
             }),
+            deadline: crate::DeadlineCheck::Any,
         },
         Swap {
             key: b(b"d"),
             expected: Some(v(1, 0)),
             new: None,
+            deadline: crate::DeadlineCheck::Any,
         },
     ];
     format::encode_batch(&mut out, &swaps, 42);
@@ -693,6 +701,7 @@ async fn a_commit_thread_panic_is_a_fail_stop() {
             expires_at_ms: None,
             slide_ms: None,
         }),
+        deadline: crate::DeadlineCheck::Any,
     };
     let limit = std::time::Duration::from_secs(10);
     let write = tokio::time::timeout(limit, backend.swap_many(std::slice::from_ref(&swap), None)).await;

@@ -1,8 +1,8 @@
 #!lua
 -- stategate's conditional swap (src/storage/redis.rs describes the layout): apply every
--- (key, expected version, new record or delete) or none, append the changes to the shared
+-- (key, expected version, deadline check, new record or delete) or none, append the changes to the shared
 -- change log, and leave the request's mark. No state store rule lives here: the engine decided
--- every record; this only compares versions and request ids, counts keys and writes. With
+-- every record; this only compares versions, deadlines and request ids, counts keys and writes. With
 -- checks and no swaps it writes nothing: it confirms that the versions a decision was taken
 -- on (from a replica's record cache) are still the stored ones, and that the request is new.
 --
@@ -23,16 +23,18 @@
 -- ARGV[4] the outcome to store, ARGV[5] how long to keep it, ms
 -- ARGV[6] origin (the writing replica), ARGV[7] a tag unique to this call
 -- ARGV[8] number of swaps, ARGV[9] number of checks, ARGV[10] number of changes
--- then 8 per swap i: key, expected version ('' = must be absent), 'p' (put) or 'd' (delete),
+-- then 9 per swap i: key, expected version ('' = must be absent), 'p' (put) or 'd' (delete),
 -- value, version, fencing token ('' = none), deadline ('' = none), sliding time to live ('' =
--- none)
+-- none), deadline check: '' none, 'l' (a slide: the new deadline must be later than the stored
+-- one; none is later than any, and a record stored without one is never slid) or '=' followed
+-- by a deadline (an expiry: the stored deadline must still be that one)
 -- then 1 per check: expected version ('' = must be absent)
 -- then 6 per change: key, 's' (set), 'i' (a set by an import: logged as 's' with the field
 -- i = 1, which replicas of earlier releases ignore), 'd' (delete) or 'e' (expire), version,
 -- value, deadline, fencing token
 --
 -- Returns {0, sequence number of the last change logged (0: none)}, {1} conflict (a stored
--- version differs), {2} too many keys, {3, outcome} the request was applied before.
+-- version differs, or a stored deadline fails its check), {2} too many keys, {3, outcome} the request was applied before.
 
 local swaps, checks, changes = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 if not swaps or not checks or not changes or #KEYS ~= 6 + swaps + checks then
@@ -41,7 +43,7 @@ end
 local index, deadlines, highest = KEYS[1], KEYS[2], KEYS[3]
 local log, logseq, mark = KEYS[4], KEYS[5], KEYS[6]
 local S = 11
-local C = S + 8 * swaps
+local C = S + 9 * swaps
 
 -- A redelivered request: its first execution stands; apply nothing.
 if ARGV[3] ~= '' then
@@ -58,7 +60,7 @@ redis.call('ZCARD', deadlines)
 redis.call('ZCARD', highest)
 local added = 0
 for i = 1, swaps do
-  local a = S + 8 * (i - 1)
+  local a = S + 9 * (i - 1)
   local stored = redis.call('HGET', KEYS[6 + i], 'ver')
   local expected = ARGV[a + 1]
   if expected == '' then
@@ -66,13 +68,33 @@ for i = 1, swaps do
   elseif stored ~= expected then
     return {1}
   end
-  if ARGV[a + 2] == 'p' then
+  local put = ARGV[a + 2] == 'p'
+  if put then
     if (ARGV[a + 6] ~= '' and not tonumber(ARGV[a + 6])) or (ARGV[a + 7] ~= '' and not tonumber(ARGV[a + 7])) then
       return redis.error_reply('ERR stategate swap: bad deadline')
     end
     if not stored then added = added + 1 end
   elseif stored then
     added = added - 1
+  end
+  -- The deadline check: a slide moves a deadline under the same version, so a version that
+  -- matches does not say the deadline is the one the caller saw.
+  local check = ARGV[a + 8]
+  if check ~= '' then
+    local exp = redis.call('HGET', KEYS[6 + i], 'exp')
+    if check == 'l' then
+      if not exp then return {1} end
+      local old = tonumber(exp)
+      if not old then
+        return redis.error_reply('ERR stategate swap: bad stored deadline')
+      end
+      if put and ARGV[a + 6] ~= '' and tonumber(ARGV[a + 6]) <= old then return {1} end
+    elseif string.sub(check, 1, 1) == '=' then
+      -- Compared as text: both are the same decimal form, exactly.
+      if exp ~= string.sub(check, 2) then return {1} end
+    else
+      return redis.error_reply('ERR stategate swap: bad deadline check')
+    end
   end
 end
 for j = 1, checks do
@@ -103,7 +125,7 @@ end
 
 -- Write.
 for i = 1, swaps do
-  local a = S + 8 * (i - 1)
+  local a = S + 9 * (i - 1)
   local record, key = KEYS[6 + i], ARGV[a]
   redis.call('DEL', record)
   redis.call('ZREM', deadlines, key)

@@ -71,6 +71,7 @@ fn put(key: &[u8], expected: Option<Hlc>, new: Record) -> Swap {
         key: b(key),
         expected,
         new: Some(new),
+        deadline: crate::DeadlineCheck::Any,
     }
 }
 

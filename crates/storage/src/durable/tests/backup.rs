@@ -35,11 +35,13 @@ async fn set_pair(store: &Store, i: u64, n: u64) {
             key: Bytes::from(a),
             expected: cur_a,
             new: Some(rec(value.as_bytes(), v(n, 0))),
+            deadline: crate::DeadlineCheck::Any,
         },
         Swap {
             key: Bytes::from(z),
             expected: cur_z,
             new: Some(rec(value.as_bytes(), v(n, 0))),
+            deadline: crate::DeadlineCheck::Any,
         },
     ];
     assert_eq!(

@@ -154,6 +154,7 @@ async fn a_store_in_the_earlier_format_is_refused_until_rekeyed() {
             key: b(format!("k{i}").as_bytes()),
             expected: None,
             new: Some(rec(value, v(i as u64 + 1, 0))),
+            deadline: crate::DeadlineCheck::Any,
         };
         let mut plain = Vec::new();
         format::encode_batch(&mut plain, &[swap], 42);

@@ -52,6 +52,7 @@ fn batch(codec: &Codec, key: &[u8], value: &[u8]) -> (Vec<u8>, Cursor) {
         key: b(key),
         expected: None,
         new: Some(rec(value, v(1, 2))),
+        deadline: crate::DeadlineCheck::Any,
     };
     let mut plain = Vec::new();
     format::encode_batch(&mut plain, &[swap], 42);

@@ -19,6 +19,7 @@ async fn set(b: &DurableBackend, key: &[u8], value: &[u8], ms: u64) -> Result<Sw
         key: Bytes::copy_from_slice(key),
         expected: cur,
         new: Some(rec(value, v(ms, 0))),
+        deadline: crate::DeadlineCheck::Any,
     };
     b.swap_many(&[swap], None).await
 }
@@ -95,11 +96,13 @@ async fn concurrent_writers_see_acknowledged_or_refused_never_half() {
                         key: Bytes::from(ka.clone()),
                         expected: cur.clone(),
                         new: Some(rec(value.as_bytes(), v(t * 1000 + i, 0))),
+                        deadline: crate::DeadlineCheck::Any,
                     },
                     Swap {
                         key: Bytes::from(kb.clone()),
                         expected: cur,
                         new: Some(rec(value.as_bytes(), v(t * 1000 + i, 0))),
+                        deadline: crate::DeadlineCheck::Any,
                     },
                 ];
                 match b.swap_many(&swaps, None).await {
