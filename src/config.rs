@@ -256,6 +256,7 @@ impl Config {
             lock_stores: stores(&a.lock_stores, "lockstore", "--lock-store")?,
             configuration_stores: stores(&a.configuration_stores, "configstore", "--configuration-store")?,
             max_bulk_keys: a.max_bulk_keys.max(1),
+            max_campaign_wait: a.election_max_wait,
             max_transaction_ops: a.max_transaction_ops.max(1),
             app_id: a.node_id.clone(),
             ..crate::dapr::DaprSettings::default()

@@ -174,21 +174,27 @@ impl Running {
         }
     }
 
-    /// Stops gracefully: readiness turns false and the listeners stop accepting; MQTT requests
-    /// that arrive now are answered `__stat=503`; change streams end with a final event;
-    /// requests in flight on every door finish, within the grace period (`--shutdown-grace`),
-    /// after which what is left is cut off; then the MQTT door, the broker and the background
-    /// tasks stop. Durable storage syncs and closes when the last engine handle is dropped.
+    /// Stops gracefully: the MQTT door admits nothing more (in the embedded broker a new
+    /// QoS 1 request is refused with PUBACK 0x97 and a reason saying to retry, never
+    /// acknowledged as taken; through a client, and at QoS 0, it is answered `__stat=503`);
+    /// readiness turns false and the listeners stop accepting; change streams end with a final
+    /// event; requests in flight on every door finish and, in the embedded broker, every
+    /// connected client takes the answers queued for it, within the grace period
+    /// (`--shutdown-grace`), after which what is left is cut off; then the MQTT door, the broker
+    /// and the background tasks stop. Durable storage syncs and closes when the last engine
+    /// handle is dropped.
     pub async fn shutdown(self) {
         let deadline = tokio::time::Instant::now() + self.grace;
+        let door = self.mqtt_door().clone();
+        // First, so that nothing admitted after the stop signal goes unanswered: whoever sees
+        // the service stopping sees its door closed.
+        door.close();
         let _ = self.stop.send(true);
         // Configuration subscriptions end like change streams do (their streams follow them).
         self.subscriptions.close_all();
-        let door = self.mqtt_door().clone();
         if let Some(w) = self.cert_watcher {
             let _ = w.await;
         }
-        door.close();
         if tokio::time::timeout_at(deadline, door.drained()).await.is_err() {
             tracing::warn!("shutdown: MQTT requests still running after the grace period");
         }
@@ -209,6 +215,11 @@ impl Running {
         self.engine.leave().await;
         #[cfg(feature = "embedded-broker")]
         if let Some(b) = self.broker {
+            // The answers routed above are in the clients' sessions, which the broker's
+            // shutdown throws away: delivered first.
+            if !b.deliver_queued(deadline).await {
+                tracing::warn!("shutdown: MQTT clients still had answers to take after the grace period");
+            }
             b.shutdown().await;
         }
         let _ = self.expiry.await;

@@ -33,8 +33,9 @@ pub struct ServeArgs {
     /// Record no metrics (`/metrics` answers 404).
     #[arg(long, env = "STATEGATE_NO_METRICS")]
     pub no_metrics: bool,
-    /// On SIGTERM or Ctrl-C: how long in-flight requests may take to finish before the
-    /// service stops anyway (a second signal stops it at once), e.g. `10s`.
+    /// On SIGTERM or Ctrl-C: how long in-flight requests may take to finish, and the embedded
+    /// broker's clients to take the answers queued for them, before the service stops anyway
+    /// (a second signal stops it at once), e.g. `10s`.
     #[arg(long, env = "STATEGATE_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
     /// External MQTT broker, `mqtt://host:port`. Absent: run the embedded broker.
@@ -139,6 +140,11 @@ pub struct ServeArgs {
     /// every key of a store with more keys is refused with a 400 / INVALID_ARGUMENT).
     #[arg(long, env = "STATEGATE_MAX_BULK_KEYS", default_value_t = 10_000)]
     pub max_bulk_keys: usize,
+    /// Longest an election campaign waits for the lease, e.g. `30s`, whatever its `waitMs` /
+    /// `wait_ms` asks (a waiting campaign holds a request slot and a watch); a capped campaign
+    /// answers not elected, with who leads, and the client campaigns again.
+    #[arg(long, env = "STATEGATE_ELECTION_MAX_WAIT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub election_max_wait: Duration,
     /// Largest HTTP request body, bytes.
     #[arg(long, env = "STATEGATE_HTTP_BODY_LIMIT", default_value_t = 4 * 1024 * 1024)]
     pub http_body_limit: usize,

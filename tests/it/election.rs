@@ -542,3 +542,91 @@ async fn an_ordinary_key_named_like_the_companion_is_no_proclamation() {
     assert_eq!(stored(&env, "cron").await, None, "the campaign gave the lease back");
     env.stop().await;
 }
+
+/// Observers are streams on both doors: with 4 request slots per door, 6 SSE and 6 gRPC
+/// observers all open and get their first event, and ordinary requests are still served (an
+/// observer in a request slot would hold it for its life: the fifth got 503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observers_take_stream_slots_not_request_slots() {
+    const OBSERVERS: usize = 6;
+    let env = TestEnv::start_with(Broker::Embedded, |c| {
+        c.net.http_max_inflight = 4;
+        c.net.grpc_max_inflight = 4;
+    })
+    .await;
+    let http = reqwest::Client::new();
+    let mut sse = Vec::new();
+    for i in 0..OBSERVERS {
+        let r = http
+            .get(format!(
+                "{}/v1.0-alpha1/election/{STORE}/observe?name=crowd",
+                env.http()
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "SSE observer {i}");
+        let mut events = r.bytes_stream();
+        let mut buf = String::new();
+        assert_eq!(
+            sse_event(&mut events, &mut buf, "leader").await,
+            json!({"leader": null})
+        );
+        sse.push(events);
+    }
+    let mut grpc = npb::election_client::ElectionClient::connect(env.grpc()).await.unwrap();
+    let mut observers = Vec::new();
+    for i in 0..OBSERVERS {
+        let request = npb::LeaderRequest {
+            name: b"crowd".to_vec(),
+        };
+        let mut s = match grpc.observe(request).await {
+            Ok(s) => s.into_inner(),
+            Err(e) => panic!("gRPC observer {i}: {e}"),
+        };
+        assert_eq!(next_observed(&mut s).await, None, "gRPC observer {i}");
+        observers.push(s);
+    }
+    // Every observer is open; requests still have their slots.
+    assert_eq!(get_leader(&env, "crowd", None).await, (200, json!({"leader": null})));
+    let campaign = npb::CampaignRequest {
+        name: b"crowd".to_vec(),
+        holder: b"h".to_vec(),
+        ttl_ms: 60_000,
+        ..Default::default()
+    };
+    assert!(grpc.campaign(campaign).await.unwrap().into_inner().elected);
+    for s in &mut observers {
+        assert_eq!(next_observed(s).await.map(|l| l.holder), Some(b"h".to_vec()));
+    }
+    env.stop().await;
+}
+
+/// A gRPC campaign asking to wait an hour (or longer than a clock can count) answers at the
+/// shared cap (`--election-max-wait`), not elected, with who leads: the cap is the shared
+/// layer's, as HTTP's request timeout already bounded its own campaigns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_campaign_waits_no_longer_than_the_cap() {
+    let env = TestEnv::start_with(Broker::Embedded, |c| {
+        c.dapr.max_campaign_wait = std::time::Duration::from_millis(300);
+    })
+    .await;
+    let mut grpc = npb::election_client::ElectionClient::connect(env.grpc()).await.unwrap();
+    let campaign = |holder: &str, wait_ms: u64| npb::CampaignRequest {
+        name: b"capped".to_vec(),
+        holder: holder.as_bytes().to_vec(),
+        ttl_ms: 60_000,
+        wait_ms,
+        ..Default::default()
+    };
+    assert!(grpc.campaign(campaign("a", 0)).await.unwrap().into_inner().elected);
+    for wait_ms in [3_600_000, u64::MAX] {
+        let answer = within("the capped campaign", grpc.campaign(campaign("b", wait_ms)))
+            .await
+            .unwrap_or_else(|e| panic!("wait_ms {wait_ms}: {e}"))
+            .into_inner();
+        assert!(!answer.elected, "wait_ms {wait_ms}");
+        assert_eq!(answer.leader.map(|l| l.holder), Some(b"a".to_vec()));
+    }
+    env.stop().await;
+}

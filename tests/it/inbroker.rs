@@ -11,7 +11,7 @@ use rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, PublishProperties};
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use stategate::config::BrokerChoice;
 
-use crate::support::{Broker, INVOKE, RawClient, TestEnv, WAIT, now_ts, prop, unique_id, uuid_like};
+use crate::support::{Broker, INVOKE, RawClient, TestEnv, WAIT, now_ts, prop, unique_id, uuid_like, within};
 
 fn request_props(client: &RawClient, corr: &[u8], extra: &[(&str, &str)]) -> PublishProperties {
     let mut user = vec![
@@ -198,4 +198,288 @@ async fn keynotify_is_bound_to_the_real_publisher() {
     assert_eq!(&honest.payload[..], b"+OK\r\n");
     assert_eq!(env.engine().observers_of(b"k").len(), 1);
     env.stop().await;
+}
+
+/// A client speaking MQTT 5 byte by byte (rumqttc cannot hold acknowledgements back with a
+/// receive window of one: the broker then announces one too, and rumqttc's packet ids collide),
+/// reading what the broker sends it.
+struct Drainer {
+    tcp: tokio::io::BufReader<tokio::net::TcpStream>,
+}
+
+/// A packet the broker sent the client.
+#[derive(Debug)]
+enum FromBroker {
+    /// PUBACK: packet id and reason code.
+    PubAck(u16, u8),
+    /// PUBLISH at QoS 1: packet id, correlation data, payload.
+    Publish(u16, Bytes, Bytes),
+    Other(u8),
+}
+
+impl Drainer {
+    async fn connect(port: u16, client_id: &str, receive_maximum: u16) -> Drainer {
+        use tokio::io::AsyncWriteExt;
+        let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        tcp.write_all(&crate::resources::raw::connect_with(client_id, Some(receive_maximum)))
+            .await
+            .unwrap();
+        let mut d = Drainer {
+            tcp: tokio::io::BufReader::new(tcp),
+        };
+        assert!(matches!(d.next().await, Some(FromBroker::Other(0x20))), "CONNACK");
+        d
+    }
+
+    async fn send(&mut self, bytes: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        self.tcp.get_mut().write_all(bytes).await.unwrap();
+    }
+
+    /// A QoS 1 request: response topic, correlation data and a `__ts` (writes need one).
+    async fn request(&mut self, packet_id: u16, response: &str, correlation: &[u8], payload: &[u8]) {
+        fn string(s: &[u8], out: &mut Vec<u8>) {
+            out.extend_from_slice(&u16::try_from(s.len()).unwrap().to_be_bytes());
+            out.extend_from_slice(s);
+        }
+        fn varint(mut n: usize, out: &mut Vec<u8>) {
+            loop {
+                let b = (n % 128) as u8;
+                n /= 128;
+                out.push(if n > 0 { b | 0x80 } else { b });
+                if n == 0 {
+                    return;
+                }
+            }
+        }
+        let mut props = vec![0x08];
+        string(response.as_bytes(), &mut props);
+        props.push(0x09);
+        string(correlation, &mut props);
+        props.push(0x26);
+        string(b"__ts", &mut props);
+        string(now_ts().as_bytes(), &mut props);
+        let mut body = Vec::new();
+        string(INVOKE.as_bytes(), &mut body);
+        body.extend_from_slice(&packet_id.to_be_bytes());
+        varint(props.len(), &mut body);
+        body.extend(props);
+        body.extend_from_slice(payload);
+        let mut packet = vec![0x32];
+        varint(body.len(), &mut packet);
+        packet.extend(body);
+        self.send(&packet).await;
+    }
+
+    async fn puback(&mut self, packet_id: u16) {
+        let [hi, lo] = packet_id.to_be_bytes();
+        self.send(&[0x40, 2, hi, lo]).await;
+    }
+
+    /// The next packet (`None`: the connection ended).
+    async fn next(&mut self) -> Option<FromBroker> {
+        use tokio::io::AsyncReadExt;
+        let header = self.tcp.read_u8().await.ok()?;
+        let (mut len, mut shift) = (0usize, 0);
+        loop {
+            let b = self.tcp.read_u8().await.ok()?;
+            len |= usize::from(b & 0x7f) << shift;
+            shift += 7;
+            if b < 0x80 {
+                break;
+            }
+        }
+        let mut body = vec![0u8; len];
+        self.tcp.read_exact(&mut body).await.ok()?;
+        let u16_at = |at: usize| u16::from_be_bytes([body[at], body[at + 1]]);
+        Some(match header >> 4 {
+            4 => FromBroker::PubAck(u16_at(0), body.get(2).copied().unwrap_or(0)),
+            3 => {
+                assert_eq!((header >> 1) & 3, 1, "answers come at QoS 1");
+                let topic_end = 2 + usize::from(u16_at(0));
+                let packet_id = u16_at(topic_end);
+                let (props_len, mut at) = varint(&body, topic_end + 2);
+                let props_end = at + props_len;
+                let mut correlation = Bytes::new();
+                while at < props_end {
+                    let id = body[at];
+                    at += 1;
+                    match id {
+                        0x01 => at += 1,
+                        0x02 => at += 4,
+                        0x23 => at += 2,
+                        0x0B => at = varint(&body, at).1,
+                        0x03 | 0x08 | 0x09 => {
+                            let n = usize::from(u16_at(at));
+                            if id == 0x09 {
+                                correlation = Bytes::copy_from_slice(&body[at + 2..at + 2 + n]);
+                            }
+                            at += 2 + n;
+                        }
+                        0x26 => {
+                            let k = usize::from(u16_at(at));
+                            at += 2 + k;
+                            let v = usize::from(u16_at(at));
+                            at += 2 + v;
+                        }
+                        other => panic!("unexpected property {other:#x} in an answer"),
+                    }
+                }
+                FromBroker::Publish(packet_id, correlation, Bytes::copy_from_slice(&body[props_end..]))
+            }
+            kind => FromBroker::Other(kind << 4),
+        })
+    }
+}
+
+/// A variable byte integer at `at`: its value and where it ends.
+fn varint(b: &[u8], mut at: usize) -> (usize, usize) {
+    let (mut n, mut shift) = (0usize, 0);
+    loop {
+        let byte = b[at];
+        at += 1;
+        n |= usize::from(byte & 0x7f) << shift;
+        shift += 7;
+        if byte < 0x80 {
+            return (n, at);
+        }
+    }
+}
+
+/// What the draining client saw: the broker's PUBACK reason for each of its requests (by
+/// packet id), the answers (by correlation data) and the answers not acknowledged yet.
+#[derive(Default)]
+struct Seen {
+    acks: std::collections::HashMap<u16, u8>,
+    answers: std::collections::BTreeMap<Bytes, Bytes>,
+    unacked: Vec<u16>,
+}
+
+impl Seen {
+    fn record(&mut self, p: FromBroker) {
+        match p {
+            FromBroker::PubAck(id, reason) => {
+                self.acks.insert(id, reason);
+            }
+            FromBroker::Publish(id, corr, payload) => {
+                self.answers.insert(corr, payload);
+                self.unacked.push(id);
+            }
+            FromBroker::Other(kind) => panic!("unexpected packet {kind:#x}"),
+        }
+    }
+
+    /// Requests 1..=n answered.
+    fn answered(&self, n: u16) -> usize {
+        (1..=n)
+            .filter(|i| self.answers.contains_key(&i.to_be_bytes()[..]))
+            .count()
+    }
+}
+
+/// Requests the embedded broker acknowledged before shutdown are all answered before it stops,
+/// and one sent once it is stopping is refused (PUBACK 0x97, retry), not acknowledged.
+///
+/// Deterministic: the client announces a receive window of one and acknowledges no answer
+/// until shutdown has begun, so 24 of its 25 answers are still queued in its session when the
+/// service stops; a shutdown that does not wait for them throws them away with the session.
+/// The client starts taking its answers only once its probe was refused (the door is closed;
+/// the stopping service must now wait for it); a service that acknowledges the probe is not
+/// waited for: the client never acknowledges, and sees how many answers reach it before the
+/// broker disconnects it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_answers_every_acknowledged_request_and_refuses_new_ones() {
+    use crate::resources::raw;
+
+    const REQUESTS: u16 = 25;
+    const PROBE: u16 = REQUESTS + 1;
+    const ACCEPTED: u8 = 0x10;
+    const QUOTA_EXCEEDED: u8 = 0x97;
+    let mut env = TestEnv::start_with(Broker::Embedded, |cfg| {
+        // Far longer than the test takes: the service must finish because the answers were
+        // taken, not because the grace ran out.
+        cfg.ops.shutdown_grace = 6 * WAIT;
+    })
+    .await;
+    let id = unique_id("drain");
+    let response = format!("clients/{id}/resp");
+    let mut c = Drainer::connect(env.broker_port, &id, 1).await;
+    c.send(&raw::subscribe(1, &response)).await;
+    assert!(matches!(
+        within("SUBACK", c.next()).await,
+        Some(FromBroker::Other(0x90))
+    ));
+    let set = |key: &str| stategate::resp3::encode_request([&b"SET"[..], key.as_bytes(), b"v"]);
+    for i in 1..=REQUESTS {
+        c.request(i, &response, &i.to_be_bytes(), &set(&format!("drain-{i}")))
+            .await;
+    }
+    let mut seen = Seen::default();
+    while seen.acks.len() < usize::from(REQUESTS) {
+        seen.record(within("the requests' PUBACKs", c.next()).await.expect("connected"));
+    }
+    for i in 1..=REQUESTS {
+        assert_eq!(seen.acks.get(&i), Some(&ACCEPTED), "request {i}");
+    }
+
+    // The service begins stopping; its door is closed once `stopped()` resolves.
+    let running = env.service.take().expect("running");
+    let engine = running.engine().clone();
+    let obs = running.observe().clone();
+    let stopping = tokio::spawn(running.shutdown());
+    within("shutdown to begin", obs.stopped()).await;
+    c.request(PROBE, &response, b"probe", &set("drain-late")).await;
+    let probe_reason = loop {
+        let p = within("the probe's PUBACK", c.next())
+            .await
+            .expect("connected until the probe is acknowledged");
+        seen.record(p);
+        if let Some(reason) = seen.acks.get(&PROBE) {
+            break *reason;
+        }
+    };
+    // Refused: the door is closed and the service waits for what it owes. Taken instead: this
+    // client takes nothing, and counts what it got before being disconnected.
+    let refused = probe_reason == QUOTA_EXCEEDED;
+    let mut disconnected = false;
+    while seen.answered(REQUESTS) < usize::from(REQUESTS) {
+        if refused {
+            for id in std::mem::take(&mut seen.unacked) {
+                c.puback(id).await;
+            }
+        }
+        match tokio::time::timeout(WAIT, c.next()).await {
+            Ok(Some(p)) => seen.record(p),
+            Ok(None) => {
+                disconnected = true;
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    assert_eq!(
+        seen.answered(REQUESTS),
+        usize::from(REQUESTS),
+        "{REQUESTS} requests acknowledged before shutdown, {} answered (then disconnected: {disconnected})",
+        seen.answered(REQUESTS)
+    );
+    for (corr, payload) in &seen.answers {
+        assert_eq!(&payload[..], b"+OK\r\n", "the answer to {corr:?}");
+    }
+    assert_eq!(probe_reason, QUOTA_EXCEEDED, "a request sent while stopping is refused");
+    assert!(
+        engine.read(&Bytes::from_static(b"drain-late")).await.unwrap().is_none(),
+        "the refused request was not executed"
+    );
+    for id in std::mem::take(&mut seen.unacked) {
+        c.puback(id).await;
+    }
+    // Every answer taken: the service stops, and the broker disconnects the client.
+    while let Some(p) = within("the broker to disconnect the client", c.next()).await {
+        assert!(
+            matches!(p, FromBroker::Other(0xE0)),
+            "only DISCONNECT after the answers: {p:?}"
+        );
+    }
+    within("the shutdown", stopping).await.expect("shutdown");
 }

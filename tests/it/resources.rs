@@ -222,7 +222,7 @@ async fn stalled_sse_readers_hold_nothing_beyond_the_history_budget() {
 }
 
 /// MQTT5 packets written by hand: a client that never reads what it is sent.
-mod raw {
+pub(crate) mod raw {
     fn varint(mut n: usize, out: &mut Vec<u8>) {
         loop {
             let mut b = (n % 128) as u8;

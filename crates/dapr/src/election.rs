@@ -32,7 +32,7 @@ use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use tokio::time::Instant;
 
-use super::DaprError;
+use super::{DaprError, DaprSettings};
 use crate::access::{self, Grant, Op};
 use crate::engine::proclamation::{self, Proclamation};
 pub use crate::engine::proclamation::{PROCLAIMED_SUFFIX, proclaimed_key};
@@ -45,6 +45,9 @@ use crate::hlc::Hlc;
 /// Attempts at writing the proclamation while others change the companion key meanwhile.
 const PROCLAIM_ATTEMPTS: usize = 8;
 
+/// How long a campaign waits at most unless configured otherwise (`--election-max-wait`).
+pub const DEFAULT_MAX_CAMPAIGN_WAIT: Duration = Duration::from_secs(30);
+
 /// What campaign asks for.
 #[derive(Debug, Clone)]
 pub struct Campaign {
@@ -56,7 +59,8 @@ pub struct Campaign {
     pub value: Option<Bytes>,
     /// The lease's time to live; the leader renews it by campaigning again before it runs out.
     pub ttl: Duration,
-    /// How long to wait for the lease when someone else holds it (zero: one attempt).
+    /// How long to wait for the lease when someone else holds it (zero: one attempt); capped
+    /// at [`DaprSettings::max_campaign_wait`].
     pub wait: Duration,
 }
 
@@ -236,16 +240,30 @@ async fn write_proclamation(engine: &Engine, key: &Bytes, p: &Proclamation) -> R
 /// Campaigns for `c.key`: takes the lease if it is free (or already the caller's: a renewal,
 /// with a new token), else waits for its deletion or expiry in the change history and tries
 /// again, until `c.wait` has passed. The caller needs `write` on the key.
-pub async fn campaign(engine: &Engine, grant: &Grant, c: &Campaign) -> Result<Campaigned, DaprError> {
+///
+/// The wait is capped at `settings.max_campaign_wait` here, for every door: a waiting campaign
+/// holds a request slot of its door and a watch of the change history, and a client that set
+/// no deadline of its own would hold both for as long as it asked. A capped wait ends like
+/// any other: `NotElected`, with who leads; the client campaigns again.
+pub async fn campaign(
+    engine: &Engine,
+    settings: &DaprSettings,
+    grant: &Grant,
+    c: &Campaign,
+) -> Result<Campaigned, DaprError> {
     check_key(&c.key)?;
     check_holder(&c.holder)?;
     if c.ttl.is_zero() {
         return Err(DaprError::Malformed("the lease's ttl must be positive".into()));
     }
     grant.check(Op::Write, &c.key)?;
-    let deadline = Instant::now() + c.wait;
+    let wait = c.wait.min(settings.max_campaign_wait);
+    // A cap configured past what a clock can add reads as "a year".
+    let deadline = Instant::now()
+        .checked_add(wait)
+        .unwrap_or_else(|| Instant::now() + Duration::from_secs(365 * 24 * 3600));
     // Watching starts before the first attempt, so a release right after it is not missed.
-    let mut changes = (!c.wait.is_zero()).then(|| Box::pin(engine.watch(watch_spec(&c.key), Start::Live)));
+    let mut changes = (!wait.is_zero()).then(|| Box::pin(engine.watch(watch_spec(&c.key), Start::Live)));
     loop {
         if let Some(token) = take_lease(engine, grant, c).await? {
             return elected(engine, c, token).await;

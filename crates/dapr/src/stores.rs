@@ -183,6 +183,9 @@ pub struct DaprSettings {
     pub max_transaction_ops: usize,
     /// Most keys in one bulk get or configuration get.
     pub max_bulk_keys: usize,
+    /// Longest an election campaign waits for the lease, whatever the client asked for
+    /// ([`super::election::campaign`] caps it, for every door).
+    pub max_campaign_wait: std::time::Duration,
     /// The id reported by the metadata APIs.
     pub app_id: String,
     /// Live configuration subscriptions: clones share it, so the HTTP and gRPC doors end each
@@ -199,6 +202,7 @@ impl Default for DaprSettings {
             access: crate::access::Access::open(),
             max_transaction_ops: 1000,
             max_bulk_keys: 10_000,
+            max_campaign_wait: super::election::DEFAULT_MAX_CAMPAIGN_WAIT,
             app_id: "stategate".into(),
             subscriptions: std::sync::Arc::default(),
         }

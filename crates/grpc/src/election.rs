@@ -3,6 +3,7 @@
 //! [`crate::dapr::election`], shared with the HTTP door.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,7 +13,7 @@ use tonic::{Request, Response, Status};
 use super::error::{Surface, from_dapr, from_engine};
 use super::grant_of;
 use super::pb::statestore::v1 as pb;
-use crate::access::Access;
+use crate::dapr::DaprSettings;
 use crate::dapr::election::{self, Campaign, Campaigned, Leader, Observed, Outcome};
 use crate::engine::Engine;
 use crate::hlc::Hlc;
@@ -20,7 +21,8 @@ use crate::hlc::Hlc;
 pub struct Election {
     pub(crate) engine: Engine,
     pub(crate) obs: crate::health::Observe,
-    pub(crate) access: Access,
+    /// Who may do what, and the cap on a campaign's wait.
+    pub(crate) settings: Arc<DaprSettings>,
 }
 
 fn err(e: crate::dapr::DaprError) -> Status {
@@ -59,8 +61,11 @@ impl pb::election_server::Election for Election {
             ttl: Duration::from_millis(r.ttl_ms),
             wait: Duration::from_millis(r.wait_ms),
         };
-        // A client whose deadline passes goes away: this future is dropped with its wait.
-        let answer = election::campaign(&self.engine, &grant, &c).await.map_err(err)?;
+        // The shared layer caps the wait (`--election-max-wait`); a client whose own deadline
+        // passes first goes away, and this future is dropped with its wait.
+        let answer = election::campaign(&self.engine, &self.settings, &grant, &c)
+            .await
+            .map_err(err)?;
         Ok(Response::new(match answer {
             Campaigned::Elected(l) => pb::CampaignResponse {
                 elected: true,
@@ -121,6 +126,7 @@ impl pb::election_server::Election for Election {
         let key = Bytes::from(req.into_inner().name);
         let leaders = election::observe(&self.engine, &grant, key).map_err(err)?;
         let slot = self
+            .settings
             .access
             .open_stream(grant.principal())
             .map_err(|e| from_engine(Surface::Native, e))?;

@@ -186,7 +186,7 @@ pub async fn serve_tcp<H: tonic_health::pb::health_server::Health>(
     };
     let election = npb::election_server::ElectionServer::new(election::Election {
         engine: engine.clone(),
-        access: settings.access.clone(),
+        settings: settings.clone(),
         obs: obs.clone(),
     })
     .max_decoding_message_size(MAX_MESSAGE_BYTES)

@@ -88,7 +88,8 @@ pub async fn campaign(
 ) -> Result<axum::Json<dto::CampaignResponse>, ApiError> {
     let req: dto::CampaignRequest = json(&raw)?;
     let (_, key) = key_of(&st, &store, &req.name)?;
-    // Answer before the request timeout does (a 408 would hide who leads).
+    // Answer before this door's request timeout does (a 408 would hide who leads); the cap
+    // every door shares (`--election-max-wait`) is the shared layer's.
     let most = st.settings.request_timeout.mul_f64(0.9);
     let c = Campaign {
         key,
@@ -97,7 +98,9 @@ pub async fn campaign(
         ttl: Duration::from_millis(req.ttl_ms),
         wait: Duration::from_millis(req.wait_ms).min(most),
     };
-    let answer = election::campaign(&st.engine, &grant, &c).await.map_err(dapr_err)?;
+    let answer = election::campaign(&st.engine, &st.dapr, &grant, &c)
+        .await
+        .map_err(dapr_err)?;
     Ok(axum::Json(match answer {
         Campaigned::Elected(l) => dto::CampaignResponse {
             elected: true,

@@ -44,6 +44,7 @@ use super::door::Door;
 use super::inbroker::InBroker;
 use crate::CertIdentity;
 
+mod drain;
 pub(crate) mod tls;
 pub use tls::BrokerTls;
 
@@ -295,10 +296,18 @@ impl EmbeddedBroker {
         Arc::new(Connections(self.scx.clone()))
     }
 
+    /// Waits until every connected client has taken (at QoS 1: acknowledged) what the broker
+    /// queued for it, answers above all, or `deadline` passes (`false` then). Call it before
+    /// [`Self::shutdown`], whose kick would throw the rest away; see `broker/drain.rs`.
+    pub async fn deliver_queued(&self, deadline: tokio::time::Instant) -> bool {
+        drain::deliver_queued(&self.scx, deadline).await
+    }
+
     /// Stops accepting and ends the broker's tasks as far as rmqtt allows.
     ///
     /// The listening socket is closed first. Then every session is kicked: connected clients get
-    /// a DISCONNECT (and `on_disconnect` fires for them), offline sessions are discarded. rmqtt
+    /// a DISCONNECT (and `on_disconnect` fires for them), offline sessions are discarded, and
+    /// with them whatever they still queue ([`Self::deliver_queued`] first, to deliver it). rmqtt
     /// has no stop call, so a few idle tasks (its task-queue runners) live on until the tokio
     /// runtime ends.
     pub async fn shutdown(mut self) {

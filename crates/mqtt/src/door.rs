@@ -210,6 +210,11 @@ impl Door {
         self.closed.store(true, Ordering::Relaxed);
     }
 
+    /// Whether [`Door::close`] was called (the service is stopping).
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
+    }
+
     /// Resolves once no admitted request is running.
     pub async fn drained(&self) {
         let all = u32::try_from(self.limits.max_inflight.max(1)).unwrap_or(u32::MAX);

@@ -15,6 +15,10 @@
 //!   connection is served. The global limits answer `__stat=503`, as on the client path.
 //! - The hook sees the publisher's session, so the caller is known: its broker client id (a
 //!   KEYNOTIFY naming another `__srcId` is refused) and its session (registrations end with it).
+//! - Once the service stops (`Door::close`), a new QoS 1 request is refused with PUBACK 0x97 and
+//!   a reason saying to send it again (never acknowledged as taken), a QoS 0 one answered 503;
+//!   the answers of admitted requests reach their clients before the broker stops
+//!   (`broker/drain.rs`).
 //!
 //! On the wire this differs from the client path in two ways: the PUBACK reason code (0x10
 //! instead of 0x00) and the answer's message expiry, which repeats the request's interval as
@@ -163,6 +167,23 @@ impl ServeRequests {
             .or_insert_with(|| Arc::new(Semaphore::new(limit.clamp(1, Semaphore::MAX_PERMITS))))
             .clone()
     }
+
+    /// A request that arrives once the service is stopping. At QoS 1 and 2 it is refused
+    /// with PUBACK 0x97 (Quota exceeded: not a protocol error, so the connection stays) and a
+    /// reason string saying to retry: it was not taken, so no answer is owed. At QoS 0 there is
+    /// no acknowledgement to refuse with; the request is answered `__stat=503` instead (it was
+    /// sent at most once).
+    async fn stopping(&self, door: Option<Arc<Door>>, publish: &CodecPublish) -> ReturnType {
+        if publish.qos != rmqtt::codec::types::QoS::AtMostOnce {
+            return refused_stopping();
+        }
+        if let Some(door) = door
+            && let Some(out) = door.busy(&to_request(publish))
+        {
+            self.sink.publish(&out).await;
+        }
+        consumed()
+    }
 }
 
 fn to_request(p: &CodecPublish) -> Request {
@@ -185,6 +206,14 @@ fn to_request(p: &CodecPublish) -> Request {
     }
 }
 
+/// What a QoS 1 request gets once the service is stopping.
+pub const STOPPING_REASON: &str = "the service is stopping; send the request again";
+
+fn refused_stopping() -> ReturnType {
+    let result = PublishResult::reason_code(PublishAckReason::QuotaExceeded, Some(STOPPING_REASON.into()), false);
+    (false, Some(HookResult::PublishAclResult(PublishAclResult(result))))
+}
+
 /// The PUBACK a consumed request gets: success-class, nothing routed.
 fn consumed() -> ReturnType {
     let result = PublishResult::reason_code(PublishAckReason::NoMatchingSubscribers, None, false);
@@ -200,9 +229,11 @@ impl Handler for ServeRequests {
         if publish.topic != INVOKE_TOPIC {
             return (true, acc);
         }
-        // The service stopped: nothing answers any more.
-        let Some(door) = self.door.upgrade() else {
-            return consumed();
+        // The service stopped, or is stopping: nothing more is taken in. A QoS 1 request is
+        // refused, not acknowledged, so that its client knows to send it again.
+        let door = match self.door.upgrade() {
+            Some(door) if !door.is_closed() => door,
+            door => return self.stopping(door, publish).await,
         };
         let req = to_request(publish);
         // A client whose answers wait in its session (its receive window is full: it does not
@@ -221,6 +252,10 @@ impl Handler for ServeRequests {
             return consumed();
         };
         let Some(admitted) = door.admit(&req, None) else {
+            // Closed while this connection waited for its slot.
+            if door.is_closed() {
+                return self.stopping(Some(door), publish).await;
+            }
             if let Some(out) = door.busy(&req) {
                 self.sink.publish(&out).await;
             }

@@ -40,9 +40,14 @@ fn renewal(holder: &str) -> Set {
 }
 
 async fn elect(e: &Engine, holder: &str, value: Option<&str>) -> Leader {
-    match campaign(e, &Grant::all(), &campaign_of(holder, value, Duration::ZERO))
-        .await
-        .unwrap()
+    match campaign(
+        e,
+        &DaprSettings::default(),
+        &Grant::all(),
+        &campaign_of(holder, value, Duration::ZERO),
+    )
+    .await
+    .unwrap()
     {
         Campaigned::Elected(l) => l,
         other => panic!("{holder} not elected: {other:?}"),
@@ -73,10 +78,39 @@ async fn the_lease_is_the_leased_lock_record_and_the_value_its_companion() {
 async fn another_holder_is_not_elected_and_learns_who_leads() {
     let (e, _) = engine().await;
     let a = elect(&e, "a", Some("va")).await;
-    let b = campaign(&e, &Grant::all(), &campaign_of("b", Some("vb"), Duration::ZERO))
-        .await
-        .unwrap();
+    let b = campaign(
+        &e,
+        &DaprSettings::default(),
+        &Grant::all(),
+        &campaign_of("b", Some("vb"), Duration::ZERO),
+    )
+    .await
+    .unwrap();
     assert_eq!(b, Campaigned::NotElected(Some(a)));
+}
+
+/// A wait past the settings' cap ends at the cap, whatever door asked: a campaign holds a
+/// request slot and a watch while it waits.
+#[tokio::test(start_paused = true)]
+async fn campaign_waits_no_longer_than_the_cap() {
+    let (e, _) = engine().await;
+    let a = elect(&e, "a", None).await;
+    let settings = DaprSettings {
+        max_campaign_wait: Duration::from_secs(5),
+        ..DaprSettings::default()
+    };
+    let started = Instant::now();
+    let b = campaign(
+        &e,
+        &settings,
+        &Grant::all(),
+        &campaign_of("b", None, Duration::from_secs(u64::MAX / 4)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(b, Campaigned::NotElected(Some(a)));
+    // Paused time: the wait is exactly the cap, not the client's.
+    assert_eq!(started.elapsed(), Duration::from_secs(5));
 }
 
 #[tokio::test]
@@ -148,9 +182,15 @@ async fn campaign_waits_for_the_release_in_the_change_history() {
     let a = elect(&e, "a", None).await;
     let waiting = {
         let e = e.clone();
-        tokio::spawn(
-            async move { campaign(&e, &Grant::all(), &campaign_of("b", None, Duration::from_secs(3600))).await },
-        )
+        tokio::spawn(async move {
+            campaign(
+                &e,
+                &DaprSettings::default(),
+                &Grant::all(),
+                &campaign_of("b", None, Duration::from_secs(3600)),
+            )
+            .await
+        })
     };
     // The lease runs out: the expiry (an event in the history) wakes the campaign.
     clock.advance(10_001);
@@ -165,9 +205,14 @@ async fn campaign_waits_for_the_release_in_the_change_history() {
 async fn campaign_gives_up_at_its_deadline() {
     let (e, _) = engine().await;
     let a = elect(&e, "a", None).await;
-    let b = campaign(&e, &Grant::all(), &campaign_of("b", None, Duration::from_secs(2)))
-        .await
-        .unwrap();
+    let b = campaign(
+        &e,
+        &DaprSettings::default(),
+        &Grant::all(),
+        &campaign_of("b", None, Duration::from_secs(2)),
+    )
+    .await
+    .unwrap();
     assert_eq!(b, Campaigned::NotElected(Some(a)));
 }
 
@@ -219,14 +264,14 @@ async fn refuses_bad_holders_and_ttls() {
     for holder in ["", "a\nb"] {
         let bad = campaign_of(holder, None, Duration::ZERO);
         assert!(matches!(
-            campaign(&e, &Grant::all(), &bad).await,
+            campaign(&e, &DaprSettings::default(), &Grant::all(), &bad).await,
             Err(DaprError::Malformed(_))
         ));
     }
     let mut zero = campaign_of("a", None, Duration::ZERO);
     zero.ttl = Duration::ZERO;
     assert!(matches!(
-        campaign(&e, &Grant::all(), &zero).await,
+        campaign(&e, &DaprSettings::default(), &Grant::all(), &zero).await,
         Err(DaprError::Malformed(_))
     ));
 }
@@ -276,7 +321,13 @@ async fn a_campaign_never_overwrites_a_companion_key_that_is_no_proclamation() {
     let key = Bytes::from("job");
     let companion = proclaimed_key(&key);
     set_plain(&e, &companion, "someone's notes").await;
-    let refused = campaign(&e, &Grant::all(), &campaign_of("a", Some("va"), Duration::ZERO)).await;
+    let refused = campaign(
+        &e,
+        &DaprSettings::default(),
+        &Grant::all(),
+        &campaign_of("a", Some("va"), Duration::ZERO),
+    )
+    .await;
     assert!(
         matches!(&refused, Err(DaprError::Malformed(m)) if m.contains("job.proclaimed")),
         "{refused:?}"

@@ -30,6 +30,7 @@ const STREAMING_METHODS: &[&str] = &[
     "/statestore.v1.StateStore/Watch",
     "/dapr.proto.runtime.v1.Dapr/SubscribeConfiguration",
     "/dapr.proto.runtime.v1.Dapr/SubscribeConfigurationAlpha1",
+    "/statestore.v1.Election/Observe",
     "/grpc.health.v1.Health/Watch",
     "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
@@ -39,18 +40,20 @@ impl Kind {
     /// Which slot a request to `path` takes, on either door: the one definition of "a stream"
     /// (a stream in a request slot would hold it for its whole life and starve unary calls).
     /// Streams are the gRPC methods above and the HTTP event streams: state changes
-    /// (`/v1.0-alpha1/state/{store}/subscribe`) and configuration subscriptions
-    /// (`/v1.0/configuration/{store}/subscribe`, also under `/v1.0-alpha1`).
+    /// (`/v1.0-alpha1/state/{store}/subscribe`), configuration subscriptions
+    /// (`/v1.0/configuration/{store}/subscribe`, also under `/v1.0-alpha1`) and election
+    /// observers (`/v1.0-alpha1/election/{store}/observe`).
     pub fn of_path(path: &str) -> Kind {
-        let http_stream = |prefix: &str| {
+        let http_stream = |prefix: &str, suffix: &str| {
             path.strip_prefix(prefix)
-                .and_then(|rest| rest.strip_suffix("/subscribe"))
+                .and_then(|rest| rest.strip_suffix(suffix))
                 .is_some_and(|store| !store.is_empty() && !store.contains('/'))
         };
         if STREAMING_METHODS.contains(&path)
-            || http_stream("/v1.0-alpha1/state/")
-            || http_stream("/v1.0/configuration/")
-            || http_stream("/v1.0-alpha1/configuration/")
+            || http_stream("/v1.0-alpha1/state/", "/subscribe")
+            || http_stream("/v1.0/configuration/", "/subscribe")
+            || http_stream("/v1.0-alpha1/configuration/", "/subscribe")
+            || http_stream("/v1.0-alpha1/election/", "/observe")
         {
             Kind::Stream
         } else {
@@ -185,6 +188,8 @@ mod tests {
             "/statestore.v1.StateStore/Watch",
             "/dapr.proto.runtime.v1.Dapr/SubscribeConfiguration",
             "/dapr.proto.runtime.v1.Dapr/SubscribeConfigurationAlpha1",
+            "/v1.0-alpha1/election/lockstore/observe",
+            "/statestore.v1.Election/Observe",
         ] {
             assert_eq!(Kind::of_path(stream), Kind::Stream, "{stream}");
         }
@@ -195,6 +200,9 @@ mod tests {
             "/v1.0-alpha1/state//subscribe",
             "/dapr.proto.runtime.v1.Dapr/UnsubscribeConfiguration",
             "/statestore.v1.StateStore/Get",
+            "/v1.0-alpha1/election/lockstore/campaign",
+            "/v1.0-alpha1/election//observe",
+            "/statestore.v1.Election/Campaign",
         ] {
             assert_eq!(Kind::of_path(request), Kind::Request, "{request}");
         }
