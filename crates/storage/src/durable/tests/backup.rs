@@ -202,13 +202,13 @@ async fn a_stalled_backup_reader_does_not_hold_compaction_up() {
         for i in 0..1000u32 {
             put(&store, format!("b-{i:04}").as_bytes(), rec(&[b'b'; 128], v(2, 0))).await;
         }
+        // The compactions those writes started: they remove the segments the backup copies.
+        compaction_settled(&backend).await;
         let now = lock(&backend.shared.progress).segment;
         assert!(
             now > segment,
             "encrypted {encrypted}: the log was rotated while the backup's reader stalled (segment {segment}, now {now})"
         );
-        // The compaction that rotation started: it removes the segments the backup copies.
-        compaction_settled(&backend).await;
         let snaps = files(&dir.path().join("data"), "snap-");
         assert!(!snaps.is_empty(), "a snapshot was committed meanwhile");
         assert!(
