@@ -189,9 +189,9 @@ impl Pipe {
         });
         let topic = format!("clients/{id}/durability/response");
         client.subscribe(&topic, QoS::AtLeastOnce).await.ok()?;
-        tokio::time::timeout(Duration::from_secs(2), ready.recv())
-            .await
-            .ok()??;
+        // Bounded by WAIT like every other wait here: a loaded machine may take seconds to
+        // answer the first SUBSCRIBE of a service that just started.
+        tokio::time::timeout(WAIT, ready.recv()).await.ok()??;
         Some(Pipe {
             client,
             responses,

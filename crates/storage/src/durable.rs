@@ -291,6 +291,20 @@ impl DurableBackend {
     pub(crate) fn panic_next_commit(&self) {
         self.shared.panic_next.store(true, Ordering::Relaxed);
     }
+
+    /// Waits (blocking the thread) until the compaction the writes so far started, if any, is
+    /// over: the commit thread decides to rotate only after it acknowledged a group, so a test
+    /// that looks at the files right after its last write could see them before a snapshot
+    /// that is about to replace them. No new compaction starts until the next write.
+    pub(crate) fn wait_compaction_settled(&self) {
+        self.shared.wait_commit_idle();
+        // The snapshot of the last rotation, if it is still running (rotation stores its handle
+        // before the commit thread goes idle).
+        let running = lock(&self.snapshot).take();
+        if let Some(s) = running {
+            let _ = s.join();
+        }
+    }
 }
 
 impl Drop for DurableBackend {

@@ -110,22 +110,31 @@ impl Proc {
     /// Waits until a line of output satisfies `pred` (searching from the start), or fails with
     /// the output when `limit` passes or the process exits first.
     pub async fn wait_for_line(&mut self, what: &str, limit: Duration, pred: impl Fn(&str) -> bool) {
+        self.wait_for_lines(what, 1, limit, pred).await;
+    }
+
+    /// Waits until `count` lines of output satisfy `pred` (counting from the start), or fails
+    /// with the output when `limit` passes, the process exits first, or it closes both its
+    /// output pipes (no line can come any more).
+    pub async fn wait_for_lines(&mut self, what: &str, count: usize, limit: Duration, pred: impl Fn(&str) -> bool) {
         let deadline = tokio::time::Instant::now() + limit;
         let mut seen = 0;
+        let mut found = 0;
+        let mut look = |log: &[String], seen: &mut usize| {
+            found += log[*seen..].iter().filter(|l| pred(l)).count();
+            *seen = log.len();
+            found >= count
+        };
         loop {
-            {
-                let log = self.log.lock().unwrap();
-                if log[seen..].iter().any(|l| pred(l)) {
-                    return;
-                }
-                seen = log.len();
+            if look(&self.log.lock().unwrap(), &mut seen) {
+                return;
             }
             if let Ok(Some(status)) = self.child.try_wait() {
                 // The process may have printed the line just before it exited: read what is
                 // left, until both readers reach the end of their pipes (every sender gone),
                 // bounded in case a grandchild keeps a pipe open, then look once more.
                 while let Ok(Ok(())) = tokio::time::timeout(Duration::from_secs(5), self.lines.changed()).await {}
-                if self.log.lock().unwrap()[seen..].iter().any(|l| pred(l)) {
+                if look(&self.log.lock().unwrap(), &mut seen) {
                     return;
                 }
                 panic!(
@@ -135,7 +144,24 @@ impl Proc {
                 );
             }
             match tokio::time::timeout_at(deadline, self.lines.changed()).await {
-                Ok(_) => {}
+                Ok(Ok(())) => {}
+                // Both readers reached the end of their pipes (the counter's senders are gone):
+                // no line can come any more, and `changed` would answer at once from now on.
+                // Look at the last lines, then give the process until the deadline to exit.
+                Ok(Err(_)) => {
+                    if look(&self.log.lock().unwrap(), &mut seen) {
+                        return;
+                    }
+                    let exit = match tokio::time::timeout_at(deadline, self.child.wait()).await {
+                        Ok(status) => format!("then exited ({status:?})"),
+                        Err(_) => format!("and still runs after {limit:?}"),
+                    };
+                    panic!(
+                        "{}: closed its output before {what} {exit}; output:\n{}",
+                        self.name,
+                        self.output()
+                    );
+                }
                 Err(_) => panic!("{}: no {what} within {limit:?}; output:\n{}", self.name, self.output()),
             }
         }
@@ -370,4 +396,28 @@ impl Daprd {
     pub async fn stop(mut self) {
         self.proc.terminate(Duration::from_secs(10)).await;
     }
+}
+
+/// A process that closes both its output pipes and lives on: waiting for a line ends at its
+/// limit, saying so (the wait once spun on the closed pipes, never yielding, until the process
+/// exited).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_a_line_ends_when_both_pipes_close() {
+    let mut proc = Proc::spawn(
+        "sh",
+        Command::new("sh").args(["-c", "echo started; exec >&- 2>&-; exec sleep 30"]),
+    );
+    let waiting = tokio::spawn(async move {
+        proc.wait_for_line("a line that never comes", Duration::from_millis(500), |l| l == "never")
+            .await;
+    });
+    let ended = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the wait ended at its limit, not when the process exits");
+    let panic = ended.expect_err("no such line: the wait fails").into_panic();
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        message.contains("closed its output") && message.contains("still runs") && message.contains("started"),
+        "{message}"
+    );
 }

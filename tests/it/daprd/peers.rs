@@ -349,7 +349,9 @@ async fn stategate_restarted_under_daprd_fails_cleanly_then_serves_again() {
 
 /// daprd as [`Daprd::start`] runs it, but without waiting for its "initialized" line: daprd
 /// prints that line even when it exits right after for a component it could not load, and
-/// these cases expect it to fail or to wait.
+/// these cases expect it to fail or to wait. grpc-go's own warnings are on (stderr): each
+/// failed connection attempt of daprd's discovery dial is a line (`createTransport failed to
+/// connect to ...`).
 fn spawn_daprd(app: &str, sockets: &Path) -> Daprd {
     let (http_port, grpc_port) = (free_port(), free_port());
     let proc = Proc::spawn(
@@ -357,6 +359,7 @@ fn spawn_daprd(app: &str, sockets: &Path) -> Daprd {
         Command::new(go_binary("daprd"))
             .env("DAPR_COMPONENTS_SOCKETS_FOLDER", sockets)
             .env_remove("DAPR_API_TOKEN")
+            .env("GRPC_GO_LOG_SEVERITY_LEVEL", "warning")
             .args(["--app-id", app])
             .arg("--resources-path")
             .arg(deploy_dapr())
@@ -416,10 +419,18 @@ async fn daprd_finds_stategate_only_at_its_start() {
             l.contains("Initialized name resolution")
         })
         .await;
-    // Stategate stays down a while: daprd waits in its discovery (a blocking gRPC dial of the
-    // socket), loading no component and opening none of its ports.
-    const HELD: Duration = Duration::from_secs(2);
-    tokio::time::sleep(HELD).await;
+    // Stategate stays down: daprd waits in its discovery (a blocking gRPC dial of the socket),
+    // loading no component and opening none of its ports. Two refused connection attempts on
+    // the socket show it: the dial reached the socket, failed, and daprd, still in the same
+    // dial, tried again after its backoff instead of going on (components are loaded only
+    // after the dial returns, and nothing makes it return while the socket stays dead).
+    let socket_name = socket.display().to_string();
+    daprd
+        .proc
+        .wait_for_lines("a second refused dial of the socket", 2, START, |l| {
+            l.contains("createTransport failed to connect") && l.contains(&socket_name)
+        })
+        .await;
     assert!(
         !daprd.output().contains("Loading components"),
         "daprd went past discovery with no stategate:\n{}",

@@ -160,15 +160,19 @@ async fn mget_limits() {
     ));
 }
 
-/// A writer moves units between two keys in transactions (their sum stays 100); every MGET
-/// sees a sum of 100.
+/// A writer moves units between two keys in transactions (their sum stays 100) on a worker
+/// thread while the test's thread reads both with MGET: every MGET sees a sum of 100. Run on a
+/// multi-thread runtime (see [`mget_under_a_concurrent_writer`]): on a current-thread one the
+/// writer runs only while the reader awaits, and an MGET that read the keys one at a time
+/// without an await between them would pass.
 async fn mget_never_sees_half_a_transaction() {
+    const TRANSACTIONS: i64 = 2000;
     let f = fx().await;
     f.ok(&["SET", "x", "50"]).await;
     f.ok(&["SET", "y", "50"]).await;
     let engine = f.engine.clone();
     let writer = tokio::spawn(async move {
-        for i in 0..200i64 {
+        for i in 0..TRANSACTIONS {
             let (x, y) = (50 - (i % 7), 50 + (i % 7));
             let set = |k: &str, v: i64| {
                 TxOp::Set(Set {
@@ -183,7 +187,6 @@ async fn mget_never_sees_half_a_transaction() {
                 })
             };
             engine.transact(vec![set("x", x), set("y", y)]).await.unwrap();
-            tokio::task::yield_now().await;
         }
     });
     let mut reads = 0;
@@ -200,11 +203,42 @@ async fn mget_never_sees_half_a_transaction() {
                     .unwrap()
             })
             .sum();
-        assert_eq!(sum, 100, "a torn read: {values:?}");
+        assert_eq!(sum, 100, "a torn read after {reads} reads: {values:?}");
         reads += 1;
-        tokio::task::yield_now().await;
     }
     writer.await.unwrap();
+}
+
+/// [`mget_never_sees_half_a_transaction`] on every backend, each on a multi-thread runtime:
+/// the spawned writer runs on a worker thread, the reads on the test's own thread (tokio runs
+/// the test's body there), so both really run at once.
+mod mget_under_a_concurrent_writer {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_memory() {
+        super::BACKING
+            .scope(super::Backing::Memory, super::mget_never_sees_half_a_transaction())
+            .await;
+    }
+
+    #[cfg(feature = "redis")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_redis() {
+        super::on_server(
+            crate::storage::redis::server::Flavor::Redis,
+            super::mget_never_sees_half_a_transaction(),
+        )
+        .await;
+    }
+
+    #[cfg(feature = "redis")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_valkey() {
+        super::on_server(
+            crate::storage::redis::server::Flavor::Valkey,
+            super::mget_never_sees_half_a_transaction(),
+        )
+        .await;
+    }
 }
 
 on_every_backend!(
@@ -213,5 +247,4 @@ on_every_backend!(
     sliding_with_no_slack_writes_on_every_read,
     mget_answers_in_order_with_versions,
     mget_limits,
-    mget_never_sees_half_a_transaction,
 );

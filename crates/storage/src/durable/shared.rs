@@ -117,6 +117,10 @@ pub(super) struct Shared {
     /// Tests: while set, every write to the log stops halfway with "no space left".
     #[cfg(test)]
     pub disk_full: AtomicBool,
+    /// Tests: woken (with the `queue` lock) when the commit thread starts waiting for work or
+    /// the log fails, for [`Shared::wait_commit_idle`].
+    #[cfg(test)]
+    pub commit_idle: Condvar,
 }
 
 impl Default for Shared {
@@ -136,6 +140,8 @@ impl Default for Shared {
             panic_next: AtomicBool::new(false),
             #[cfg(test)]
             disk_full: AtomicBool::new(false),
+            #[cfg(test)]
+            commit_idle: Condvar::new(),
         }
     }
 }
@@ -186,6 +192,8 @@ impl Shared {
         for ack in group.into_iter().chain(queued) {
             let _ = ack.send(Err(Refused::Failed(cause.clone())));
         }
+        #[cfg(test)]
+        self.commit_idle.notify_all();
         self.health.send_replace(StorageHealth::Failed {
             cause: cause.to_string(),
         });
@@ -210,6 +218,24 @@ impl Shared {
                 },
                 None => StorageHealth::Ok,
             });
+        }
+    }
+
+    /// Tests: the commit thread starts waiting for work (called with the `queue` lock held).
+    #[cfg(test)]
+    pub fn note_commit_idle(&self) {
+        self.commit_idle.notify_all();
+    }
+
+    /// Tests: waits (blocking the thread) until the commit thread has handled every frame
+    /// queued so far and waits for more, or the log failed. Each group the commit thread
+    /// handles ends with its decision to rotate the log (and start a compaction): once it
+    /// waits, every rotation the writes so far call for has started.
+    #[cfg(test)]
+    pub fn wait_commit_idle(&self) {
+        let mut q = lock(&self.queue);
+        while !(q.idle && q.buf.is_empty()) && q.failed.is_none() {
+            q = self.commit_idle.wait(q).unwrap_or_else(|e| e.into_inner());
         }
     }
 

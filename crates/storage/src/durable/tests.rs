@@ -76,6 +76,15 @@ async fn get(store: &Store, key: &[u8]) -> Option<Record> {
     store.backend().get(key).await.unwrap()
 }
 
+/// Waits until the compaction the writes so far started, if any, is over
+/// ([`DurableBackend::wait_compaction_settled`]): the files stay as they are until the next write.
+async fn compaction_settled(backend: &Arc<DurableBackend>) {
+    let backend = backend.clone();
+    tokio::task::spawn_blocking(move || backend.wait_compaction_settled())
+        .await
+        .unwrap();
+}
+
 fn files(dir: &Path, prefix: &str) -> Vec<PathBuf> {
     let mut v: Vec<_> = std::fs::read_dir(dir)
         .unwrap()

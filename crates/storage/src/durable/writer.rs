@@ -113,6 +113,8 @@ impl Writer {
                                 break;
                             }
                             q.idle = true;
+                            #[cfg(test)]
+                            self.shared.note_commit_idle();
                             q = self
                                 .shared
                                 .work
@@ -122,6 +124,8 @@ impl Writer {
                         }
                         None => {
                             q.idle = true;
+                            #[cfg(test)]
+                            self.shared.note_commit_idle();
                             q = self.shared.work.wait(q).unwrap_or_else(|e| e.into_inner());
                         }
                     }

@@ -204,16 +204,13 @@ async fn a_stalled_backup_reader_does_not_hold_compaction_up() {
         for i in 0..1000u32 {
             put(&store, format!("b-{i:04}").as_bytes(), rec(&[b'b'; 128], v(2, 0))).await;
         }
+        // The compactions those writes started: they remove the segments the backup copies.
+        compaction_settled(&backend).await;
         let now = lock(&backend.shared.progress).segment;
         assert!(
             now > segment,
             "encrypted {encrypted}: the log was rotated while the backup's reader stalled (segment {segment}, now {now})"
         );
-        // The compaction that rotation started: it removes the segments the backup copies.
-        let compaction = lock(&backend.snapshot).take();
-        if let Some(c) = compaction {
-            tokio::task::spawn_blocking(move || c.join()).await.unwrap().unwrap();
-        }
         let snaps = files(&dir.path().join("data"), "snap-");
         assert!(!snaps.is_empty(), "a snapshot was committed meanwhile");
         assert!(
@@ -256,10 +253,9 @@ async fn a_damaged_file_fails_the_backup() {
     for i in 0..100u32 {
         put(&store, format!("k-{i:04}").as_bytes(), rec(&[b'v'; 64], v(1, 0))).await;
     }
-    let compaction = lock(&backend.snapshot).take();
-    if let Some(c) = compaction {
-        tokio::task::spawn_blocking(move || c.join()).await.unwrap().unwrap();
-    }
+    // Not only the compaction running now: the last writes may call for one that has not
+    // started yet, and would replace the snapshot damaged below.
+    compaction_settled(&backend).await;
     let snap = files(dir.path(), "snap-").pop().expect("a snapshot was written");
     flip_byte(&snap, format::PLAIN_HEADER_LEN + format::FRAME_HEADER_LEN + 3);
     let to = dir.path().join("backup");
