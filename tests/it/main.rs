@@ -15,6 +15,7 @@ mod deploy;
 mod disk_full;
 mod durability;
 mod election;
+mod fuzz_seeds;
 mod grpc;
 mod http;
 mod http_browser;

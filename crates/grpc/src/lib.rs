@@ -167,23 +167,12 @@ impl Drop for AbortOnDrop {
 /// waiting here already holds its listener slot, so the listener's limit still bounds them.
 const HANDOFF_QUEUE: usize = 16;
 
-/// Serves the TCP gRPC door on `listener` (plain or TLS, with its connection limit) until
-/// `stop` changes. `health` is the health service, whose reporter `lib::start` drives from
-/// readiness ([`health::drive_grpc_health`]).
-pub async fn serve_tcp<H: tonic_health::pb::health_server::Health>(
-    engine: Engine,
-    settings: Arc<DaprSettings>,
-    listener: Listener,
-    limits: GrpcLimits,
-    obs: crate::health::Observe,
-    health: tonic_health::pb::health_server::HealthServer<H>,
-    stop: watch::Receiver<bool>,
-) -> Result<(), GrpcError> {
+/// The services of the TCP door that take requests (`statestore.v1` and the Dapr runtime),
+/// each behind the caller check: what [`serve_tcp`] serves besides health and reflection.
+/// Public for the fuzz target (`fuzz/fuzz_targets/grpc_message.rs`), which drives the very
+/// services a client reaches: prost decoding, then the conversion into engine and Dapr terms.
+pub fn tcp_routes(engine: Engine, settings: Arc<DaprSettings>, obs: crate::health::Observe) -> tonic::service::Routes {
     let check = Identify(settings.access.clone());
-    let layer = observe::ObserveLayer {
-        metrics: obs.metrics.clone(),
-        door: crate::metrics::Door::Grpc,
-    };
     let election = npb::election_server::ElectionServer::new(election::Election {
         engine: engine.clone(),
         settings: settings.clone(),
@@ -201,6 +190,37 @@ pub async fn serve_tcp<H: tonic_health::pb::health_server::Health>(
     let runtime = rpb::dapr_server::DaprServer::new(runtime::Runtime { engine, settings })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    tonic::service::Routes::new(tonic::service::interceptor::InterceptedService::new(
+        native,
+        check.clone(),
+    ))
+    .add_service(tonic::service::interceptor::InterceptedService::new(
+        election,
+        check.clone(),
+    ))
+    .add_service(tonic::service::interceptor::InterceptedService::new(runtime, check))
+}
+
+/// Serves the TCP gRPC door on `listener` (plain or TLS, with its connection limit) until
+/// `stop` changes. `health` is the health service, whose reporter `lib::start` drives from
+/// readiness ([`health::drive_grpc_health`]).
+pub async fn serve_tcp<H: tonic_health::pb::health_server::Health>(
+    engine: Engine,
+    settings: Arc<DaprSettings>,
+    listener: Listener,
+    limits: GrpcLimits,
+    obs: crate::health::Observe,
+    health: tonic_health::pb::health_server::HealthServer<H>,
+    stop: watch::Receiver<bool>,
+) -> Result<(), GrpcError> {
+    let layer = observe::ObserveLayer {
+        metrics: obs.metrics.clone(),
+        door: crate::metrics::Door::Grpc,
+    };
+    let routes = tcp_routes(engine, settings, obs)
+        .add_service(health)
+        .add_service(reflection_v1(TCP_SERVICES)?)
+        .add_service(reflection_v1alpha(TCP_SERVICES)?);
     let (handoff, connections) = tokio::sync::mpsc::channel(HANDOFF_QUEUE);
     let _accept = AbortOnDrop(tokio::spawn(listener.run(stop.clone(), move |conn| {
         let handoff = handoff.clone();
@@ -220,18 +240,7 @@ pub async fn serve_tcp<H: tonic_health::pb::health_server::Health>(
         .max_concurrent_streams(limits.max_streams_per_connection)
         .http2_keepalive_interval(Some(limits.keepalive))
         .http2_keepalive_timeout(Some(limits.keepalive))
-        .add_service(tonic::service::interceptor::InterceptedService::new(
-            native,
-            check.clone(),
-        ))
-        .add_service(tonic::service::interceptor::InterceptedService::new(
-            election,
-            check.clone(),
-        ))
-        .add_service(tonic::service::interceptor::InterceptedService::new(runtime, check))
-        .add_service(health)
-        .add_service(reflection_v1(TCP_SERVICES)?)
-        .add_service(reflection_v1alpha(TCP_SERVICES)?)
+        .add_routes(routes)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     Ok(())
@@ -254,6 +263,27 @@ pub fn bind_component_socket(path: &std::path::Path) -> Result<UnixListener, Grp
     UnixListener::bind(path).map_err(socket_err)
 }
 
+/// The services of the Dapr pluggable state component API (health and reflection apart):
+/// what [`serve_component`] serves. Public for the fuzz target, as [`tcp_routes`].
+pub fn component_routes(engine: Engine, max_transaction_ops: usize, max_bulk_keys: usize) -> tonic::service::Routes {
+    let component = component::Component {
+        engine,
+        store: Arc::new(StoreSpec::raw("stategate")),
+        max_transaction_ops,
+        max_bulk_keys,
+    };
+    tonic::service::Routes::new(
+        cpb::state_store_server::StateStoreServer::new(component.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+    )
+    .add_service(cpb::transactional_state_store_server::TransactionalStateStoreServer::new(component.clone()))
+    .add_service(cpb::queriable_state_store_server::QueriableStateStoreServer::new(
+        component.clone(),
+    ))
+    .add_service(cpb::transactional_store_multi_max_size_server::TransactionalStoreMultiMaxSizeServer::new(component))
+}
+
 /// Serves the Dapr pluggable state component API on a bound Unix socket until `shutdown`.
 pub async fn serve_component(
     engine: Engine,
@@ -263,12 +293,6 @@ pub async fn serve_component(
     metrics: crate::metrics::Metrics,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), GrpcError> {
-    let component = component::Component {
-        engine,
-        store: Arc::new(StoreSpec::raw("stategate")),
-        max_transaction_ops,
-        max_bulk_keys,
-    };
     let (health_reporter, health) = tonic_health::server::health_reporter();
     health_reporter
         .set_serving::<cpb::state_store_server::StateStoreServer<component::Component>>()
@@ -278,21 +302,12 @@ pub async fn serve_component(
             metrics,
             door: crate::metrics::Door::Component,
         })
-        .add_service(
-            cpb::state_store_server::StateStoreServer::new(component.clone())
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        .add_routes(
+            component_routes(engine, max_transaction_ops, max_bulk_keys)
+                .add_service(health)
+                .add_service(reflection_v1(COMPONENT_SERVICES)?)
+                .add_service(reflection_v1alpha(COMPONENT_SERVICES)?),
         )
-        .add_service(cpb::transactional_state_store_server::TransactionalStateStoreServer::new(component.clone()))
-        .add_service(cpb::queriable_state_store_server::QueriableStateStoreServer::new(
-            component.clone(),
-        ))
-        .add_service(
-            cpb::transactional_store_multi_max_size_server::TransactionalStoreMultiMaxSizeServer::new(component),
-        )
-        .add_service(health)
-        .add_service(reflection_v1(COMPONENT_SERVICES)?)
-        .add_service(reflection_v1alpha(COMPONENT_SERVICES)?)
         .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
         .await?;
     Ok(())
