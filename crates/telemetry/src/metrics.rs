@@ -190,6 +190,9 @@ pub enum StateTopicOutcome {
     Skipped,
     /// Behind an external broker, a key an anonymous caller may not read is not mirrored.
     Withheld,
+    /// Older than what the topic already carries (a republish after dropped changes read a
+    /// newer value): publishing it would leave the topic stale.
+    Superseded,
 }
 
 impl StateTopicOutcome {
@@ -198,6 +201,7 @@ impl StateTopicOutcome {
             StateTopicOutcome::Published => "published",
             StateTopicOutcome::Skipped => "skipped",
             StateTopicOutcome::Withheld => "withheld",
+            StateTopicOutcome::Superseded => "superseded",
         }
     }
 }
