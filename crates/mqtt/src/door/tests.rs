@@ -135,8 +135,8 @@ async fn keynotify_for_another_client_is_refused_when_the_publisher_is_known() {
     assert_eq!(d.engine().drop_client("device-1", Some(7)).await, 1);
 }
 
-/// A sink that records the mirror's messages and holds the first one until released, so a
-/// test can arrange the KEYNOTIFY queue while the notifier is busy.
+/// A sink that records the mirror's messages and holds the first one of `state/g` until
+/// released, so a test can arrange the KEYNOTIFY queue while the notifier is busy.
 struct HeldSink {
     published: tokio::sync::mpsc::UnboundedSender<(String, Bytes)>,
     release: tokio::sync::Semaphore,
@@ -149,7 +149,7 @@ impl Sink for HeldSink {
 
     async fn publish_retained(&self, msg: &Retained) {
         let _ = self.published.send((msg.topic.clone(), msg.payload.clone()));
-        if self.first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+        if msg.topic == "state/g" && self.first.swap(false, std::sync::atomic::Ordering::SeqCst) {
             let _ = self.release.acquire().await;
         }
     }
@@ -180,6 +180,9 @@ async fn a_change_queued_before_a_republish_does_not_overwrite_it() {
         external_broker: false,
     };
     let d = Door::new(engine.clone(), "svc-client".into(), DoorLimits::default()).with_state_topics(Some(topics));
+    // Written before the feed exists: the notifier's first republish sends it, and once it
+    // arrived that republish is over.
+    set(&engine, "a", "1").await;
     let feed = d.keynotify_feed().expect("the feed");
     let (tx, mut published) = tokio::sync::mpsc::unbounded_channel();
     let sink = Arc::new(HeldSink {
@@ -190,6 +193,7 @@ async fn a_change_queued_before_a_republish_does_not_overwrite_it() {
     let (_stop_tx, stop) = watch::channel(false);
     let task = tokio::spawn(notifier(feed, sink.clone(), &d, d.mirror(), stop));
     let mut next = async || published.recv().await.expect("the notifier runs");
+    assert_eq!(next().await.0, "state/a");
 
     // The notifier takes `g` and is held publishing it: the queue is empty again.
     set(&engine, "g", "1").await;
