@@ -10,6 +10,8 @@
 //! - This module: which keys can be topics, the messages, and the republish at start.
 //! - `inbroker` (embedded broker): the retained store, the per-delivery `read` check and
 //!   set-by-publish (`<prefix><key>/set`, answered by the PUBACK reason code).
+//! - `replay` (embedded broker): each SUBSCRIBE's retained state, filtered by the
+//!   subscriber's rules before it is queued, paced by its receive window, bounded.
 //! - [`external`]: clearing retained messages an external broker kept of keys that are gone.
 
 use std::collections::{HashMap, HashSet};
@@ -27,6 +29,8 @@ use crate::metrics::{Metrics, StateTopicOutcome};
 pub mod external;
 #[cfg(feature = "embedded-broker")]
 pub mod inbroker;
+#[cfg(feature = "embedded-broker")]
+pub mod replay;
 
 /// The user property with the key's version, in the state store protocol's HLC format.
 pub const PROP_VERSION: &str = "__ts";
@@ -148,6 +152,31 @@ impl StateTopics {
                 (PROP_KIND.to_owned(), kind.to_owned()),
             ],
         })
+    }
+}
+
+/// What one SUBSCRIBE's retained state may cost on the embedded broker (`replay`;
+/// `--state-topics-replay-max`, `--state-topics-replays-per-client`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayLimits {
+    /// Most retained messages one SUBSCRIBE delivers; past it the replay stops (counted).
+    pub max_per_subscribe: usize,
+    /// Replays one client may have running at once.
+    pub per_client: usize,
+    /// Replays reading the store at once in the broker.
+    pub total: usize,
+    /// Replayed messages one client may have waiting in its session at once.
+    pub window: usize,
+}
+
+impl Default for ReplayLimits {
+    fn default() -> ReplayLimits {
+        ReplayLimits {
+            max_per_subscribe: 100_000,
+            per_client: 4,
+            total: 64,
+            window: 256,
+        }
     }
 }
 
