@@ -172,6 +172,8 @@ pub async fn start_observed(
                     },
                     max_connections: config.net.mqtt_max_connections,
                     max_queued_per_client: config.net.mqtt_max_queued_per_client,
+                    state_topics_replay: config.net.state_topics_replay.clone(),
+                    metrics: metrics.clone(),
                     connect_timeout: config.net.mqtt_connect_timeout,
                     guard: Some(mqtt::brokerauth::BrokerGuard {
                         access: access.clone(),

@@ -48,6 +48,16 @@ pub struct NetArgs {
     /// disconnected with a kept session); past it new messages for that session are dropped.
     #[arg(long, env = "STATEGATE_MQTT_MAX_QUEUED_PER_CLIENT", default_value_t = 10_000)]
     pub mqtt_max_queued_per_client: usize,
+    /// With --state-topics on the embedded broker: most retained messages one SUBSCRIBE
+    /// delivers (only keys its client may read count); past it the rest are not sent and the
+    /// cut is counted (docs/state-topics.md).
+    #[arg(long, env = "STATEGATE_STATE_TOPICS_REPLAY_MAX", default_value_t = 100_000)]
+    pub state_topics_replay_max: usize,
+    /// With --state-topics on the embedded broker: SUBSCRIBEs of one client whose retained
+    /// messages are being sent at once; a SUBSCRIBE past it gets none (counted, logged); a
+    /// repeated SUBSCRIBE of the same filter restarts its own instead.
+    #[arg(long, env = "STATEGATE_STATE_TOPICS_REPLAYS_PER_CLIENT", default_value_t = 4)]
+    pub state_topics_replays_per_client: usize,
     /// Seconds an MQTT connection to the embedded broker has for its TLS handshake and its
     /// CONNECT packet; past it the connection is closed.
     #[arg(long, env = "STATEGATE_MQTT_CONNECT_TIMEOUT_SECS", default_value_t = 10)]
@@ -120,6 +130,8 @@ pub struct NetSettings {
     pub mqtt_tls: Option<MqttTlsListener>,
     pub mqtt_max_connections: usize,
     pub mqtt_max_queued_per_client: usize,
+    /// What one SUBSCRIBE's retained state topics may cost (embedded broker).
+    pub state_topics_replay: crate::mqtt::mirror::ReplayLimits,
     pub mqtt_connect_timeout: Duration,
     pub http: ListenerLimits,
     pub http_max_inflight: usize,
@@ -165,6 +177,11 @@ impl NetSettings {
             mqtt_tls,
             mqtt_max_connections: n.mqtt_max_connections.max(1),
             mqtt_max_queued_per_client: n.mqtt_max_queued_per_client.max(1),
+            state_topics_replay: crate::mqtt::mirror::ReplayLimits {
+                max_per_subscribe: n.state_topics_replay_max.max(1),
+                per_client: n.state_topics_replays_per_client.max(1),
+                ..Default::default()
+            },
             mqtt_connect_timeout: Duration::from_secs(n.mqtt_connect_timeout_secs.max(1)),
             http: ListenerLimits {
                 max_connections: n.http_max_connections.max(1),

@@ -39,6 +39,7 @@ mod scaleout_aio;
 mod scaleout_register;
 mod sentinel;
 mod state_topics;
+mod state_topics_replay;
 mod support;
 mod tls;
 mod transfer;

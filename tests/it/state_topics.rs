@@ -20,7 +20,7 @@ use crate::support::{Broker, Mosquitto, RawClient, Storage, TestEnv, copy_data_d
 
 const PREFIX: &str = "state/";
 
-fn mirror(c: &mut Config) {
+pub(crate) fn mirror(c: &mut Config) {
     let external = matches!(c.broker, BrokerChoice::External { .. });
     c.mqtt.state_topics = Some(StateTopics {
         prefix: PREFIX.into(),
@@ -29,7 +29,7 @@ fn mirror(c: &mut Config) {
     });
 }
 
-async fn run(engine: &Engine, args: &[&str]) {
+pub(crate) async fn run(engine: &Engine, args: &[&str]) {
     let args = args.iter().map(|a| Bytes::copy_from_slice(a.as_bytes())).collect();
     let cmd = Command::parse(args, Meta::default()).expect("a command");
     engine.execute(cmd).await.expect("executed");

@@ -413,6 +413,12 @@ impl KeyNotifyReceiver {
         Some(self.took(n))
     }
 
+    /// How many notifications wait in the queue now. Each was queued when its change was
+    /// applied: a reading of the store that starts after this call sees all of them.
+    pub fn waiting(&self) -> usize {
+        self.rx.len()
+    }
+
     /// The next notification if one is waiting.
     pub fn try_recv(&mut self) -> Option<KeyNotification> {
         self.marks.sent.fetch_max(self.handed, Ordering::SeqCst);

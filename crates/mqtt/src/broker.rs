@@ -80,6 +80,10 @@ pub struct BrokerOptions {
     pub connect_timeout: Duration,
     /// Authentication and topic ACLs (`None`: anyone may connect and use any topic).
     pub guard: Option<BrokerGuard>,
+    /// What one SUBSCRIBE's retained state topics may cost (with the guard's state topics).
+    pub state_topics_replay: crate::mirror::ReplayLimits,
+    /// Where the retained state replays are counted.
+    pub metrics: crate::metrics::Metrics,
 }
 
 impl Default for BrokerOptions {
@@ -94,6 +98,8 @@ impl Default for BrokerOptions {
             max_queued_per_client: 10_000,
             connect_timeout: Duration::from_secs(10),
             guard: None,
+            state_topics_replay: Default::default(),
+            metrics: crate::metrics::Metrics::disabled(),
         }
     }
 }
@@ -173,7 +179,13 @@ impl EmbeddedBroker {
             Some(guard) => {
                 if let Some(topics) = &guard.state_topics {
                     let service_id = guard.service_id.clone();
-                    crate::mirror::inbroker::install_retained_store(&scx, topics.clone(), service_id).await;
+                    let serving = (
+                        guard.access.clone(),
+                        opts.state_topics_replay.clone(),
+                        opts.metrics.clone(),
+                    );
+                    crate::mirror::inbroker::install_retained_store(&scx, &*hooks, topics.clone(), service_id, serving)
+                        .await;
                 }
                 let identity = opts.tls.as_ref().map_or(CertIdentity::Cn, |t| t.identity);
                 guard.install(&*hooks, identity).await;

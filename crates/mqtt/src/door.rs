@@ -344,6 +344,11 @@ impl crate::metrics::GaugeSource for Door {
 /// registration made before a reload took `observe` away stays, silent. With `mirror` (the
 /// state topics), every key is republished first, then each change is published on its topic
 /// in the same order as the notifications.
+///
+/// A republish (at start, and after changes were dropped) reads every key after the changes
+/// then waiting in the queue were applied, so those are in what it published or superseded
+/// by it: the mirror skips them (a queued older value would otherwise be retained over the
+/// newer one). Their KEYNOTIFY observers still get them.
 pub fn notifier(
     feed: KeyNotifyReceiver,
     sink: Arc<dyn Sink>,
@@ -355,28 +360,29 @@ pub fn notifier(
     let engine = door.engine.clone();
     let mut stop = stop;
     async move {
+        let mut superseded = 0;
         if let Some(m) = &mirror
             && m.republishes(&engine)
         {
+            let queued = feed.waiting();
             tokio::select! {
-                _ = m.republish(&engine, &*sink) => {}
+                complete = m.republish(&engine, &*sink) => if complete { superseded = queued },
                 _ = stop.changed() => return,
             }
         }
-        send_notifications(feed, sink, access, service_id, mirror, stop, metrics, engine).await
+        let parts = (access, service_id, metrics, engine);
+        send_notifications(feed, sink, mirror, superseded, stop, parts).await
     }
 }
 
-#[allow(clippy::too_many_arguments)] // the notifier's parts, handed over once
+/// `superseded`: how many of the changes at the head of the queue the last republish covered.
 async fn send_notifications(
     mut feed: KeyNotifyReceiver,
     sink: Arc<dyn Sink>,
-    access: Access,
-    service_id: String,
     mirror: Option<Mirror>,
+    mut superseded: usize,
     mut stop: watch::Receiver<bool>,
-    metrics: crate::metrics::Metrics,
-    engine: crate::engine::Engine,
+    (access, service_id, metrics, engine): (Access, String, crate::metrics::Metrics, Engine),
 ) {
     let mut dropped = engine.keynotify_dropped();
     loop {
@@ -389,8 +395,9 @@ async fn send_notifications(
         {
             dropped = engine.keynotify_dropped();
             tracing::warn!("state topics: changes were dropped from a full queue; republishing every key");
+            let queued = feed.waiting();
             tokio::select! {
-                _ = m.republish(&engine, &*sink) => {}
+                complete = m.republish(&engine, &*sink) => if complete { superseded = queued },
                 _ = stop.changed() => return,
             }
         }
@@ -401,6 +408,8 @@ async fn send_notifications(
         let Some(KeyNotification { change, observers, .. }) = n else {
             return;
         };
+        let covered = superseded > 0;
+        superseded = superseded.saturating_sub(1);
         let payload = request::notify_payload(match &change.kind {
             ChangeKind::Set(v) => Some(v),
             ChangeKind::Delete | ChangeKind::Expire => None,
@@ -408,10 +417,11 @@ async fn send_notifications(
         let version = change.version.to_string();
         for client_id in observers {
             if &*client_id == EVERY_KEY_OBSERVER {
-                if let Some(m) = &mirror
-                    && let Some(msg) = m.message(&change)
-                {
-                    m.publish(&*sink, &msg).await;
+                if let Some(m) = &mirror {
+                    match covered {
+                        true => m.skip_covered(),
+                        false => m.publish_change(&*sink, &change).await,
+                    }
                 }
                 continue;
             }

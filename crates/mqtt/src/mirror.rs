@@ -10,9 +10,11 @@
 //! - This module: which keys can be topics, the messages, and the republish at start.
 //! - `inbroker` (embedded broker): the retained store, the per-delivery `read` check and
 //!   set-by-publish (`<prefix><key>/set`, answered by the PUBACK reason code).
+//! - `replay` (embedded broker): each SUBSCRIBE's retained state, filtered by the
+//!   subscriber's rules before it is queued, paced by its receive window, bounded.
 //! - [`external`]: clearing retained messages an external broker kept of keys that are gone.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -21,11 +23,14 @@ use tracing::{info, warn};
 use crate::access::{Access, Op, Principal};
 use crate::engine::notify::EveryKey;
 use crate::engine::{Change, ChangeKind, Engine};
+use crate::hlc::Hlc;
 use crate::metrics::{Metrics, StateTopicOutcome};
 
 pub mod external;
 #[cfg(feature = "embedded-broker")]
 pub mod inbroker;
+#[cfg(feature = "embedded-broker")]
+pub mod replay;
 
 /// The user property with the key's version, in the state store protocol's HLC format.
 pub const PROP_VERSION: &str = "__ts";
@@ -150,6 +155,31 @@ impl StateTopics {
     }
 }
 
+/// What one SUBSCRIBE's retained state may cost on the embedded broker (`replay`;
+/// `--state-topics-replay-max`, `--state-topics-replays-per-client`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayLimits {
+    /// Most retained messages one SUBSCRIBE delivers; past it the replay stops (counted).
+    pub max_per_subscribe: usize,
+    /// Replays one client may have running at once.
+    pub per_client: usize,
+    /// Replays reading the store at once in the broker.
+    pub total: usize,
+    /// Replayed messages one client may have waiting in its session at once.
+    pub window: usize,
+}
+
+impl Default for ReplayLimits {
+    fn default() -> ReplayLimits {
+        ReplayLimits {
+            max_per_subscribe: 100_000,
+            per_client: 4,
+            total: 64,
+            window: 256,
+        }
+    }
+}
+
 /// A retained PUBLISH of the mirror (QoS 1); an empty payload clears the topic.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Retained {
@@ -166,9 +196,12 @@ pub struct Mirror {
     metrics: Metrics,
     /// Connection settings for reading what an external broker retained (clearing at start).
     external: Option<Arc<crate::service::MqttSettings>>,
-    /// The topics this process left holding a value: what a resync after lost changes may
-    /// have to clear (one name per mirrored key, beside the broker's own copy of the value).
-    live: Arc<std::sync::Mutex<HashSet<String>>>,
+    /// The topics this process left holding a value, each with the version of that value:
+    /// what a resync after lost changes may have to clear, and what a change must be newer
+    /// than to be published (one name and version per mirrored key, beside the broker's own
+    /// copy of the value). Only the notifier task publishes, so a check and the publish after
+    /// it see no other publish in between.
+    live: Arc<std::sync::Mutex<HashMap<String, Hlc>>>,
 }
 
 impl Mirror {
@@ -199,13 +232,13 @@ impl Mirror {
         !self.topics.external_broker || engine.other_senders().is_none_or(|others| others == 0)
     }
 
-    /// The message for a change, counted: published, skipped (not a topic) or withheld.
+    /// The message for a change (`None`: skipped, not a topic, or withheld; counted).
     ///
     /// The embedded broker checks each delivery against the subscriber's `read` rules. An
     /// external broker's subscribers are nobody stategate can name, so there the mirror carries
     /// only keys an anonymous caller may read: any client of that broker can already read those
     /// with a GET through the state store protocol, so the mirror widens nothing.
-    pub fn message(&self, change: &Change) -> Option<Retained> {
+    fn message(&self, change: &Change) -> Option<Retained> {
         if self.topics.external_broker
             && self.access.has_rules()
             && !self.access.grant(Principal::default()).may(Op::Read, &change.key)
@@ -213,22 +246,54 @@ impl Mirror {
             self.metrics.state_topic(StateTopicOutcome::Withheld);
             return None;
         }
-        let Some(msg) = self.topics.message(change) else {
+        let msg = self.topics.message(change);
+        if msg.is_none() {
             self.metrics.state_topic(StateTopicOutcome::Skipped);
-            return None;
-        };
-        self.metrics.state_topic(StateTopicOutcome::Published);
-        Some(msg)
+        }
+        msg
     }
 
-    /// Publishes `msg` and remembers whether its topic now holds a value.
-    pub async fn publish(&self, sink: &dyn crate::door::Sink, msg: &Retained) {
+    /// Publishes a change on its topic, unless the topic already carries its version or a
+    /// newer one (a republish read the key after this change was applied): a change is never
+    /// published over a newer value, which would stay retained until the key changed again.
+    pub async fn publish_change(&self, sink: &dyn crate::door::Sink, change: &Change) {
+        let Some(msg) = self.message(change) else {
+            return;
+        };
+        if self.carries(&msg.topic).is_some_and(|v| v >= change.version) {
+            self.metrics.state_topic(StateTopicOutcome::Superseded);
+            return;
+        }
+        self.publish(sink, &msg, Some(&change.version)).await;
+    }
+
+    /// Counts a change the notifier does not publish because a republish read the store
+    /// after it was applied.
+    pub fn skip_covered(&self) {
+        self.metrics.state_topic(StateTopicOutcome::Superseded);
+    }
+
+    /// The version of the value this process left on `topic` (`None`: it holds none).
+    fn carries(&self, topic: &str) -> Option<Hlc> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).get(topic).cloned()
+    }
+
+    /// Publishes `msg` (of the value at `version`; `None` for a clear) and remembers what its
+    /// topic now holds.
+    async fn publish(&self, sink: &dyn crate::door::Sink, msg: &Retained, version: Option<&Hlc>) {
+        self.metrics.state_topic(StateTopicOutcome::Published);
         sink.publish_retained(msg).await;
         let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
-        if msg.payload.is_empty() {
-            live.remove(&msg.topic);
-        } else if !live.contains(&msg.topic) {
-            live.insert(msg.topic.clone());
+        match version {
+            Some(v) if !msg.payload.is_empty() => match live.get_mut(&msg.topic) {
+                Some(held) => *held = v.clone(),
+                None => {
+                    live.insert(msg.topic.clone(), v.clone());
+                }
+            },
+            _ => {
+                live.remove(&msg.topic);
+            }
         }
     }
 
@@ -237,13 +302,18 @@ impl Mirror {
     /// clears the topics of keys that are gone: what an external broker retained, and what
     /// this process published (after changes were lost, see `door::notifier`). Runs on the
     /// notifier before it sends any further change: changes made meanwhile wait in the queue
-    /// and go out after, so the last message of each topic is its newest value.
-    pub async fn republish(&self, engine: &Engine, sink: &dyn crate::door::Sink) {
+    /// and go out after, each only if newer than what its topic carries (see
+    /// [`Self::publish_change`]), so the last message of each topic is its newest value.
+    ///
+    /// Returns whether every key was read: then every change applied before the call is in
+    /// what it published (the notifier drops the ones still queued from before, see
+    /// `door::notifier`).
+    pub async fn republish(&self, engine: &Engine, sink: &dyn crate::door::Sink) -> bool {
         let published: Vec<String> = self
             .live
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .iter()
+            .keys()
             .cloned()
             .collect();
         let mut stale: HashSet<String> = match &self.external {
@@ -264,7 +334,7 @@ impl Mirror {
                 Ok(page) => page,
                 Err(e) => {
                     warn!(cause = %e, "state topics: reading the keys to republish failed; the rest follow their next change");
-                    return;
+                    return false;
                 }
             };
             for (key, record) in page.0 {
@@ -275,7 +345,7 @@ impl Mirror {
                 };
                 if let Some(msg) = self.message(&change) {
                     stale.remove(&msg.topic);
-                    self.publish(sink, &msg).await;
+                    self.publish(sink, &msg, Some(&change.version)).await;
                     published += 1;
                 }
             }
@@ -290,7 +360,7 @@ impl Mirror {
                 payload: Bytes::new(),
                 user_properties: vec![(PROP_KIND.to_owned(), KIND_GONE.to_owned())],
             };
-            self.publish(sink, &gone).await;
+            self.publish(sink, &gone, None).await;
         }
         info!(
             published,
@@ -298,6 +368,7 @@ impl Mirror {
             prefix = %self.topics.prefix,
             "state topics: every current key republished"
         );
+        true
     }
 }
 

@@ -190,6 +190,33 @@ pub enum StateTopicOutcome {
     Skipped,
     /// Behind an external broker, a key an anonymous caller may not read is not mirrored.
     Withheld,
+    /// Older than what the topic already carries (a republish after dropped changes read a
+    /// newer value): publishing it would leave the topic stale.
+    Superseded,
+}
+
+/// What the embedded broker's retained state replays (one per SUBSCRIBE to state topics) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateTopicReplay {
+    /// Retained messages put in subscribers' sessions (readable and matching only).
+    Queued,
+    /// Entries of the retained store read to find them.
+    Examined,
+    /// Replays stopped at the most messages one SUBSCRIBE may deliver.
+    Truncated,
+    /// SUBSCRIBEs that got no replay: their client already had as many running as allowed.
+    Refused,
+}
+
+impl StateTopicReplay {
+    fn label(self) -> &'static str {
+        match self {
+            StateTopicReplay::Queued => "queued",
+            StateTopicReplay::Examined => "examined",
+            StateTopicReplay::Truncated => "truncated",
+            StateTopicReplay::Refused => "refused",
+        }
+    }
 }
 
 impl StateTopicOutcome {
@@ -198,6 +225,7 @@ impl StateTopicOutcome {
             StateTopicOutcome::Published => "published",
             StateTopicOutcome::Skipped => "skipped",
             StateTopicOutcome::Withheld => "withheld",
+            StateTopicOutcome::Superseded => "superseded",
         }
     }
 }
@@ -213,6 +241,8 @@ struct Handles {
     notifications_dropped: IntCounter,
     /// The state topics mirror (`--state-topics`), per outcome of a change.
     state_topics: IntCounterVec,
+    /// Retained state replays at SUBSCRIBE (embedded broker), per [`StateTopicReplay`].
+    state_topics_replay: IntCounterVec,
     registrations: IntGauge,
     observing_clients: IntGauge,
     keys: IntGauge,
@@ -333,6 +363,13 @@ impl Metrics {
     pub fn state_topic(&self, outcome: StateTopicOutcome) {
         if let Some(h) = &self.0.handles {
             h.state_topics.with_label_values(&[outcome.label()]).inc();
+        }
+    }
+
+    /// `n` more of what the retained state replays count (see [`StateTopicReplay`]).
+    pub fn state_topics_replay(&self, what: StateTopicReplay, n: u64) {
+        if let Some(h) = &self.0.handles {
+            h.state_topics_replay.with_label_values(&[what.label()]).inc_by(n);
         }
     }
 
@@ -532,6 +569,11 @@ impl Handles {
                 "state_topics_messages_total",
                 "Changes of keys the state topics mirror handled: published, skipped (the key cannot be a topic) or withheld (external broker: an anonymous caller may not read the key).",
                 &["outcome"],
+            ),
+            state_topics_replay: counter_vec(
+                "state_topics_replay_total",
+                "Retained state served per SUBSCRIBE by the embedded broker: messages queued (matching and readable only), store entries examined, replays truncated at --state-topics-replay-max, SUBSCRIBEs refused a replay (--state-topics-replays-per-client).",
+                &["what"],
             ),
             registrations: gauge("keynotify_registrations", "KEYNOTIFY registrations (client, key)."),
             observing_clients: gauge("keynotify_clients", "Clients with at least one KEYNOTIFY registration."),

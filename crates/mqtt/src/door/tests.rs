@@ -134,3 +134,105 @@ async fn keynotify_for_another_client_is_refused_when_the_publisher_is_known() {
     assert_eq!(d.engine().drop_client("device-1", Some(8)).await, 0);
     assert_eq!(d.engine().drop_client("device-1", Some(7)).await, 1);
 }
+
+/// A sink that records the mirror's messages and holds the first one of `state/g` until
+/// released, so a test can arrange the KEYNOTIFY queue while the notifier is busy.
+struct HeldSink {
+    published: tokio::sync::mpsc::UnboundedSender<(String, Bytes)>,
+    release: tokio::sync::Semaphore,
+    first: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl Sink for HeldSink {
+    async fn publish(&self, _out: &Outgoing) {}
+
+    async fn publish_retained(&self, msg: &Retained) {
+        let _ = self.published.send((msg.topic.clone(), msg.payload.clone()));
+        if msg.topic == "state/g" && self.first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            let _ = self.release.acquire().await;
+        }
+    }
+}
+
+async fn set(engine: &Engine, key: &str, value: &str) {
+    let args = [b"SET".as_slice(), key.as_bytes(), value.as_bytes()]
+        .iter()
+        .map(|a| Bytes::copy_from_slice(a))
+        .collect();
+    let cmd = crate::engine::Command::parse(args, crate::engine::Meta::default()).unwrap();
+    engine.execute(cmd).await.unwrap();
+}
+
+/// Item 5 of issue 27: after changes were dropped the mirror republishes every key; a change
+/// still queued from before (older than what the republish read) must not follow it onto the
+/// topic. The queue holds one notification (one byte: only an empty queue takes one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_queued_before_a_republish_does_not_overwrite_it() {
+    let mut limits = Limits::default();
+    limits.observers.queue_bytes = 1;
+    let engine = Engine::open(Store::memory(), "svc", Arc::new(ManualClock::new(NOW)), limits)
+        .await
+        .unwrap();
+    let topics = StateTopics {
+        prefix: "state/".into(),
+        set_by_publish: false,
+        external_broker: false,
+    };
+    let d = Door::new(engine.clone(), "svc-client".into(), DoorLimits::default()).with_state_topics(Some(topics));
+    // Written before the feed exists: the notifier's first republish sends it, and once it
+    // arrived that republish is over.
+    set(&engine, "a", "1").await;
+    let feed = d.keynotify_feed().expect("the feed");
+    let (tx, mut published) = tokio::sync::mpsc::unbounded_channel();
+    let sink = Arc::new(HeldSink {
+        published: tx,
+        release: tokio::sync::Semaphore::new(0),
+        first: true.into(),
+    });
+    let (_stop_tx, stop) = watch::channel(false);
+    let task = tokio::spawn(notifier(feed, sink.clone(), &d, d.mirror(), stop));
+    let mut next = async || published.recv().await.expect("the notifier runs");
+    assert_eq!(next().await.0, "state/a");
+
+    // The notifier takes `g` and is held publishing it: the queue is empty again.
+    set(&engine, "g", "1").await;
+    assert_eq!(next().await.0, "state/g");
+    set(&engine, "k", "old").await; // queued
+    set(&engine, "k", "new").await; // dropped: the queue is full
+    set(&engine, "z", "1").await; // dropped
+    assert_eq!(engine.keynotify_dropped(), 2);
+    sink.release.add_permits(1);
+
+    // The republish comes first (it read k = new), then what was queued. A last change, live
+    // or (dropped while `k old` still waits) republished, comes after `k old` was taken.
+    let mut k = Vec::new();
+    let mut republished_z = false;
+    while !republished_z {
+        let (topic, value) = next().await;
+        match topic.as_str() {
+            "state/k" => k.push(value),
+            "state/z" => republished_z = true,
+            _ => {}
+        }
+    }
+    set(&engine, "m", "1").await;
+    loop {
+        let (topic, value) = next().await;
+        match topic.as_str() {
+            "state/k" => k.push(value),
+            "state/m" => break,
+            _ => {}
+        }
+    }
+    assert_eq!(
+        k.first().map(|v| &v[..]),
+        Some(&b"new"[..]),
+        "the republish read k = new"
+    );
+    assert!(
+        !k.iter().any(|v| v == "old"),
+        "the value queued before the republish was published after it: {k:?}"
+    );
+    task.abort();
+}

@@ -1,9 +1,12 @@
 //! The state topics mirror inside the embedded broker (rmqtt hooks and its retained store).
 //!
 //! - Retained store: rmqtt's own keeps nothing ("use the rmqtt-retainer plugin"), so the mirror
-//!   brings one: rmqtt's in-memory topic tree, holding only what the service published under
-//!   the prefix. Other clients' retained messages are delivered as usual but not kept, as
-//!   before the mirror existed: the broker's memory holds state, not whatever clients leave.
+//!   brings one ([`super::replay::TopicStore`], in topic order), holding only what the service
+//!   published under the prefix. Other clients' retained messages are delivered as usual but
+//!   not kept, as before the mirror existed: the broker's memory holds state, not whatever
+//!   clients leave. rmqtt's lookup at SUBSCRIBE gets nothing from it: each subscription's
+//!   retained state is served by a replay of its own, filtered, paced and bounded
+//!   ([`super::replay`]).
 //! - Who receives what: a mirror message reaches a subscriber only if the rules let it `read`
 //!   the key. The check sits on delivery (rmqtt's `MessageExpiryCheck` hook, run per session
 //!   for live, queued and retained messages alike), so a subscription to `state/#` is accepted
@@ -20,17 +23,20 @@ use bytes::Bytes;
 use rmqtt::codec::v5::PublishAckReason;
 use rmqtt::context::ServerContext;
 use rmqtt::hook::{Handler, HookResult, Parameter, ReturnType, Type};
-use rmqtt::retain::{DefaultRetainStorage, RetainStorage};
+use rmqtt::retain::RetainStorage;
 use rmqtt::types::{PublishAclResult, PublishResult, Retain, TopicFilter, TopicName};
 
+use super::ReplayLimits;
 use super::StateTopics;
+use super::replay::{Replays, TopicStore};
 use crate::access::{self, Access, Op, Principal};
 use crate::door::Door;
 use crate::engine::{Command, EngineError, Meta};
+use crate::metrics::Metrics;
 
 /// The broker's retained store: the mirror's messages only.
 struct MirrorRetained {
-    messages: DefaultRetainStorage,
+    messages: Arc<TopicStore>,
     topics: StateTopics,
     service_id: String,
 }
@@ -48,26 +54,46 @@ impl RetainStorage for MirrorRetained {
         // A client's publish (the service's own, with `--mqtt-client-path`) comes with the
         // listener's message expiry, where zero means "never" but rmqtt's tree reads "now".
         let expiry = expiry.filter(|e| !e.is_zero());
-        self.messages.set_with_timeout(topic, retain, expiry).await
+        self.messages.set(topic, retain, expiry);
+        Ok(())
     }
 
-    async fn get(&self, filter: &TopicFilter) -> rmqtt::Result<Vec<(TopicName, Retain)>> {
-        self.messages.get_message(filter).await
+    /// Nothing: the replays serve mirror topics (per subscriber), and nothing else is kept.
+    async fn get(&self, _filter: &TopicFilter) -> rmqtt::Result<Vec<(TopicName, Retain)>> {
+        Ok(Vec::new())
     }
 
     async fn count(&self) -> isize {
-        self.messages.count().await
+        isize::try_from(self.messages.len()).unwrap_or(isize::MAX)
     }
 
     async fn max(&self) -> isize {
-        self.messages.max().await
+        self.count().await
     }
 }
 
-/// Installs the mirror's retained store in a broker about to listen.
-pub(crate) async fn install_retained_store(scx: &ServerContext, topics: StateTopics, service_id: String) {
+/// Installs the mirror's retained store, and the replays that serve it, in a broker about to
+/// listen.
+pub(crate) async fn install_retained_store(
+    scx: &ServerContext,
+    hooks: &dyn rmqtt::hook::Register,
+    topics: StateTopics,
+    service_id: String,
+    serving: (Access, ReplayLimits, Metrics),
+) {
+    let (access, limits, metrics) = serving;
+    let store = Arc::new(TopicStore::default());
+    let replays = Replays::new(
+        store.clone(),
+        topics.clone(),
+        access,
+        limits,
+        metrics,
+        service_id.clone(),
+    );
+    replays.install(hooks).await;
     *scx.extends.retain_mut().await = Box::new(MirrorRetained {
-        messages: DefaultRetainStorage::new(),
+        messages: store,
         topics,
         service_id,
     });
@@ -104,7 +130,7 @@ struct Guard {
 }
 
 /// The name the broker authenticated a session with, for the rules.
-fn principal_of(id: &rmqtt::types::Id) -> Principal {
+pub(super) fn principal_of(id: &rmqtt::types::Id) -> Principal {
     Principal {
         client_id: Some(id.client_id.to_string()),
         username: id.username.as_ref().map(|u| u.to_string()),

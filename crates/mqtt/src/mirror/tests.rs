@@ -102,3 +102,38 @@ fn messages_carry_the_version_and_the_kind() {
         assert_eq!(m.user_properties[1].1, name);
     }
 }
+
+/// Records what the mirror publishes.
+#[derive(Default)]
+struct Recorder(std::sync::Mutex<Vec<(String, Bytes)>>);
+
+#[async_trait::async_trait]
+impl crate::door::Sink for Recorder {
+    async fn publish(&self, _out: &crate::request::Outgoing) {}
+
+    async fn publish_retained(&self, msg: &Retained) {
+        self.0.lock().unwrap().push((msg.topic.clone(), msg.payload.clone()));
+    }
+}
+
+#[tokio::test]
+async fn a_change_older_than_its_topic_is_not_published() {
+    let mirror = Mirror::new(topics(false), Access::open(), Metrics::disabled());
+    let sink = Recorder::default();
+    let change = |ms, kind| Change {
+        key: Bytes::from_static(b"k"),
+        version: Hlc::new(ms, 0, "n1"),
+        kind,
+    };
+    let set = |ms, v: &'static [u8]| change(ms, ChangeKind::Set(Bytes::from_static(v)));
+    mirror.publish_change(&sink, &set(2, b"new")).await;
+    // Older, or the same version again: the topic keeps what it has.
+    mirror.publish_change(&sink, &set(1, b"old")).await;
+    mirror.publish_change(&sink, &set(2, b"new")).await;
+    mirror.publish_change(&sink, &change(1, ChangeKind::Delete)).await;
+    // Newer: published; a delete clears the topic, after which any version goes.
+    mirror.publish_change(&sink, &change(3, ChangeKind::Delete)).await;
+    mirror.publish_change(&sink, &set(1, b"again")).await;
+    let seen: Vec<_> = sink.0.lock().unwrap().iter().map(|(_, v)| v.clone()).collect();
+    assert_eq!(seen, [&b"new"[..], b"", b"again"]);
+}
