@@ -17,7 +17,7 @@ use stategate::grpc::pb;
 use stategate::hlc::{Hlc, ManualClock};
 use stategate::resp3::encode_request;
 use stategate::storage::durable::{DurableBackend, DurableOptions, EncryptionKey, FsyncMode, load_read_only, rekey};
-use stategate::storage::{Backend, Record, Swap};
+use stategate::storage::{Backend, DeadlineCheck, Record, Swap};
 use tonic_prost::prost::Message;
 
 /// The wall time of the seeds (as `fuzz/src/lib.rs` NOW_MS).
@@ -499,7 +499,18 @@ async fn write(dir: &Path, encryption: Option<EncryptionKey>, pairs: &[(&str, Op
             expires_at_ms: (i == 1).then_some(NOW_MS + 3_600_000),
             slide_ms: None,
         });
-        store.swap_many(&[Swap { key, expected, new }], None).await.unwrap();
+        store
+            .swap_many(
+                &[Swap {
+                    key,
+                    expected,
+                    new,
+                    deadline: DeadlineCheck::Any,
+                }],
+                None,
+            )
+            .await
+            .unwrap();
     }
 }
 
