@@ -36,6 +36,7 @@ mod revocation;
 mod scaleout;
 mod scaleout_aio;
 mod scaleout_register;
+mod schemathesis;
 mod sentinel;
 mod state_topics;
 mod support;
