@@ -37,6 +37,7 @@ mod revocation;
 mod scaleout;
 mod scaleout_aio;
 mod scaleout_register;
+mod schemathesis;
 mod sentinel;
 mod state_topics;
 mod state_topics_replay;

@@ -131,13 +131,8 @@ pub fn compact_json(json: &str) -> String {
 /// holding the base64 (standard alphabet, padded) of the bytes to store, so a Dapr-shaped save
 /// can store any bytes exactly. Without it the value is stored as given.
 pub fn decode_value(value: &Bytes, metadata: &HashMap<String, String>) -> Result<Bytes, DaprError> {
-    let Some(encoding) = metadata.get(ENCODING_METADATA) else {
+    if !check_encoding(metadata)? {
         return Ok(value.clone());
-    };
-    if !encoding.eq_ignore_ascii_case("base64") {
-        return Err(DaprError::Malformed(format!(
-            "unsupported metadata '{ENCODING_METADATA}' {encoding:?} (only base64)"
-        )));
     }
     let text: String = serde_json::from_slice(value).map_err(|_| {
         DaprError::Malformed(format!(
@@ -152,6 +147,26 @@ pub fn decode_value(value: &Bytes, metadata: &HashMap<String, String>) -> Result
                 "metadata '{ENCODING_METADATA}' is base64 but the value is not valid base64: {e}"
             ))
         })
+}
+
+/// Whether metadata asks for base64 values (`contentEncoding: base64`, any case); any other
+/// encoding is refused.
+fn check_encoding(metadata: &HashMap<String, String>) -> Result<bool, DaprError> {
+    match metadata.get(ENCODING_METADATA) {
+        None => Ok(false),
+        Some(encoding) if encoding.eq_ignore_ascii_case("base64") => Ok(true),
+        Some(encoding) => Err(DaprError::Malformed(format!(
+            "unsupported metadata '{ENCODING_METADATA}' {encoding:?} (only base64)"
+        ))),
+    }
+}
+
+/// Checks request-level metadata (a transaction's, the `metadata.<name>` query parameters) on
+/// its own: items check it when they take it, yet a request with no item takes it nowhere,
+/// and malformed input is refused whether or not anything would use it.
+pub fn check_request_metadata(metadata: &HashMap<String, String>) -> Result<(), DaprError> {
+    crate::WriteMeta::parse(metadata)?;
+    check_encoding(metadata).map(|_| ())
 }
 
 /// A value placed inside a JSON document (bulk get, query, events): JSON values as their stored

@@ -26,7 +26,8 @@ pub mod query;
 mod stores;
 
 pub use json::{
-    base64_json, check_decodes, compact_json, content_type_of, decode_value, is_json, stored_value, value_to_json,
+    base64_json, check_decodes, check_request_metadata, compact_json, content_type_of, decode_value, is_json,
+    stored_value, value_to_json,
 };
 pub use stores::{DaprSettings, KeyPrefix, StoreSpec, Stores};
 

@@ -125,10 +125,11 @@ impl Query {
                     .and_then(Value::as_str)
                     .filter(|k| !k.is_empty())
                     .ok_or_else(|| bad("each sort item needs a key"))?;
-                let descending = match item.get("order").and_then(Value::as_str) {
-                    None | Some("ASC") | Some("asc") => false,
-                    Some("DESC") | Some("desc") => true,
-                    Some(o) => return Err(bad(format!("sort order {o:?} is not ASC or DESC"))),
+                let descending = match item.get("order") {
+                    None | Some(Value::Null) => false,
+                    Some(Value::String(o)) if o == "ASC" || o == "asc" => false,
+                    Some(Value::String(o)) if o == "DESC" || o == "desc" => true,
+                    Some(o) => return Err(bad(format!("sort order {o} is not ASC or DESC"))),
                 };
                 sort.push(SortKey {
                     path: key.to_owned(),
@@ -142,8 +143,14 @@ impl Query {
             match p.get("limit") {
                 None | Some(Value::Null) => {}
                 Some(l) => {
+                    // A whole number, as JSON counts them (`5` or `5.0`).
                     let l = l
                         .as_u64()
+                        .or_else(|| {
+                            l.as_f64()
+                                .filter(|f| f.fract() == 0.0 && (0.0..9_007_199_254_740_992.0).contains(f))
+                                .map(|f| f as u64)
+                        })
                         .ok_or_else(|| bad("page.limit must be a non-negative integer"))?;
                     if l > 0 {
                         limit = Some(l as usize);

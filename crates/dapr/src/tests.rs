@@ -420,3 +420,26 @@ async fn sealed_tokens_are_bound_to_principal_store_and_operation() {
         "a key list's token in SCAN"
     );
 }
+
+/// Request-level metadata is checked on its own: a transaction with no operation used to take
+/// `ttlSliding: true` without `ttlInSeconds` (found by schemathesis).
+#[test]
+fn request_metadata_is_checked_without_items() {
+    let meta = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    };
+    assert!(check_request_metadata(&meta(&[])).is_ok());
+    assert!(check_request_metadata(&meta(&[("ttlInSeconds", "60"), ("ttlSliding", "TRUE")])).is_ok());
+    assert!(check_request_metadata(&meta(&[("contentEncoding", "Base64")])).is_ok());
+    for bad in [
+        meta(&[("ttlSliding", "true")]),
+        meta(&[("ttlInSeconds", "soon")]),
+        meta(&[("fencingToken", "")]),
+        meta(&[("contentEncoding", "gzip")]),
+    ] {
+        assert!(
+            matches!(check_request_metadata(&bad), Err(DaprError::Malformed(_))),
+            "{bad:?}"
+        );
+    }
+}

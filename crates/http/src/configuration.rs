@@ -49,7 +49,7 @@ fn keys_of(params: &[(String, String)], extra: &[&str]) -> Result<Vec<String>, A
     tag = "configuration",
     params(
         ("store" = String, Path, description = "configuration store name (also served under /v1.0-alpha1)"),
-        ("key" = Option<Vec<String>>, Query, description = "keys to get (repeatable); none: every key of the store"),
+        ("key" = Option<Vec<dto::DaprKey>>, Query, description = "keys to get (repeatable); none: every key of the store"),
     ),
     responses(
         (status = 200, body = HashMap<String, dto::ConfigurationItem>,
@@ -102,7 +102,7 @@ fn update(id: &str, key: String, item: ConfigItem) -> ConfigurationUpdate {
     tag = "configuration",
     params(
         ("store" = String, Path, description = "configuration store name (also served under /v1.0-alpha1)"),
-        ("key" = Option<Vec<String>>, Query, description = "keys to watch (repeatable); none: every key"),
+        ("key" = Option<Vec<dto::DaprKey>>, Query, description = "keys to watch (repeatable); none: every key"),
         ("since" = Option<String>, Query, description = "resume after this event id (a version)"),
         ("snapshot" = Option<bool>, Query, description = "`true`: the current items first, then `synced`"),
         ("Last-Event-ID" = Option<String>, Header, description = "as `since` (sent by EventSource on reconnect)"),

@@ -16,6 +16,109 @@ fn null_as_empty<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(d: D)
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
+/// A JSON object, or `null` (or absent, with `#[serde(default)]`) for the empty value. Only an
+/// object: serde alone would also read a struct from a JSON array, by position.
+fn object_or_null<'de, D: Deserializer<'de>, T: serde::de::DeserializeOwned + Default>(d: D) -> Result<T, D::Error> {
+    use serde::de::Error;
+    match Option::<serde_json::Value>::deserialize(d)? {
+        None | Some(serde_json::Value::Null) => Ok(T::default()),
+        Some(v @ serde_json::Value::Object(_)) => serde_json::from_value(v).map_err(D::Error::custom),
+        Some(_) => Err(D::Error::custom("expected a JSON object")),
+    }
+}
+
+/// A whole number as JSON Schema's `integer` counts them: `5` or `5.0` (no fraction). serde
+/// alone refuses `5.0` for an integer field, which the document allows.
+fn whole<'de, D: Deserializer<'de>, T: TryFrom<i128>>(d: D) -> Result<T, D::Error> {
+    use serde::de::Error;
+    let n = serde_json::Number::deserialize(d)?;
+    let whole = if let Some(u) = n.as_u64() {
+        Some(i128::from(u))
+    } else if let Some(i) = n.as_i64() {
+        Some(i128::from(i))
+    } else {
+        // A fraction-less double below 2^53 is exactly the integer it shows; beyond, it was
+        // rounded when read (`-9223372036854775809` reads as `-2^63`): refused.
+        n.as_f64()
+            .filter(|f| f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0)
+            .map(|f| f as i128)
+    };
+    whole
+        .and_then(|w| T::try_from(w).ok())
+        .ok_or_else(|| D::Error::custom(format!("{n} is not a whole number in range")))
+}
+
+/// [`whole`] from 0 to `i64::MAX` (an `int64` at least 0).
+fn non_negative<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    use serde::de::Error;
+    let n: i64 = whole(d)?;
+    u64::try_from(n).map_err(|_| D::Error::custom(format!("{n} is negative")))
+}
+
+/// [`whole`] for an optional field (`null` is none).
+fn whole_or_null<'de, D: Deserializer<'de>, T: TryFrom<i128>>(d: D) -> Result<Option<T>, D::Error> {
+    #[derive(Deserialize)]
+    struct Whole<T: TryFrom<i128>>(#[serde(deserialize_with = "whole")] T);
+    Ok(Option::<Whole<T>>::deserialize(d)?.map(|w| w.0))
+}
+
+/// A Dapr key (state key, lock resource id, election name, configuration key): not empty and
+/// without `||`, the separator of prefixed stores' keys (the rule of
+/// `dapr::StoreSpec::engine_key`, for every door).
+#[derive(ToSchema)]
+#[schema(value_type = String, pattern = r"^(\|?[^|])+\|?$|^\|$", example = "order-1")]
+pub struct DaprKey(#[allow(dead_code)] String);
+
+/// A version (HLC), as ETags, fencing tokens and event ids carry it:
+/// `{ms}:{counter}:{node}`, decimal milliseconds and a counter up to 99999 (zero-padded as the
+/// service writes them, or not), then a node that is neither empty nor holds `:` or a control
+/// character. A fencing token may not be ahead of the service's clock by more than the allowed
+/// skew (400).
+#[derive(ToSchema)]
+#[schema(
+    value_type = String,
+    pattern = r"^[0-9]{1,19}:[0-9]{1,5}:[^:\x00-\x1f\x7f-\x9f]+$",
+    example = "001795380000000:00002:n1"
+)]
+pub struct Version(#[allow(dead_code)] String);
+
+/// An ETag: a [`Version`], optionally in double quotes (as HTTP quotes ETags); empty is none.
+#[derive(ToSchema)]
+#[schema(
+    value_type = String,
+    pattern = r#"^("*[0-9]{1,19}:[0-9]{1,5}:[^:\x00-\x1f\x7f-\x9f]*[^:"\x00-\x1f\x7f-\x9f]"*)?$"#,
+    example = "001795380000000:00002:n1"
+)]
+pub struct Etag(#[allow(dead_code)] String);
+
+/// Metadata of a write (item metadata, a transaction's metadata, `metadata.<name>` query
+/// parameters). Values may be `null` (read as `""`); names other than these are accepted and
+/// ignored.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct WriteMetadata {
+    /// Time to live in whole seconds, 1 to 3153600000 (100 years), or `-1` (or empty) for none.
+    #[schema(
+        pattern = r"^\s*(-0*1|\+?0*([1-9][0-9]{0,8}|[12][0-9]{9}|30[0-9]{8}|31[0-4][0-9]{7}|315[0-2][0-9]{6}|3153[0-5][0-9]{5}|3153600000))?\s*$",
+        example = "60"
+    )]
+    #[schema(rename = "ttlInSeconds")]
+    ttl_in_seconds: Option<String>,
+    /// The fencing token the write is made under (a [`Version`]; the key then requires one).
+    #[schema(rename = "fencingToken", required = false)]
+    fencing_token: Version,
+    /// `true` (any case): every read pushes the deadline out by the TTL again; needs
+    /// `ttlInSeconds` (a stategate extension).
+    #[schema(pattern = r"^\s*([Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee])?\s*$")]
+    #[schema(rename = "ttlSliding")]
+    ttl_sliding: Option<String>,
+    /// `base64` (any case): the item's value is a JSON string holding the base64 (standard,
+    /// padded) of the bytes to store (a stategate extension).
+    #[schema(pattern = r"^[Bb][Aa][Ss][Ee]64$")]
+    #[schema(rename = "contentEncoding", required = false)]
+    content_encoding: String,
+}
+
 /// A string map where the map or any value may be `null` (a `null` value is `""`).
 fn string_map<'de, D: Deserializer<'de>>(d: D) -> Result<HashMap<String, String>, D::Error> {
     let map = Option::<HashMap<String, Option<String>>>::deserialize(d)?.unwrap_or_default();
@@ -26,26 +129,33 @@ fn string_map<'de, D: Deserializer<'de>>(d: D) -> Result<HashMap<String, String>
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StateOptions {
-    /// `first-write` or `last-write` (default).
+    /// `first-write` or `last-write` (default; also empty).
+    #[schema(value_type = Option<String>, pattern = "^(first-write|last-write)?$")]
     pub concurrency: Option<String>,
-    /// `eventual` or `strong`.
+    /// `eventual` or `strong` (the same here: writes are linearizable; also empty).
+    #[schema(value_type = Option<String>, pattern = "^(eventual|strong)?$")]
     pub consistency: Option<String>,
 }
 
 /// One item of a save request.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct SaveItem {
+    #[schema(value_type = DaprKey, required = true)]
     pub key: Option<String>,
     /// Any JSON value; stored as its JSON text without the whitespace between tokens (numbers
-    /// and strings exactly as sent). Absent or `null`: stored as `null`.
-    #[schema(value_type = Object)]
+    /// and strings exactly as sent). Absent or `null`: stored as `null`. With metadata
+    /// `contentEncoding: base64`, a JSON string holding base64.
+    #[schema(value_type = serde_json::Value)]
     #[serde(default)]
     pub value: Option<Box<RawValue>>,
-    /// The ETag (an HLC version) the key must have.
+    /// The ETag (an HLC version) the key must have; empty or `null`: none.
+    #[schema(value_type = Option<Etag>)]
     pub etag: Option<String>,
+    #[schema(value_type = Option<WriteMetadata>)]
     #[serde(default, deserialize_with = "string_map")]
     pub metadata: HashMap<String, String>,
-    #[serde(default, deserialize_with = "null_as_empty")]
+    #[schema(value_type = Option<StateOptions>)]
+    #[serde(default, deserialize_with = "object_or_null")]
     pub options: StateOptions,
     /// Accepted for daprd compatibility and type-checked as daprd's decoder does (a wrong type
     /// is a 400); the stored bytes say what they are.
@@ -56,13 +166,16 @@ pub struct SaveItem {
 /// Bulk get request.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 pub struct BulkGetRequest {
-    /// `null`: none (the answer is `[]`).
+    /// `null`: none (the answer is `[]`). At most `--max-bulk-keys` (default 10000).
+    #[schema(value_type = Option<Vec<DaprKey>>, required = true)]
     #[serde(deserialize_with = "null_as_empty")]
     pub keys: Vec<String>,
     /// Type-checked as daprd does (a wrong type is a 400), otherwise unused: every key is read
     /// from one engine.
+    #[serde(default, deserialize_with = "whole_or_null")]
     pub parallelism: Option<i64>,
-    /// Type-checked as daprd does; no read takes metadata.
+    /// Type-checked as daprd does (string values, or `null`); no read takes metadata.
+    #[schema(value_type = Option<HashMap<String, Option<String>>>)]
     #[serde(default, deserialize_with = "string_map")]
     pub metadata: HashMap<String, String>,
 }
@@ -71,7 +184,8 @@ pub struct BulkGetRequest {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct BulkItem {
     pub key: String,
-    #[schema(value_type = Object)]
+    /// The value: JSON as stored, or a base64 string (metadata `contentEncoding: base64`).
+    #[schema(value_type = serde_json::Value)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data: Option<Box<RawValue>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -86,6 +200,7 @@ pub struct BulkItem {
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct TransactionOperation {
     /// `upsert` or `delete`.
+    #[schema(pattern = "^(upsert|delete)$")]
     pub operation: String,
     pub request: SaveItem,
 }
@@ -93,9 +208,12 @@ pub struct TransactionOperation {
 /// Transaction request.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 pub struct TransactionRequest {
-    /// `null`: none (nothing is done).
+    /// `null`: none (nothing is done). At most `--max-transaction-ops` (default 1000).
+    #[schema(value_type = Option<Vec<TransactionOperation>>, required = true)]
     #[serde(deserialize_with = "null_as_empty")]
     pub operations: Vec<TransactionOperation>,
+    /// Metadata of every operation (it wins over an operation's own).
+    #[schema(value_type = Option<WriteMetadata>)]
     #[serde(default, deserialize_with = "string_map")]
     pub metadata: HashMap<String, String>,
 }
@@ -104,7 +222,8 @@ pub struct TransactionRequest {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct QueryItem {
     pub key: String,
-    #[schema(value_type = Object)]
+    /// The value: JSON as stored, or a base64 string (metadata `contentEncoding: base64`).
+    #[schema(value_type = serde_json::Value)]
     pub data: Box<RawValue>,
     pub etag: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -143,7 +262,7 @@ pub struct Metadata {
 pub struct ChangeEvent {
     pub key: String,
     /// The new value (on `set`).
-    #[schema(value_type = Object)]
+    #[schema(value_type = serde_json::Value)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data: Option<Box<RawValue>>,
     /// The key's version (for a change, equal to the event id).
@@ -280,19 +399,22 @@ fn proto_int32<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 pub struct TryLockRequest {
     /// The lock's name (a key of the lock store).
+    #[schema(value_type = DaprKey, required = true)]
     #[serde(rename = "resourceId", alias = "resource_id", default)]
     pub resource_id: Option<String>,
     /// Who takes it; stored as the key's value (an AIO leased lock's holder name).
+    #[schema(value_type = String, required = true, min_length = 1)]
     #[serde(rename = "lockOwner", alias = "lock_owner", default)]
     pub lock_owner: Option<String>,
-    /// How long the lock lasts, whole seconds (positive).
+    /// How long the lock lasts, whole seconds (positive; a JSON number, or a string holding
+    /// one, as protojson reads an int32).
     #[serde(
         rename = "expiryInSeconds",
         alias = "expiry_in_seconds",
         default,
         deserialize_with = "proto_int32"
     )]
-    #[schema(value_type = i32)]
+    #[schema(value_type = i32, required = true, minimum = 1)]
     pub expiry_in_seconds: i64,
 }
 
@@ -305,8 +427,10 @@ pub struct TryLockResponse {
 /// `POST /v1.0-alpha1/unlock/{store}` body.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 pub struct UnlockRequest {
+    #[schema(value_type = DaprKey, required = true)]
     #[serde(rename = "resourceId", alias = "resource_id", default)]
     pub resource_id: Option<String>,
+    #[schema(value_type = String, required = true, min_length = 1)]
     #[serde(rename = "lockOwner", alias = "lock_owner", default)]
     pub lock_owner: Option<String>,
 }
@@ -370,18 +494,24 @@ pub struct ImportReport {
 #[serde(deny_unknown_fields)]
 pub struct CampaignRequest {
     /// The election's name: a key of the lock store, the same key a lock on that name uses.
+    #[schema(value_type = DaprKey)]
     pub name: String,
-    /// Who campaigns, stored as the lease's value (an AIO leased lock's holder name).
+    /// Who campaigns, stored as the lease's value (an AIO leased lock's holder name): not
+    /// empty, no newline.
+    #[schema(pattern = "^[^\\n]+$")]
     pub holder: String,
     /// What the leader proclaims once elected.
     #[serde(default)]
     pub value: Option<String>,
-    /// The lease's time to live, ms (positive); the leader renews it before it runs out.
-    #[serde(rename = "ttlMs")]
+    /// The lease's time to live, ms: 1 to 3153600000000 (100 years); the leader renews it
+    /// before it runs out.
+    #[schema(value_type = i64, minimum = 1, maximum = 3153600000000.0)]
+    #[serde(rename = "ttlMs", deserialize_with = "non_negative")]
     pub ttl_ms: u64,
     /// How long to wait while someone else leads, ms (default 0: one attempt). The request
     /// timeout bounds it: a campaign answers before it.
-    #[serde(rename = "waitMs", default)]
+    #[schema(value_type = i64, minimum = 0)]
+    #[serde(rename = "waitMs", default, deserialize_with = "non_negative")]
     pub wait_ms: u64,
 }
 
@@ -389,9 +519,12 @@ pub struct CampaignRequest {
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProclaimRequest {
+    #[schema(value_type = DaprKey)]
     pub name: String,
+    #[schema(pattern = "^[^\\n]+$")]
     pub holder: String,
     /// The fencing token campaign returned.
+    #[schema(value_type = Version)]
     pub token: String,
     pub value: String,
 }
@@ -400,7 +533,9 @@ pub struct ProclaimRequest {
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResignRequest {
+    #[schema(value_type = DaprKey)]
     pub name: String,
+    #[schema(pattern = "^[^\\n]+$")]
     pub holder: String,
 }
 
@@ -445,4 +580,35 @@ pub struct LeaderResponse {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ElectionStatus {
     pub status: &'static str,
+}
+
+/// One record of `POST /v1.0-alpha1/stategate/import` (a line of the export): the document's
+/// view of `dump::decode_line`, which reads it. Each record is one line of the body.
+#[derive(ToSchema)]
+#[schema(title = "ImportRecord")]
+#[allow(dead_code)]
+pub struct ImportRecord {
+    /// The key: text, or with `key_base64` the base64 of its bytes; not empty.
+    #[schema(min_length = 1)]
+    key: String,
+    /// `true`: `key` is base64 (a key that is not UTF-8).
+    #[schema(required = false)]
+    key_base64: bool,
+    /// The value's bytes, base64 (standard alphabet, padded).
+    #[schema(pattern = r"^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?$")]
+    value: String,
+    /// The record's version, kept as it is (not ahead of the service's clock by more than the
+    /// allowed skew).
+    #[schema(value_type = Version)]
+    version: String,
+    /// The fencing token protecting the key (same bound as `version`).
+    #[schema(value_type = Option<Version>)]
+    fencing_token: Option<String>,
+    /// The absolute deadline, ms since the epoch (at most 100 years from now); already past:
+    /// the record is counted as expired.
+    #[schema(minimum = 0)]
+    expires_at_ms: Option<u64>,
+    /// A sliding expiry's time to live, ms (at least 1; needs `expires_at_ms`).
+    #[schema(minimum = 1)]
+    slide_ms: Option<u64>,
 }

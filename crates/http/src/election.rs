@@ -73,11 +73,24 @@ fn dapr_err(e: crate::dapr::DaprError) -> ApiError {
     responses(
         (status = 200, body = dto::CampaignResponse,
          description = "`elected` true: the caller leads, `leader.token` is its fencing token; false: \
-                        the wait ended, `leader` is who leads"),
+                        the wait ended, `leader` is who leads",
+         links(
+             ("Leader" = (operation_id = "leader", description = "who leads the election",
+                          parameters(("store" = "$request.path.store"), ("name" = "$request.body#/name")))),
+             ("Proclaim" = (operation_id = "proclaim", description = "proclaim as the leader elected",
+                            parameters(("store" = "$request.path.store")),
+                            request_body = json!({"name": "$request.body#/name", "holder": "$request.body#/holder",
+                                                  "token": "$response.body#/leader/token", "value": "proclaimed"}))),
+             ("Resign" = (operation_id = "resign", description = "give the leadership up",
+                          parameters(("store" = "$request.path.store")),
+                          request_body = json!({"name": "$request.body#/name", "holder": "$request.body#/holder"})))
+         )),
         (status = 400, body = ErrorBody,
          description = "unknown lock store (ERR_LOCK_STORE_NOT_FOUND), empty name or holder, a holder \
                         with a newline, ttlMs not positive (ERR_MALFORMED_REQUEST)"),
         (status = 403, body = ErrorBody, description = "the caller may not write the election's key"),
+        (status = 409, body = ErrorBody,
+         description = "the key is protected by a fencing token (written with metadata `fencingToken`)"),
     )
 )]
 pub async fn campaign(
@@ -124,6 +137,8 @@ pub async fn campaign(
         (status = 200, body = dto::ElectionStatus),
         (status = 400, body = ErrorBody),
         (status = 403, body = ErrorBody),
+        (status = 409, body = ErrorBody,
+         description = "the key is protected by a fencing token (written with metadata `fencingToken`)"),
     )
 )]
 pub async fn proclaim(
@@ -157,6 +172,8 @@ pub async fn proclaim(
         (status = 200, body = dto::ElectionStatus),
         (status = 400, body = ErrorBody),
         (status = 403, body = ErrorBody),
+        (status = 409, body = ErrorBody,
+         description = "the key is protected by a fencing token (written with metadata `fencingToken`)"),
     )
 )]
 pub async fn resign(
@@ -192,7 +209,7 @@ fn name_param(params: &[(String, String)]) -> Result<String, ApiError> {
     tag = "stategate",
     params(
         ("store" = String, Path, description = "lock store name"),
-        ("name" = String, Query, description = "the election's name"),
+        ("name" = dto::DaprKey, Query, description = "the election's name"),
     ),
     responses(
         (status = 200, body = dto::LeaderResponse),
@@ -220,7 +237,7 @@ pub async fn leader(
     tag = "stategate",
     params(
         ("store" = String, Path, description = "lock store name"),
-        ("name" = String, Query, description = "the election's name"),
+        ("name" = dto::DaprKey, Query, description = "the election's name"),
     ),
     responses(
         (status = 200, content_type = "text/event-stream",

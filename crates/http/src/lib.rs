@@ -40,6 +40,7 @@ use crate::listener::body_budget::BudgetedBody;
 use crate::listener::inflight::{InFlight, Kind, SlotBody};
 
 mod browser;
+mod conditions;
 mod configuration;
 pub mod dto;
 mod election;
@@ -179,6 +180,8 @@ impl<S: Send + Sync> FromRequest<S> for Body {
                        (`{ms:015}:{counter:05}:{node}`), shared with the MQTT and gRPC doors.",
         license(name = "MIT OR Apache-2.0")
     ),
+    // Named by parameters as well as by bodies.
+    components(schemas(dto::DaprKey, dto::Version, dto::Etag, dto::WriteMetadata)),
     tags(
         (name = "state", description = "Dapr state API"),
         (name = "lock", description = "Dapr distributed lock API (alpha), with fencing tokens"),
@@ -194,8 +197,12 @@ fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(state::save_state))
         .routes(routes!(state::get_state, state::delete_state))
-        .routes(routes!(state::bulk_get))
-        .routes(routes!(state::transaction))
+        .routes(routes!(state::bulk_get, state::get_bulk_key, state::delete_bulk_key))
+        .routes(routes!(
+            state::transaction,
+            state::get_transaction_key,
+            state::delete_transaction_key
+        ))
         .routes(routes!(state::query_state))
         .routes(routes!(state::list_keys))
         .routes(routes!(sse::subscribe))
@@ -223,10 +230,15 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     routes().split_for_parts().1
 }
 
-/// The OpenAPI document as the committed `openapi/openapi.json` holds it.
+/// The OpenAPI document as the committed `openapi/openapi.json` holds it: [`openapi`] with the
+/// rules utoipa's types cannot hold ([`conditions`]).
 pub fn openapi_json() -> String {
-    let mut s = openapi()
-        .to_pretty_json()
+    let rendered = serde_json::to_value(openapi()).map(|mut doc| {
+        conditions::apply(&mut doc);
+        doc
+    });
+    let mut s = rendered
+        .and_then(|doc| serde_json::to_string_pretty(&doc))
         .unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
     s.push('\n');
     s
@@ -266,14 +278,6 @@ pub fn router_observed(
     };
     let (mut router, _) = routes().split_for_parts();
     router = router.merge(observe::routes());
-    // The keys named `bulk` and `transaction` are keys too: their GET and DELETE go with the
-    // POST/PUT routes that share their paths.
-    for path in ["/v1.0/state/{store}/bulk", "/v1.0/state/{store}/transaction"] {
-        router = router.route(
-            path,
-            axum::routing::get(state::get_reserved_key).delete(state::delete_reserved_key),
-        );
-    }
     if settings.ui {
         router = router.merge(ui::routes());
     }

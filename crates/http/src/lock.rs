@@ -44,10 +44,16 @@ fn body<T: serde::de::DeserializeOwned + Default>(raw: &[u8]) -> Result<T, ApiEr
         (status = 200, body = dto::TryLockResponse,
          description = "`success` false: someone holds it (the same owner included)",
          headers(("metadata.fencingToken" = Option<String>,
-                  description = "on success: the lock's version, its fencing token"))),
+                  description = "on success: the lock's version, its fencing token")),
+         links(("Unlock" = (operation_id = "unlock", description = "release the lock taken",
+                            parameters(("store" = "$request.path.store")),
+                            request_body = json!({"resourceId": "$request.body#/resourceId",
+                                                  "lockOwner": "$request.body#/lockOwner"}))))),
         (status = 400, body = ErrorBody,
          description = "unknown lock store (ERR_LOCK_STORE_NOT_FOUND); empty resourceId or lockOwner, \
                         expiryInSeconds not positive, malformed body (ERR_MALFORMED_REQUEST)"),
+        (status = 409, body = ErrorBody,
+         description = "the key is protected by a fencing token (written with metadata `fencingToken`)"),
     )
 )]
 pub async fn try_lock(
@@ -92,6 +98,8 @@ pub async fn try_lock(
     responses(
         (status = 200, body = dto::UnlockResponse),
         (status = 400, body = ErrorBody),
+        (status = 409, body = ErrorBody,
+         description = "the key is protected by a fencing token (written with metadata `fencingToken`)"),
     )
 )]
 pub async fn unlock(

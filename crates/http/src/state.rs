@@ -86,11 +86,17 @@ fn save_item(item: dto::SaveItem, request_meta: &HashMap<String, String>) -> Res
     path = "/v1.0/state/{store}",
     tag = "state",
     params(("store" = String, Path, description = "state store name")),
-    request_body = Vec<dto::SaveItem>,
+    request_body(content = Vec<dto::SaveItem>, description = "the items; `null`: none"),
     responses(
         (status = 204, description = "saved; a request of exactly one item also answers that item's new \
                                        version as `ETag` (a stategate extension)",
-         headers(("ETag" = Option<String>, description = "the new version, when exactly one item was saved"))),
+         headers(("ETag" = Option<String>, description = "the new version, when exactly one item was saved")),
+         links(
+             ("GetItem" = (operation_id = "get_state", description = "read the first item saved",
+                           parameters(("store" = "$request.path.store"), ("key" = "$request.body#/0/key")))),
+             ("DeleteItem" = (operation_id = "delete_state", description = "delete the first item saved",
+                              parameters(("store" = "$request.path.store"), ("key" = "$request.body#/0/key"))))
+         )),
         (status = 400, body = ErrorBody, description = "malformed request, unknown store or invalid etag"),
         (status = 409, body = ErrorBody, description = "etag mismatch, first-write conflict or fencing token refused"),
         (status = 507, body = ErrorBody, description = "quota exceeded"),
@@ -107,6 +113,7 @@ pub async fn save_state(
     // `null` is no items, as for daprd (Go decodes it into an empty list).
     let items: Vec<dto::SaveItem> = parse_json::<Option<_>>(&body.0)?.unwrap_or_default();
     let query_meta = query_metadata(&params);
+    dapr::check_request_metadata(&query_meta).map_err(|e| ApiError::from_dapr(Op::Save, e))?;
     // Validate every item before writing any, so malformed input changes nothing.
     let items = items
         .into_iter()
@@ -136,7 +143,9 @@ pub async fn save_state(
     tag = "state",
     params(
         ("store" = String, Path, description = "state store name"),
-        ("key" = String, Path, description = "key (percent-encoded)"),
+        ("key" = dto::DaprKey, Path, description = "key (percent-encoded)"),
+        ("consistency" = Option<String>, Query, pattern = "^(eventual|strong)?$",
+         description = "`eventual` or `strong` (the same here)"),
     ),
     responses(
         (status = 200, description = "the stored value; headers ETag and, when set, metadata.ttlExpireTime \
@@ -154,36 +163,107 @@ pub async fn get_state(
     get_one(&st, &grant, &store, &key, &params).await
 }
 
-/// GET of the keys named `bulk` and `transaction`, whose paths the POST routes of those names
-/// take: they are keys like any other.
-pub async fn get_reserved_key(
+// The keys named `bulk` and `transaction`: their paths are the bulk get's and the
+// transaction's (POST/PUT), yet GET and DELETE there read and delete a key like any other.
+
+/// Get the key named `bulk` (as `GET /v1.0/state/{store}/{key}`).
+#[utoipa::path(
+    get,
+    path = "/v1.0/state/{store}/bulk",
+    tag = "state",
+    params(
+        ("store" = String, Path, description = "state store name"),
+        ("consistency" = Option<String>, Query, pattern = "^(eventual|strong)?$",
+         description = "`eventual` or `strong` (the same here)"),
+    ),
+    responses(
+        (status = 200, description = "the stored value, as for any key"),
+        (status = 204, description = "no such key"),
+        (status = 400, body = ErrorBody),
+    )
+)]
+pub async fn get_bulk_key(
     State(st): State<AppState>,
     Caller(grant): Caller,
     DaprPath(store): DaprPath<String>,
     DaprQuery(params): Params,
-    uri: axum::http::Uri,
 ) -> Result<Response, ApiError> {
-    get_one(&st, &grant, &store, reserved_key(&uri), &params).await
+    get_one(&st, &grant, &store, "bulk", &params).await
 }
 
-/// DELETE of the keys named `bulk` and `transaction` (see [`get_reserved_key`]).
-pub async fn delete_reserved_key(
+/// Delete the key named `bulk` (as `DELETE /v1.0/state/{store}/{key}`).
+#[utoipa::path(
+    delete,
+    path = "/v1.0/state/{store}/bulk",
+    tag = "state",
+    params(
+        ("store" = String, Path, description = "state store name"),
+        ("If-Match" = Option<dto::Etag>, Header, nullable = false, description = "the ETag the key must have"),
+    ),
+    responses(
+        (status = 204, description = "deleted, or there was no such key"),
+        (status = 400, body = ErrorBody),
+        (status = 409, body = ErrorBody),
+    )
+)]
+pub async fn delete_bulk_key(
     State(st): State<AppState>,
     Caller(grant): Caller,
     DaprPath(store): DaprPath<String>,
     DaprQuery(params): Params,
-    uri: axum::http::Uri,
     headers: HeaderMap,
 ) -> Result<StatusCode, ApiError> {
-    delete_one(&st, &grant, &store, reserved_key(&uri).to_owned(), &params, &headers).await
+    delete_one(&st, &grant, &store, "bulk".to_owned(), &params, &headers).await
 }
 
-fn reserved_key(uri: &axum::http::Uri) -> &'static str {
-    if uri.path().trim_end_matches('/').ends_with("/transaction") {
-        "transaction"
-    } else {
-        "bulk"
-    }
+/// Get the key named `transaction` (as `GET /v1.0/state/{store}/{key}`).
+#[utoipa::path(
+    get,
+    path = "/v1.0/state/{store}/transaction",
+    tag = "state",
+    params(
+        ("store" = String, Path, description = "state store name"),
+        ("consistency" = Option<String>, Query, pattern = "^(eventual|strong)?$",
+         description = "`eventual` or `strong` (the same here)"),
+    ),
+    responses(
+        (status = 200, description = "the stored value, as for any key"),
+        (status = 204, description = "no such key"),
+        (status = 400, body = ErrorBody),
+    )
+)]
+pub async fn get_transaction_key(
+    State(st): State<AppState>,
+    Caller(grant): Caller,
+    DaprPath(store): DaprPath<String>,
+    DaprQuery(params): Params,
+) -> Result<Response, ApiError> {
+    get_one(&st, &grant, &store, "transaction", &params).await
+}
+
+/// Delete the key named `transaction` (as `DELETE /v1.0/state/{store}/{key}`).
+#[utoipa::path(
+    delete,
+    path = "/v1.0/state/{store}/transaction",
+    tag = "state",
+    params(
+        ("store" = String, Path, description = "state store name"),
+        ("If-Match" = Option<dto::Etag>, Header, nullable = false, description = "the ETag the key must have"),
+    ),
+    responses(
+        (status = 204, description = "deleted, or there was no such key"),
+        (status = 400, body = ErrorBody),
+        (status = 409, body = ErrorBody),
+    )
+)]
+pub async fn delete_transaction_key(
+    State(st): State<AppState>,
+    Caller(grant): Caller,
+    DaprPath(store): DaprPath<String>,
+    DaprQuery(params): Params,
+    headers: HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    delete_one(&st, &grant, &store, "transaction".to_owned(), &params, &headers).await
 }
 
 async fn get_one(
@@ -231,13 +311,17 @@ async fn get_one(
     params(
         ("store" = String, Path, description = "state store name"),
         ("pattern" = Option<String>, Query, description = "glob over the key names (default: every key)"),
-        ("limit" = Option<usize>, Query, description = "most keys returned, 1 to 1000 (default 100)"),
-        ("token" = Option<String>, Query, description = "the `token` of the previous page"),
+        ("limit" = Option<usize>, Query, minimum = 1, maximum = 1000,
+         description = "most keys returned, 1 to 1000 (default 100)"),
+        ("token" = Option<String>, Query,
+         description = "the `token` of the previous page, as the service issued it (sealed: any other is refused)"),
     ),
     responses(
         (status = 200, body = dto::KeysPage,
          description = "a page of keys; a page may be short (even empty) while a token is returned: \
-                        each call examines a bounded number of keys, so follow tokens until none"),
+                        each call examines a bounded number of keys, so follow tokens until none",
+         links(("NextPage" = (operation_id = "list_keys", description = "the next page",
+                              parameters(("store" = "$request.path.store"), ("token" = "$response.body#/token")))))),
         (status = 400, body = ErrorBody),
     )
 )]
@@ -285,7 +369,7 @@ pub async fn list_keys(
     path = "/v1.0/state/{store}/bulk",
     tag = "state",
     params(("store" = String, Path, description = "state store name")),
-    request_body = dto::BulkGetRequest,
+    request_body(content = dto::BulkGetRequest, description = "`null`: no keys"),
     responses((status = 200, body = Vec<dto::BulkItem>), (status = 400, body = ErrorBody))
 )]
 pub async fn bulk_get(
@@ -335,8 +419,8 @@ pub async fn bulk_get(
     tag = "state",
     params(
         ("store" = String, Path, description = "state store name"),
-        ("key" = String, Path, description = "key (percent-encoded)"),
-        ("If-Match" = Option<String>, Header, description = "the ETag the key must have"),
+        ("key" = dto::DaprKey, Path, description = "key (percent-encoded)"),
+        ("If-Match" = Option<dto::Etag>, Header, nullable = false, description = "the ETag the key must have"),
     ),
     responses(
         (status = 204, description = "deleted, or there was no such key"),
@@ -390,7 +474,7 @@ async fn delete_one(
     path = "/v1.0/state/{store}/transaction",
     tag = "state",
     params(("store" = String, Path, description = "state store name")),
-    request_body = dto::TransactionRequest,
+    request_body(content = dto::TransactionRequest, description = "`null`: no operations"),
     responses(
         (status = 204, description = "committed"),
         (status = 400, body = ErrorBody, description = "malformed, unknown operation, too many operations"),
@@ -408,6 +492,7 @@ pub async fn transaction(
     let req: dto::TransactionRequest = parse_object_or_null(&body.0)?;
     let mut meta = req.metadata;
     dapr::merge_request_metadata(&mut meta, &query_metadata(&params));
+    dapr::check_request_metadata(&meta).map_err(|e| ApiError::from_dapr(Op::Transaction, e))?;
     let mut items = Vec::with_capacity(req.operations.len());
     for op in req.operations {
         let item = save_item(op.request, &meta)?;
@@ -440,7 +525,7 @@ pub async fn transaction(
     path = "/v1.0-alpha1/state/{store}/query",
     tag = "state",
     params(("store" = String, Path, description = "state store name")),
-    request_body(content = Object, description = "{filter?, sort?, page?: {limit, token}}"),
+    request_body(content = Object, description = "`{filter?, sort?, page?: {limit?, token?}}` (schema `QueryRequest`)"),
     responses(
         (status = 200, body = dto::QueryResponse),
         (status = 204, description = "no results"),

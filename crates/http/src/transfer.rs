@@ -103,8 +103,9 @@ fn import_limit(st: &AppState) -> usize {
            ("overwriteFenced" = Option<bool>, Query,
             description = "`true`: also replace keys protected by a fencing token the record does not \
                            match (equal or higher); without it such keys are kept and counted")),
-    request_body(content = String, content_type = "application/x-ndjson",
-                 description = "lines as `GET /v1.0-alpha1/stategate/export` writes them"),
+    request_body(content = Option<Vec<dto::ImportRecord>>, content_type = "application/x-ndjson",
+                 description = "records, one JSON object per line, as `GET /v1.0-alpha1/stategate/export` \
+                                writes them; empty: nothing to import"),
     responses(
         (status = 200, body = dto::ImportReport),
         (status = 400, body = ErrorBody, description = "a line that is not a record, or a record the \

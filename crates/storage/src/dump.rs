@@ -49,10 +49,29 @@ struct Line {
     version: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     fencing_token: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "milliseconds")]
     expires_at_ms: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "milliseconds")]
     slide_ms: Option<u64>,
+}
+
+/// Milliseconds as the HTTP import's document describes them (an `int64` at least 0): a whole
+/// number, `5` or `5.0`, up to `i64::MAX`; `null` is none. A double is taken only below 2^53,
+/// where it is exactly the integer it shows.
+fn milliseconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    use serde::de::Error;
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    n.as_u64()
+        .filter(|&u| i64::try_from(u).is_ok())
+        .or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && (0.0..9_007_199_254_740_992.0).contains(f))
+                .map(|f| f as u64)
+        })
+        .map(Some)
+        .ok_or_else(|| D::Error::custom(format!("{n} is not a whole number of milliseconds from 0 to 2^63-1")))
 }
 
 /// Appends one record as a line (with its `\n`).

@@ -5,7 +5,7 @@ use super::*;
 
 /// Runs a command to its end, capturing its output, within `limit`: past it the child is killed
 /// (`kill_on_drop`) and the test fails. Awaits the child's exit; nothing blocks a worker.
-pub(super) async fn run_bounded(cmd: &mut Command, limit: Duration, what: &str) -> Output {
+pub(crate) async fn run_bounded(cmd: &mut Command, limit: Duration, what: &str) -> Output {
     let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -20,7 +20,7 @@ pub(super) async fn run_bounded(cmd: &mut Command, limit: Duration, what: &str) 
     }
 }
 
-pub(super) fn describe(o: &Output) -> String {
+pub(crate) fn describe(o: &Output) -> String {
     format!(
         "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
         o.status.code(),
