@@ -38,6 +38,7 @@ mod scaleout_aio;
 mod scaleout_register;
 mod sentinel;
 mod state_topics;
+mod state_topics_guard;
 mod support;
 mod tls;
 mod transfer;

@@ -202,6 +202,27 @@ impl StateTopicOutcome {
     }
 }
 
+/// How the state topics mirror's read of what an external broker retained under its prefix
+/// went (at start, and after dropped changes): its stale topics are cleared only after a read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetainedRead {
+    Read,
+    /// The broker refused the subscription the read needs (its ACL): nothing was cleared.
+    Refused,
+    /// No answer in time, or no connection: nothing was cleared.
+    Failed,
+}
+
+impl RetainedRead {
+    fn label(self) -> &'static str {
+        match self {
+            RetainedRead::Read => "read",
+            RetainedRead::Refused => "refused",
+            RetainedRead::Failed => "failed",
+        }
+    }
+}
+
 struct Handles {
     registry: Registry,
     requests: IntCounterVec,
@@ -213,6 +234,7 @@ struct Handles {
     notifications_dropped: IntCounter,
     /// The state topics mirror (`--state-topics`), per outcome of a change.
     state_topics: IntCounterVec,
+    state_topics_retained_reads: IntCounterVec,
     registrations: IntGauge,
     observing_clients: IntGauge,
     keys: IntGauge,
@@ -333,6 +355,15 @@ impl Metrics {
     pub fn state_topic(&self, outcome: StateTopicOutcome) {
         if let Some(h) = &self.0.handles {
             h.state_topics.with_label_values(&[outcome.label()]).inc();
+        }
+    }
+
+    /// A read of what an external broker retained under the mirror's prefix.
+    pub fn state_topics_retained_read(&self, outcome: RetainedRead) {
+        if let Some(h) = &self.0.handles {
+            h.state_topics_retained_reads
+                .with_label_values(&[outcome.label()])
+                .inc();
         }
     }
 
@@ -531,6 +562,11 @@ impl Handles {
             state_topics: counter_vec(
                 "state_topics_messages_total",
                 "Changes of keys the state topics mirror handled: published, skipped (the key cannot be a topic) or withheld (external broker: an anonymous caller may not read the key).",
+                &["outcome"],
+            ),
+            state_topics_retained_reads: counter_vec(
+                "state_topics_retained_reads_total",
+                "Reads of what an external broker retained under the state topics prefix (to clear topics of keys that went): read, refused (the broker refused the subscription) or failed; stale topics are cleared only after a read.",
                 &["outcome"],
             ),
             registrations: gauge("keynotify_registrations", "KEYNOTIFY registrations (client, key)."),
