@@ -298,6 +298,13 @@ impl Config {
             }
             BrokerChoice::Embedded { .. } if access.trust_src_id => return Err(ConfigError::TrustNeedsExternalBroker),
             BrokerChoice::External { .. } if access.bind_client_id => return Err(ConfigError::BindNeedsEmbeddedBroker),
+            // Without either, every identity is whatever its client typed: binding would bind
+            // ids to nothing anyone verified.
+            BrokerChoice::Embedded { .. }
+                if access.bind_client_id && access.mqtt_auth_file.is_none() && a.net.mqtt_tls_client_ca.is_none() =>
+            {
+                return Err(ConfigError::BindNeedsVerifiedIdentities);
+            }
             _ => {}
         }
         // Malformed files are refused at startup (exit 64), naming the file and line.

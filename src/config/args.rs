@@ -282,6 +282,7 @@ pub struct ServeArgs {
     /// Embedded broker: a client id must be the client's identity (its username or certificate
     /// identity), or start with it and `:` (`sensor-1:logger`); others get CONNACK Not
     /// authorized. Makes `{clientId}` and `client_ids` rules as safe as `{username}` ones.
+    /// Needs `--mqtt-auth-file` or `--mqtt-tls-client-ca` (verified identities).
     #[arg(long, env = "STATEGATE_MQTT_BIND_CLIENT_ID")]
     pub mqtt_bind_client_id: bool,
     /// Requests per second one principal may make (MQTT, HTTP, gRPC together); past it MQTT

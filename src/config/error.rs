@@ -49,6 +49,10 @@ pub enum ConfigError {
     TrustNeedsExternalBroker,
     #[error("--mqtt-bind-client-id needs the embedded broker (an external broker checks its own client ids)")]
     BindNeedsEmbeddedBroker,
+    #[error(
+        "--mqtt-bind-client-id needs identities someone verified: --mqtt-auth-file (passwords) or --mqtt-tls-client-ca (client certificates); without either a client's identity is whatever it types"
+    )]
+    BindNeedsVerifiedIdentities,
     #[error("--state-topics {prefix:?} {reason}")]
     BadStateTopics { prefix: String, reason: &'static str },
     #[error(
@@ -74,7 +78,7 @@ impl ConfigError {
             ConfigError::Access(_) => return None,
             ConfigError::AuthNeedsEmbeddedBroker | ConfigError::AuthWithClientPath => "mqtt-auth-file",
             ConfigError::TrustNeedsExternalBroker => "mqtt-trust-src-id",
-            ConfigError::BindNeedsEmbeddedBroker => "mqtt-bind-client-id",
+            ConfigError::BindNeedsEmbeddedBroker | ConfigError::BindNeedsVerifiedIdentities => "mqtt-bind-client-id",
             ConfigError::BadStateTopics { .. } => "state-topics",
             ConfigError::StateTopicsSetNeedsInBroker => "state-topics-set",
             ConfigError::EncryptionNeedsDurable => "encryption-key-file",

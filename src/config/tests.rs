@@ -146,6 +146,27 @@ fn bad_values_are_refused() {
     assert!(matches!(Config::from_args(a), Err(ConfigError::PacketTooSmall { .. })));
 }
 
+/// `--mqtt-bind-client-id` binds client ids to identities; without a password file or client
+/// certificates an identity is whatever the client typed, so the flag alone is refused.
+#[test]
+#[cfg(feature = "embedded-broker")]
+fn binding_client_ids_needs_verified_identities() {
+    let a = ServeArgs {
+        mqtt_bind_client_id: true,
+        ..ServeArgs::default()
+    };
+    let e = Config::from_args(a).unwrap_err();
+    assert!(matches!(e, ConfigError::BindNeedsVerifiedIdentities), "{e}");
+    assert_eq!(e.setting(), Some("mqtt-bind-client-id"));
+    let users = tempfile::NamedTempFile::new().unwrap();
+    let a = ServeArgs {
+        mqtt_bind_client_id: true,
+        mqtt_auth_file: Some(users.path().to_owned()),
+        ..ServeArgs::default()
+    };
+    assert!(Config::from_args(a).is_ok(), "with a password file");
+}
+
 #[test]
 fn storage_flags() {
     let c = Config::default();

@@ -40,6 +40,7 @@ mod scaleout_register;
 mod schemathesis;
 mod sentinel;
 mod state_topics;
+mod state_topics_guard;
 mod state_topics_replay;
 mod support;
 mod tls;

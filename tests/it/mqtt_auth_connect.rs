@@ -1,6 +1,7 @@
 //! What the embedded broker checks at CONNECT, before a session exists: a certificate login's
-//! identity comes from the certificate, a Will may not go where its client may not publish,
-//! client ids bound to identities (`--mqtt-bind-client-id`), and the service's own client id.
+//! identity comes from the certificate, a Will may not go where its client may not publish
+//! (the state topics: `state_topics_guard`), client ids bound to identities
+//! (`--mqtt-bind-client-id`), and the service's own client id.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use crate::support::{Broker, INVOKE, RawClient, TestEnv, WAIT, now_ts, prop, uni
 
 /// A connected client; its event loop is polled until dropped (dropping it closes the socket
 /// without a DISCONNECT, so the broker publishes its Will).
-struct Connected {
+pub(crate) struct Connected {
     _client: AsyncClient,
     poller: tokio::task::JoinHandle<()>,
 }
@@ -30,7 +31,7 @@ impl Drop for Connected {
 }
 
 /// Connects with `o`: the client, or the refusal (the CONNACK code or the connection error).
-async fn connect(mut o: MqttOptions) -> Result<Connected, String> {
+pub(crate) async fn connect(mut o: MqttOptions) -> Result<Connected, String> {
     o.set_keep_alive(Duration::from_secs(30));
     let (client, mut events) = AsyncClient::new(o, 16);
     let outcome = tokio::time::timeout(WAIT, async {
@@ -282,6 +283,49 @@ async fn with_binding_a_client_id_belongs_to_its_identity() {
         "an anonymous client",
     );
     assert!(e.contains("NotAuthorized"), "{e}");
+    env.stop().await;
+}
+
+/// Binding binds ids to identities someone verified, and to none another identity's ids can
+/// look like. With client certificates but no password file, a username on the plain listener
+/// was whatever the client typed, so `sensor-9` took sensor-9's ids by typing its name; and
+/// certificate identities may contain the separator, so CN `sensor` owned the ids of CN
+/// `sensor:1` (which owned them too). Now typed names bind nothing, and an identity with `:`
+/// binds nothing (docs/security.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binding_needs_a_verified_identity_without_the_separator() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("server CA");
+    let ca_file = ca.write(dir.path(), "ca");
+    let clients_ca = Ca::new("clients CA");
+    let tweak = mtls(
+        &ca.server(dir.path(), "server"),
+        clients_ca.write(dir.path(), "clients-ca"),
+        CertIdentity::Cn,
+    );
+    let env = TestEnv::start_with(Broker::Embedded, |c| {
+        tweak(c);
+        c.access.bind_client_id = true;
+    })
+    .await;
+    let e = refused(
+        RawClient::connect_as(env.broker_port, "sensor-9", Some(("sensor-9", "typed"))).await,
+        "a typed username on the plain listener",
+    );
+    assert!(e.contains("NotAuthorized"), "{e}");
+    let port = mqtts_port(&env);
+    let colon = clients_ca.client(dir.path(), "colon", "sensor:1");
+    for id in ["sensor:1", "sensor:1:a"] {
+        let e = refused(
+            connect(mqtts(id, port, &ca_file, &colon)).await,
+            &format!("CN sensor:1 as {id}"),
+        );
+        assert!(e.contains("NotAuthorized"), "{id}: {e}");
+    }
+    let sensor = clients_ca.client(dir.path(), "sensor", "sensor");
+    let _own = connect(mqtts("sensor:1", port, &ca_file, &sensor))
+        .await
+        .expect("CN sensor's own id space");
     env.stop().await;
 }
 

@@ -40,6 +40,11 @@ impl Mosquitto {
     /// version ... running", written once its listener is open. A task reads its log (stderr)
     /// until it exits, so that Mosquitto never blocks on a full pipe.
     pub async fn start() -> Mosquitto {
+        Mosquitto::start_with("").await
+    }
+
+    /// [`Mosquitto::start`] with `extra` lines at the end of its configuration (a plugin, an ACL).
+    pub async fn start_with(extra: &str) -> Mosquitto {
         let bin = which_mosquitto();
         let mut failures = Vec::new();
         for _attempt in 0..5 {
@@ -49,7 +54,7 @@ impl Mosquitto {
             std::fs::write(
                 &conf,
                 format!(
-                    "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nset_tcp_nodelay true\nmax_inflight_messages 0\nmax_queued_messages 100000\nlog_dest stderr\n"
+                    "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nset_tcp_nodelay true\nmax_inflight_messages 0\nmax_queued_messages 100000\nlog_dest stderr\n{extra}"
                 ),
             )
             .expect("write mosquitto.conf");

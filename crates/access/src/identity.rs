@@ -43,14 +43,21 @@ impl Principal {
 
 /// What separates an identity from the rest of a client id bound to it
 /// (`--mqtt-bind-client-id`), as in `sensor-1:logger`. A password-file username cannot contain
-/// it, so no user's client ids look like another user's; `-` or `_` would let user `sensor`
-/// take `sensor-1`'s id.
+/// it; `-` or `_` would let user `sensor` take `sensor-1`'s id. A certificate identity could
+/// (a CN `sensor:1`), and then CN `sensor` would own its ids: such an identity binds no id at
+/// all ([`binds_client_ids`]).
 pub const CLIENT_ID_SEPARATOR: char = ':';
+
+/// Whether `identity` can have client ids bound to it: not empty, and without
+/// [`CLIENT_ID_SEPARATOR`], so that no identity's ids are another identity followed by it.
+pub fn binds_client_ids(identity: &str) -> bool {
+    !identity.is_empty() && !identity.contains(CLIENT_ID_SEPARATOR)
+}
 
 /// Whether `client_id` belongs to `identity` (an authenticated username or certificate
 /// identity): equal to it, or it followed by [`CLIENT_ID_SEPARATOR`] and anything.
 pub fn client_id_bound(client_id: &str, identity: &str) -> bool {
-    !identity.is_empty()
+    binds_client_ids(identity)
         && client_id
             .strip_prefix(identity)
             .is_some_and(|rest| rest.is_empty() || rest.starts_with(CLIENT_ID_SEPARATOR))

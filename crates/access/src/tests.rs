@@ -342,6 +342,11 @@ fn bound_client_ids_are_the_identity_or_start_with_it_and_a_colon() {
         ("dev-1-2", "dev-1"),
         ("x:dev-1", "dev-1"),
         ("", ""),
+        // An identity with the separator binds nothing: else CN `sensor` would own CN
+        // `sensor:1`'s ids, and `sensor:1` would share them.
+        ("sensor:1", "sensor:1"),
+        ("sensor:1:a", "sensor:1"),
+        ("CN=a, O=b:x", "CN=a, O=b:x"),
     ] {
         assert!(!client_id_bound(id, identity), "{id} / {identity}");
     }

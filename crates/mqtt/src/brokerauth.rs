@@ -12,20 +12,26 @@
 //!   to another client's notification topics, or to another client's `clients/<id>/...`
 //!   namespace (where the Azure IoT Operations SDKs put their response topics); nobody
 //!   publishes on a notification topic (only the service does, from inside the broker), nor
-//!   leaves a Will there or on the invoke topic (checked at CONNECT: rmqtt publishes Wills
-//!   without the publish hook).
+//!   leaves a Will there or on the invoke topic.
 //!   Subscription filters arrive with any `$share/<group>/` already stripped.
+//! - With `--state-topics`, whether or not access control is on, everything under the prefix
+//!   is the service's: no client publishes there (a set request aside, which its own hook
+//!   consumes), retained or not, and no client leaves a Will there (not even on a set topic: a
+//!   Will bypasses the hooks and would reach the topic's subscribers as if the service spoke).
+//! - One rule ([`BrokerGuard::refusal`]) decides both a PUBLISH (the publish ACL hook) and a
+//!   Will (at CONNECT: rmqtt publishes Wills without the publish hook).
 
 use async_trait::async_trait;
-use rmqtt::codec::v5::SubscribeAckReason;
+use rmqtt::codec::v5::{PublishAckReason, SubscribeAckReason};
 use rmqtt::hook::{Handler, HookResult, Parameter, ReturnType, Type};
-use rmqtt::types::{AuthResult, ConnectInfo, LastWill, PublishAclResult, SubscribeAclResult};
+use rmqtt::types::{AuthResult, ConnectInfo, LastWill, PublishAclResult, PublishResult, SubscribeAclResult};
 
 use super::broker::tls;
 use super::request::notify_topic_client_level;
 use super::{INVOKE_TOPIC, NOTIFY_TOPIC_PREFIX};
 use crate::CertIdentity;
 use crate::access::Access;
+use crate::access::identity::binds_client_ids;
 
 /// What the broker's hooks enforce.
 #[derive(Debug, Clone)]
@@ -41,7 +47,60 @@ pub struct BrokerGuard {
     pub state_topics: Option<crate::mirror::StateTopics>,
 }
 
+/// How a message would reach the broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    /// A PUBLISH, seen by the publish hooks (the set request hook among them).
+    Publish,
+    /// The client's Will, which rmqtt publishes after the session ends, past every hook.
+    Will,
+}
+
+/// Why a client may not send to a topic: the PUBACK reason code and its reason string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Refusal {
+    reason: PublishAckReason,
+    text: &'static str,
+}
+
+const NOT_AUTHORIZED: Refusal = Refusal {
+    reason: PublishAckReason::NotAuthorized,
+    text: "not authorized",
+};
+
 impl BrokerGuard {
+    /// The one rule for what client `client_id` may send to `topic`, as a PUBLISH or as its
+    /// Will (`None`: allowed).
+    fn refusal(&self, client_id: &str, topic: &str, sent: Sent) -> Option<Refusal> {
+        if self.is_service(client_id) {
+            return None;
+        }
+        if let Some(mirror) = &self.state_topics
+            && mirror.owns(topic)
+        {
+            return match sent {
+                // The set request hook consumes it: it is answered, never routed.
+                Sent::Publish if mirror.set_key_of(topic).is_some() => None,
+                Sent::Publish if mirror.is_set_topic(topic) => Some(Refusal {
+                    reason: PublishAckReason::TopicNameInvalid,
+                    text: "the key cannot be a state topic",
+                }),
+                Sent::Publish | Sent::Will => Some(Refusal {
+                    reason: PublishAckReason::NotAuthorized,
+                    text: "the state topics are the service's",
+                }),
+            };
+        }
+        if !self.topics_guarded() {
+            return None;
+        }
+        let allowed = match sent {
+            Sent::Publish => may_publish(topic),
+            Sent::Will => may_will(topic),
+        };
+        (!allowed).then_some(NOT_AUTHORIZED)
+    }
+
     /// Whether topic ACLs apply (access control is configured).
     fn topics_guarded(&self) -> bool {
         self.access.mqtt_auth_required() || self.access.has_rules()
@@ -68,8 +127,7 @@ impl BrokerGuard {
             .add(Type::MessagePublishCheckAcl, Box::new(PublishAcl(guard.clone())))
             .await;
         if let Some(topics) = &guard.state_topics {
-            let (access, service_id) = (guard.access.clone(), guard.service_id.clone());
-            crate::mirror::inbroker::install_guards(hooks, topics.clone(), access, service_id, guard.client_path).await;
+            crate::mirror::inbroker::install_guards(hooks, topics.clone(), guard.access.clone()).await;
         }
     }
 }
@@ -111,10 +169,23 @@ impl Authenticate {
         }
         self.check_will(info)?;
         let identity = self.identity(info).await?;
-        if !self.guard.access.may_use_client_id(client_id, identity) {
+        // Only an identity somebody vouched for (a client certificate, a password-file user)
+        // binds client ids: without a password file a username on the plain listener is
+        // whatever the client typed, even when the MQTTS listener checks certificates.
+        let verified = identity.filter(|_| info.cert().is_some() || self.guard.access.mqtt_auth_required());
+        if !self.guard.access.may_use_client_id(client_id, verified) {
+            let why = match verified {
+                None if identity.is_some() => "the username is not verified (no password file, no client certificate)",
+                None => "an anonymous client has no identity",
+                Some(id) if !binds_client_ids(id) => {
+                    "the identity contains ':', which separates an identity from the rest of its client ids"
+                }
+                Some(_) => "the client id is neither the identity nor starts with it and ':'",
+            };
             tracing::info!(
                 client_id,
                 user = identity,
+                why,
                 "mqtt: the client id is not bound to the client's identity (--mqtt-bind-client-id); refused"
             );
             return Err(AuthResult::NotAuthorized);
@@ -141,21 +212,22 @@ impl Authenticate {
     }
 
     /// rmqtt publishes a Will without calling the publish ACL hook, so its topic is checked
-    /// here, once, with the PUBLISH rule. A refused Will refuses the CONNECT rather than being
-    /// stripped: the hook cannot change the CONNECT, and a client whose Will would silently
-    /// never be published would be misled.
+    /// here, once, with the PUBLISH rule ([`BrokerGuard::refusal`]). A refused Will refuses the
+    /// CONNECT rather than being stripped: the hook cannot change the CONNECT, and a client
+    /// whose Will would silently never be published would be misled.
     fn check_will(&self, info: &ConnectInfo) -> Result<(), AuthResult> {
         let topic = match info.last_will() {
             None => return Ok(()),
             Some(LastWill::V3(will)) => &will.topic,
             Some(LastWill::V5(will)) => &will.topic,
         };
-        if !self.guard.topics_guarded() || may_will(topic) {
+        let Some(refusal) = self.guard.refusal(info.client_id(), topic, Sent::Will) else {
             return Ok(());
-        }
+        };
         tracing::info!(
             client_id = &**info.client_id(),
             topic = &**topic,
+            why = refusal.text,
             "mqtt: a Will on a topic its client may not publish to; refused"
         );
         Err(AuthResult::NotAuthorized)
@@ -288,13 +360,18 @@ impl Handler for PublishAcl {
             return (true, acc);
         };
         let client_id: &str = &session.id.client_id;
-        if !self.0.topics_guarded() || self.0.is_service(client_id) || may_publish(&publish.topic) {
+        let Some(refusal) = self.0.refusal(client_id, &publish.topic, Sent::Publish) else {
             return (true, acc);
-        }
-        tracing::info!(client_id, topic = &*publish.topic, "mqtt: publish refused");
-        // PUBACK 0x87 Not authorized; the connection stays.
-        let refused = PublishAclResult::rejected(false, Some("not authorized".into()));
-        (false, Some(HookResult::PublishAclResult(refused)))
+        };
+        tracing::info!(
+            client_id,
+            topic = &*publish.topic,
+            why = refusal.text,
+            "mqtt: publish refused"
+        );
+        // A PUBACK with the reason code (QoS 0: dropped); the connection stays.
+        let refused = PublishResult::reason_code(refusal.reason, Some(refusal.text.into()), false);
+        (false, Some(HookResult::PublishAclResult(PublishAclResult(refused))))
     }
 }
 
@@ -340,6 +417,42 @@ mod tests {
         assert!(!may_publish(&format!("{N}/4142/command/notify/6B")));
         assert!(may_publish(INVOKE_TOPIC));
         assert!(may_publish("clients/dev-2/services/x/response"));
+    }
+
+    /// Everything under the state topics prefix is the service's, with or without access
+    /// control: a client's PUBLISH there (a set request aside) and its Will anywhere there.
+    #[test]
+    fn state_topics_are_the_services_alone() {
+        let mirror = crate::mirror::StateTopics {
+            prefix: "state/".into(),
+            set_by_publish: true,
+            external_broker: false,
+        };
+        let guard = BrokerGuard {
+            access: Access::open(),
+            service_id: "svc".into(),
+            client_path: true,
+            state_topics: Some(mirror),
+        };
+        let reason = |topic: &str, sent| guard.refusal("dev-1", topic, sent).map(|r| r.reason);
+        for sent in [Sent::Publish, Sent::Will] {
+            assert_eq!(reason("state/door/open", sent), Some(PublishAckReason::NotAuthorized));
+            assert_eq!(reason("state/", sent), Some(PublishAckReason::NotAuthorized));
+            assert_eq!(reason("devices/dev-1/status", sent), None);
+        }
+        // A set request goes to its hook; as a Will it would reach the topic's subscribers.
+        assert_eq!(reason("state/door/set", Sent::Publish), None);
+        assert_eq!(
+            reason("state/door/set", Sent::Will),
+            Some(PublishAckReason::NotAuthorized)
+        );
+        for bad_key in ["state/a//set", "state/x/set/set"] {
+            assert_eq!(reason(bad_key, Sent::Publish), Some(PublishAckReason::TopicNameInvalid));
+        }
+        // The service's own connection (client path) publishes the mirror.
+        assert_eq!(guard.refusal("svc", "state/door/open", Sent::Publish), None);
+        // Without access control the protocol's own topics stay open, as before.
+        assert_eq!(reason(INVOKE_TOPIC, Sent::Will), None);
     }
 
     #[test]

@@ -1,5 +1,10 @@
 //! The short-lived response cache that answers a QoS 1 redelivery without executing it again.
 //!
+//! Two paths use it, each with a cache of its own: requests on the invoke topic, keyed by their
+//! response topic and correlation data ([`Dedup::check`]), and set-by-publish, keyed by the
+//! publisher's session and packet id ([`Dedup::check_key`], `mirror::inbroker`), whose answer
+//! is a PUBACK reason code.
+//!
 //! Sharded by key hash, so concurrent writers rarely meet on one lock; bounded by entries,
 //! bytes and age. Every write passes through it and most entries are never read again, so an
 //! entry is two allocations: its key (response topic and correlation data, copied: a slice of
@@ -17,19 +22,37 @@ use tokio::time::{Duration, Instant};
 
 use super::request::Outgoing;
 
+/// An answer the cache keeps, as one buffer (one allocation per entry, decoded only when a
+/// redelivery asks for it).
+pub(crate) trait Answer: Sized {
+    fn encode(&self) -> Box<[u8]>;
+    /// The inverse of `encode`; `None` only if the buffer is not one it wrote.
+    fn decode(buf: &[u8]) -> Option<Self>;
+}
+
+impl Answer for Outgoing {
+    fn encode(&self) -> Box<[u8]> {
+        encode(self)
+    }
+
+    fn decode(buf: &[u8]) -> Option<Outgoing> {
+        decode(buf)
+    }
+}
+
 /// `topic_len:u32(BE) topic correlation`: the bytes of [`super::request::request_id`], allocated
 /// once and shared by the map and the queue.
 pub(crate) type Key = Arc<[u8]>;
 
 /// What the cache knows of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Seen {
+pub(crate) enum Seen<A = Outgoing> {
     /// First time: execute it (the cache now marks it in progress under this key).
     New(Key),
     /// Still executing: the first copy will answer.
     InProgress,
     /// Answered before: send this again.
-    Answered(Arc<Outgoing>),
+    Answered(Arc<A>),
 }
 
 const SHARDS: usize = 16;
@@ -37,13 +60,14 @@ const SHARDS: usize = 16;
 const ENTRY_OVERHEAD: usize = 96;
 
 #[derive(Debug)]
-pub(crate) struct Dedup {
+pub(crate) struct Dedup<A = Outgoing> {
     ttl: Duration,
     /// Per shard.
     capacity: usize,
     max_bytes: usize,
     hasher: RandomState,
     shards: Vec<Mutex<Shard>>,
+    answers: std::marker::PhantomData<fn() -> A>,
 }
 
 #[derive(Debug, Default)]
@@ -73,7 +97,7 @@ fn put(buf: &mut Vec<u8>, bytes: &[u8]) {
     buf.extend_from_slice(bytes);
 }
 
-/// An answer as one buffer: topic, payload, correlation (flag + bytes), expiry (flag + u32),
+/// An [`Outgoing`] as one buffer: topic, payload, correlation (flag + bytes), expiry (flag + u32),
 /// then the user properties, each a length-prefixed string.
 fn encode(out: &Outgoing) -> Box<[u8]> {
     let props: usize = out.user_properties.iter().map(|(k, v)| 8 + k.len() + v.len()).sum();
@@ -146,15 +170,16 @@ impl Shard {
     }
 }
 
-impl Dedup {
+impl<A: Answer> Dedup<A> {
     /// `capacity` entries and `max_bytes` in all, each kept at most `ttl`.
-    pub(crate) fn new(ttl: Duration, capacity: usize, max_bytes: usize) -> Dedup {
+    pub(crate) fn new(ttl: Duration, capacity: usize, max_bytes: usize) -> Dedup<A> {
         Dedup {
             ttl,
             capacity: capacity.div_ceil(SHARDS).max(1),
             max_bytes: max_bytes.div_ceil(SHARDS).max(1),
             hasher: RandomState::new(),
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            answers: std::marker::PhantomData,
         }
     }
 
@@ -164,9 +189,13 @@ impl Dedup {
     }
 
     /// Looks a request up by (response topic, correlation data) and marks a new one in progress.
-    pub(crate) fn check(&self, topic: &str, correlation: &Bytes) -> Seen {
+    pub(crate) fn check(&self, topic: &str, correlation: &Bytes) -> Seen<A> {
+        self.check_key(key(topic, correlation))
+    }
+
+    /// Looks a request up by its key and marks a new one in progress.
+    pub(crate) fn check_key(&self, probe: Key) -> Seen<A> {
         let now = Instant::now();
-        let probe = key(topic, correlation);
         let mut shard = self.shard(&probe);
         // Forget what is too old, and the oldest while over a limit.
         while let Some((t, _)) = shard.order.front() {
@@ -179,7 +208,7 @@ impl Dedup {
             }
         }
         match shard.map.get(&probe) {
-            Some(Slot { answer: Some(buf), .. }) => match decode(buf) {
+            Some(Slot { answer: Some(buf), .. }) => match A::decode(buf) {
                 Some(out) => Seen::Answered(Arc::new(out)),
                 None => Seen::InProgress,
             },
@@ -195,8 +224,8 @@ impl Dedup {
     }
 
     /// Stores the answer of a request marked in progress.
-    pub(crate) fn answered(&self, key: &Key, out: &Outgoing) {
-        let buf = encode(out);
+    pub(crate) fn answered(&self, key: &Key, out: &A) {
+        let buf = out.encode();
         let extra = buf.len();
         let mut shard = self.shard(key);
         if let Some(slot) = shard.map.get_mut(key) {
@@ -243,7 +272,7 @@ mod tests {
 
     #[tokio::test]
     async fn redelivery_gets_the_first_answer_and_a_copy_in_progress_gets_nothing() {
-        let d = Dedup::new(Duration::from_secs(60), 100, 1 << 20);
+        let d: Dedup = Dedup::new(Duration::from_secs(60), 100, 1 << 20);
         let k = new_key(&d, "resp", b"1");
         assert_eq!(d.check("resp", &Bytes::from_static(b"1")), Seen::InProgress);
         d.answered(&k, &answer(b"+OK\r\n"));
@@ -258,14 +287,14 @@ mod tests {
 
     #[tokio::test]
     async fn keys_are_the_request_ids() {
-        let d = Dedup::new(Duration::from_secs(60), 100, 1 << 20);
+        let d: Dedup = Dedup::new(Duration::from_secs(60), 100, 1 << 20);
         let k = new_key(&d, "resp", b"\x00\x01");
         assert_eq!(&k[..], &crate::request::request_id("resp", b"\x00\x01")[..]);
     }
 
     #[tokio::test]
     async fn forgotten_requests_run_again() {
-        let d = Dedup::new(Duration::from_secs(60), 100, 1 << 20);
+        let d: Dedup = Dedup::new(Duration::from_secs(60), 100, 1 << 20);
         let k = new_key(&d, "resp", b"1");
         d.forget(&k);
         new_key(&d, "resp", b"1");
@@ -273,7 +302,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn answers_expire_after_the_ttl() {
-        let d = Dedup::new(Duration::from_secs(60), 100, 1 << 20);
+        let d: Dedup = Dedup::new(Duration::from_secs(60), 100, 1 << 20);
         let k = new_key(&d, "resp", b"1");
         d.answered(&k, &answer(b"+OK\r\n"));
         tokio::time::advance(Duration::from_secs(61)).await;
@@ -283,7 +312,7 @@ mod tests {
 
     #[tokio::test]
     async fn capacity_and_bytes_are_bounded() {
-        let d = Dedup::new(Duration::from_secs(60), 16 * 4, 1 << 30);
+        let d: Dedup = Dedup::new(Duration::from_secs(60), 16 * 4, 1 << 30);
         for i in 0..10_000u32 {
             let corr = Bytes::from(i.to_be_bytes().to_vec());
             if let Seen::New(k) = d.check("resp", &corr) {
@@ -292,7 +321,7 @@ mod tests {
         }
         assert!(d.held().0 <= 16 * 4, "{:?}", d.held());
 
-        let d = Dedup::new(Duration::from_secs(60), 1_000_000, 16 * 64 * 1024);
+        let d: Dedup = Dedup::new(Duration::from_secs(60), 1_000_000, 16 * 64 * 1024);
         let big = vec![0u8; 16 * 1024];
         for i in 0..10_000u32 {
             let corr = Bytes::from(i.to_be_bytes().to_vec());
@@ -337,7 +366,7 @@ mod tests {
 
     #[tokio::test]
     async fn keys_do_not_pin_the_request_packet() {
-        let d = Dedup::new(Duration::from_secs(60), 100, 1 << 20);
+        let d: Dedup = Dedup::new(Duration::from_secs(60), 100, 1 << 20);
         let packet = Bytes::from(vec![7u8; 1 << 20]);
         let _ = d.check("resp", &packet.slice(0..16));
         assert!(packet.is_unique());

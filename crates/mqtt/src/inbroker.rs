@@ -327,10 +327,7 @@ impl InBroker {
         if let Some(topics) = door.mirror().map(|m| m.topics().clone())
             && topics.set_by_publish
         {
-            let set = super::mirror::inbroker::SetByPublish {
-                door: Arc::downgrade(&door),
-                topics,
-            };
+            let set = super::mirror::setbypublish::SetByPublish::new(&door, topics);
             hooks.add(Type::MessagePublishCheckAcl, Box::new(set)).await;
         }
         hooks.start().await;

@@ -8,8 +8,8 @@
 //! replicas the same owners and handover as KEYNOTIFY (docs/state-topics.md).
 //!
 //! - This module: which keys can be topics, the messages, and the republish at start.
-//! - `inbroker` (embedded broker): the retained store, the per-delivery `read` check and
-//!   set-by-publish (`<prefix><key>/set`, answered by the PUBACK reason code).
+//! - `inbroker` (embedded broker): the retained store and the per-delivery `read` check;
+//!   `setbypublish`: `<prefix><key>/set`, answered by the PUBACK reason code.
 //! - `replay` (embedded broker): each SUBSCRIBE's retained state, filtered by the
 //!   subscriber's rules before it is queued, paced by its receive window, bounded.
 //! - [`external`]: clearing retained messages an external broker kept of keys that are gone.
@@ -24,13 +24,15 @@ use crate::access::{Access, Op, Principal};
 use crate::engine::notify::EveryKey;
 use crate::engine::{Change, ChangeKind, Engine};
 use crate::hlc::Hlc;
-use crate::metrics::{Metrics, StateTopicOutcome};
+use crate::metrics::{Metrics, RetainedRead, StateTopicOutcome};
 
 pub mod external;
 #[cfg(feature = "embedded-broker")]
 pub mod inbroker;
 #[cfg(feature = "embedded-broker")]
 pub mod replay;
+#[cfg(feature = "embedded-broker")]
+pub mod setbypublish;
 
 /// The user property with the key's version, in the state store protocol's HLC format.
 pub const PROP_VERSION: &str = "__ts";
@@ -110,16 +112,29 @@ impl StateTopics {
         (self.topic_of(key.as_bytes()).as_deref() == Some(topic)).then_some(key)
     }
 
-    /// The key a set-by-publish to `topic` sets (`None`: not a set topic, or set-by-publish off).
+    /// The key a set-by-publish to `topic` sets (`None`: not a set topic, set-by-publish off,
+    /// or a key the mirror could never carry). The key is checked as the mirror checks it
+    /// ([`Self::topic_of`]): `state/a//set` would set `a/` and `state/x/set/set` `x/set`, keys
+    /// whose topics cannot exist, so nobody would ever see the value a device set.
     pub fn set_key_of<'t>(&self, topic: &'t str) -> Option<&'t str> {
+        let key = self.set_topic_key(topic)?;
+        self.topic_of(key.as_bytes()).is_some().then_some(key)
+    }
+
+    /// Whether `topic` has the shape of a set request (`<prefix>.../set`, set-by-publish on),
+    /// whether or not its key could be set.
+    pub fn is_set_topic(&self, topic: &str) -> bool {
+        self.set_topic_key(topic).is_some()
+    }
+
+    fn set_topic_key<'t>(&self, topic: &'t str) -> Option<&'t str> {
         if !self.set_by_publish {
             return None;
         }
-        let key = topic
+        topic
             .strip_prefix(&self.prefix)?
             .strip_suffix(SET_LEVEL)?
-            .strip_suffix('/')?;
-        (!key.is_empty()).then_some(key)
+            .strip_suffix('/')
     }
 
     /// Whether `topic` is under the mirror's prefix (a mirror topic, a set topic, or neither).
@@ -319,9 +334,19 @@ impl Mirror {
         let mut stale: HashSet<String> = match &self.external {
             Some(settings) => match external::retained_topics(settings, &self.topics.prefix).await {
                 // Only mirror topics: anything else under the prefix is not the mirror's to clear.
-                Ok(topics) => topics.into_iter().filter(|t| self.topics.key_of(t).is_some()).collect(),
+                Ok(topics) => {
+                    self.metrics.state_topics_retained_read(RetainedRead::Read);
+                    topics.into_iter().filter(|t| self.topics.key_of(t).is_some()).collect()
+                }
+                // Not "nothing retained": nothing is cleared from it, and the next republish
+                // (restart, dropped changes) reads again (docs/state-topics.md).
                 Err(e) => {
-                    warn!(cause = %e, "state topics: could not read what the broker retained; stale topics stay");
+                    self.metrics.state_topics_retained_read(e.outcome());
+                    warn!(
+                        cause = %e,
+                        prefix = %self.topics.prefix,
+                        "state topics: could not read what the broker retained; topics of keys deleted while this service was away stay stale until the next republish"
+                    );
                     HashSet::new()
                 }
             },

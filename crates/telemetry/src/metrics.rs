@@ -230,6 +230,27 @@ impl StateTopicOutcome {
     }
 }
 
+/// How the state topics mirror's read of what an external broker retained under its prefix
+/// went (at start, and after dropped changes): its stale topics are cleared only after a read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetainedRead {
+    Read,
+    /// The broker refused the subscription the read needs (its ACL): nothing was cleared.
+    Refused,
+    /// No answer in time, or no connection: nothing was cleared.
+    Failed,
+}
+
+impl RetainedRead {
+    fn label(self) -> &'static str {
+        match self {
+            RetainedRead::Read => "read",
+            RetainedRead::Refused => "refused",
+            RetainedRead::Failed => "failed",
+        }
+    }
+}
+
 struct Handles {
     registry: Registry,
     requests: IntCounterVec,
@@ -243,6 +264,7 @@ struct Handles {
     state_topics: IntCounterVec,
     /// Retained state replays at SUBSCRIBE (embedded broker), per [`StateTopicReplay`].
     state_topics_replay: IntCounterVec,
+    state_topics_retained_reads: IntCounterVec,
     registrations: IntGauge,
     observing_clients: IntGauge,
     keys: IntGauge,
@@ -370,6 +392,15 @@ impl Metrics {
     pub fn state_topics_replay(&self, what: StateTopicReplay, n: u64) {
         if let Some(h) = &self.0.handles {
             h.state_topics_replay.with_label_values(&[what.label()]).inc_by(n);
+        }
+    }
+
+    /// A read of what an external broker retained under the mirror's prefix.
+    pub fn state_topics_retained_read(&self, outcome: RetainedRead) {
+        if let Some(h) = &self.0.handles {
+            h.state_topics_retained_reads
+                .with_label_values(&[outcome.label()])
+                .inc();
         }
     }
 
@@ -574,6 +605,11 @@ impl Handles {
                 "state_topics_replay_total",
                 "Retained state served per SUBSCRIBE by the embedded broker: messages queued (matching and readable only), store entries examined, replays truncated at --state-topics-replay-max, SUBSCRIBEs refused a replay (--state-topics-replays-per-client).",
                 &["what"],
+            ),
+            state_topics_retained_reads: counter_vec(
+                "state_topics_retained_reads_total",
+                "Reads of what an external broker retained under the state topics prefix (to clear topics of keys that went): read, refused (the broker refused the subscription) or failed; stale topics are cleared only after a read.",
+                &["outcome"],
             ),
             registrations: gauge("keynotify_registrations", "KEYNOTIFY registrations (client, key)."),
             observing_clients: gauge("keynotify_clients", "Clients with at least one KEYNOTIFY registration."),

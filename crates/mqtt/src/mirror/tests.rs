@@ -52,6 +52,20 @@ fn topics_back_to_keys() {
     assert_eq!(t.set_key_of("state/a/b/set"), Some("a/b"));
     assert_eq!(t.set_key_of("state/set"), None);
     assert_eq!(t.set_key_of("state//set"), None);
+    // Keys the mirror could never carry are no set requests, though shaped like one.
+    for (topic, shaped) in [
+        ("state/a//set", true),
+        ("state/x/set/set", true),
+        ("state//a/set", true),
+        ("state/a+b/set", true),
+        ("state//set", true),
+        ("state/set", false),
+    ] {
+        assert_eq!(t.set_key_of(topic), None, "{topic}");
+        assert_eq!(t.is_set_topic(topic), shaped, "{topic}");
+    }
+    assert!(t.is_set_topic("state/a/b/set"));
+    assert!(!topics(false).is_set_topic("state/a/set"));
     assert_eq!(t.set_key_of("state/a/b"), None);
     assert_eq!(topics(false).set_key_of("state/a/set"), None);
 }
