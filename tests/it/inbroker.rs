@@ -238,20 +238,7 @@ impl Drainer {
 
     /// A QoS 1 request: response topic, correlation data and a `__ts` (writes need one).
     async fn request(&mut self, packet_id: u16, response: &str, correlation: &[u8], payload: &[u8]) {
-        fn string(s: &[u8], out: &mut Vec<u8>) {
-            out.extend_from_slice(&u16::try_from(s.len()).unwrap().to_be_bytes());
-            out.extend_from_slice(s);
-        }
-        fn varint(mut n: usize, out: &mut Vec<u8>) {
-            loop {
-                let b = (n % 128) as u8;
-                n /= 128;
-                out.push(if n > 0 { b | 0x80 } else { b });
-                if n == 0 {
-                    return;
-                }
-            }
-        }
+        use crate::resources::raw::{string, varint};
         let mut props = vec![0x08];
         string(response.as_bytes(), &mut props);
         props.push(0x09);

@@ -223,7 +223,8 @@ async fn stalled_sse_readers_hold_nothing_beyond_the_history_budget() {
 
 /// MQTT5 packets written by hand: a client that never reads what it is sent.
 pub(crate) mod raw {
-    fn varint(mut n: usize, out: &mut Vec<u8>) {
+    /// MQTT's variable byte integer.
+    pub(crate) fn varint(mut n: usize, out: &mut Vec<u8>) {
         loop {
             let mut b = (n % 128) as u8;
             n /= 128;
@@ -237,12 +238,14 @@ pub(crate) mod raw {
         }
     }
 
-    fn string(s: &[u8], out: &mut Vec<u8>) {
+    /// A length-prefixed MQTT string or binary field.
+    pub(crate) fn string(s: &[u8], out: &mut Vec<u8>) {
         out.extend_from_slice(&(s.len() as u16).to_be_bytes());
         out.extend_from_slice(s);
     }
 
-    fn packet(header: u8, body: Vec<u8>) -> Vec<u8> {
+    /// A whole packet: fixed header byte, remaining length, body.
+    pub(crate) fn packet(header: u8, body: Vec<u8>) -> Vec<u8> {
         let mut out = vec![header];
         varint(body.len(), &mut out);
         out.extend(body);

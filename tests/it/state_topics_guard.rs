@@ -183,33 +183,8 @@ mod raw {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
 
+    use crate::resources::raw::{packet, string};
     use crate::support::within;
-
-    fn varint(mut n: usize, out: &mut Vec<u8>) {
-        loop {
-            let mut b = (n % 128) as u8;
-            n /= 128;
-            if n > 0 {
-                b |= 0x80;
-            }
-            out.push(b);
-            if n == 0 {
-                return;
-            }
-        }
-    }
-
-    fn string(s: &[u8], out: &mut Vec<u8>) {
-        out.extend_from_slice(&(s.len() as u16).to_be_bytes());
-        out.extend_from_slice(s);
-    }
-
-    fn packet(header: u8, body: Vec<u8>) -> Vec<u8> {
-        let mut out = vec![header];
-        varint(body.len(), &mut out);
-        out.extend(body);
-        out
-    }
 
     /// One MQTT5 connection with a session that outlives it (clean start off, 5 minutes).
     pub struct Client(TcpStream);
