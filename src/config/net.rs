@@ -58,6 +58,15 @@ pub struct NetArgs {
     /// repeated SUBSCRIBE of the same filter restarts its own instead.
     #[arg(long, env = "STATEGATE_STATE_TOPICS_REPLAYS_PER_CLIENT", default_value_t = 4)]
     pub state_topics_replays_per_client: usize,
+    /// With --state-topics on the embedded broker: replays reading the retained store at once
+    /// across all clients; a SUBSCRIBE past it waits for one to end.
+    #[arg(long, env = "STATEGATE_STATE_TOPICS_REPLAYS_TOTAL", default_value_t = 64)]
+    pub state_topics_replays_total: usize,
+    /// With --state-topics on the embedded broker: replayed messages one client may have
+    /// waiting in its session at once (also at most half of --mqtt-max-queued-per-client); the
+    /// client's acknowledgements pace the rest.
+    #[arg(long, env = "STATEGATE_STATE_TOPICS_REPLAY_WINDOW", default_value_t = 256)]
+    pub state_topics_replay_window: usize,
     /// Seconds an MQTT connection to the embedded broker has for its TLS handshake and its
     /// CONNECT packet; past it the connection is closed.
     #[arg(long, env = "STATEGATE_MQTT_CONNECT_TIMEOUT_SECS", default_value_t = 10)]
@@ -180,7 +189,8 @@ impl NetSettings {
             state_topics_replay: crate::mqtt::mirror::ReplayLimits {
                 max_per_subscribe: n.state_topics_replay_max.max(1),
                 per_client: n.state_topics_replays_per_client.max(1),
-                ..Default::default()
+                total: n.state_topics_replays_total.max(1),
+                window: n.state_topics_replay_window.max(1),
             },
             mqtt_connect_timeout: Duration::from_secs(n.mqtt_connect_timeout_secs.max(1)),
             http: ListenerLimits {
