@@ -36,7 +36,7 @@ mod peers;
 mod reflection;
 mod runtime;
 
-pub(crate) use peers::{dapr_sdk_python, describe, run_bounded};
+pub(crate) use peers::{dapr_sdk_python, describe, pip_install, run_bounded};
 // What one topic's tests lend the others (helpers are `pub(super)`).
 use component::*;
 use native::*;

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::process::Command;
 
-use crate::grpc::{describe, run_bounded};
+use crate::grpc::{describe, pip_install, run_bounded};
 use crate::support::{Broker, Storage, TestEnv};
 
 /// The schemathesis release the test runs (its checks and generators change between releases).
@@ -55,43 +55,7 @@ async fn schemathesis() -> PathBuf {
         o.status.success() && String::from_utf8_lossy(&o.stdout).trim_end().ends_with(VERSION)
     }
     if !installed(&bin).await {
-        let python = venv.join("bin").join("python");
-        if !python.exists() {
-            let o = run_bounded(
-                Command::new("python3").args(["-m", "venv", "--clear"]).arg(&venv),
-                Duration::from_secs(120),
-                "python3 -m venv",
-            )
-            .await;
-            assert!(
-                o.status.success(),
-                "python3 -m venv {} failed (./scripts/test installs python3-venv): {}",
-                venv.display(),
-                describe(&o)
-            );
-        }
-        let o = run_bounded(
-            Command::new(&python)
-                .args([
-                    "-m",
-                    "pip",
-                    "install",
-                    "--disable-pip-version-check",
-                    "--no-input",
-                    "-q",
-                ])
-                .arg(format!("schemathesis=={VERSION}"))
-                .env("PIP_DEFAULT_TIMEOUT", "60"),
-            Duration::from_secs(600),
-            "pip install schemathesis",
-        )
-        .await;
-        assert!(
-            o.status.success(),
-            "pip install schemathesis=={VERSION} into {} failed (is PyPI reachable?): {}",
-            venv.display(),
-            describe(&o)
-        );
+        pip_install(&venv, &format!("schemathesis=={VERSION}")).await;
         assert!(
             installed(&bin).await,
             "{} is not schemathesis {VERSION} after installing it",

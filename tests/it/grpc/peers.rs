@@ -65,42 +65,7 @@ pub(crate) async fn dapr_sdk_python() -> PathBuf {
             .success()
     }
     if !has_sdk(&python).await {
-        if !python.exists() {
-            let o = run_bounded(
-                Command::new("python3").args(["-m", "venv", "--clear"]).arg(&venv),
-                Duration::from_secs(120),
-                "python3 -m venv",
-            )
-            .await;
-            assert!(
-                o.status.success(),
-                "python3 -m venv {} failed: {}",
-                venv.display(),
-                describe(&o)
-            );
-        }
-        let o = run_bounded(
-            Command::new(&python)
-                .args([
-                    "-m",
-                    "pip",
-                    "install",
-                    "--disable-pip-version-check",
-                    "--no-input",
-                    "-q",
-                    "dapr[fastapi]>=1.19",
-                ])
-                .env("PIP_DEFAULT_TIMEOUT", "60"),
-            Duration::from_secs(600),
-            "pip install dapr",
-        )
-        .await;
-        assert!(
-            o.status.success(),
-            "pip install \"dapr[fastapi]>=1.19\" into {} failed (is PyPI reachable?): {}",
-            venv.display(),
-            describe(&o)
-        );
+        pip_install(&venv, "dapr[fastapi]>=1.19").await;
         assert!(
             has_sdk(&python).await,
             "the venv at {} still cannot import the Dapr SDK's clients, actors and workflows",
@@ -219,4 +184,46 @@ pub(super) async fn aio_get(
         .expect("session task")
         .expect("session ends cleanly");
     got
+}
+
+/// Installs `requirement` into the virtualenv `venv` (made first when missing), bounded in
+/// time; a failure fails the test that needs it (a missing prerequisite is no skip).
+pub(crate) async fn pip_install(venv: &Path, requirement: &str) {
+    let python = venv.join("bin").join("python");
+    if !python.exists() {
+        let o = run_bounded(
+            Command::new("python3").args(["-m", "venv", "--clear"]).arg(venv),
+            Duration::from_secs(120),
+            "python3 -m venv",
+        )
+        .await;
+        assert!(
+            o.status.success(),
+            "python3 -m venv {} failed (./scripts/test installs python3-venv): {}",
+            venv.display(),
+            describe(&o)
+        );
+    }
+    let o = run_bounded(
+        Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--no-input",
+                "-q",
+                requirement,
+            ])
+            .env("PIP_DEFAULT_TIMEOUT", "60"),
+        Duration::from_secs(600),
+        "pip install",
+    )
+    .await;
+    assert!(
+        o.status.success(),
+        "pip install {requirement:?} into {} failed (is PyPI reachable?): {}",
+        venv.display(),
+        describe(&o)
+    );
 }
