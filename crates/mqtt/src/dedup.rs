@@ -2,7 +2,7 @@
 //!
 //! Two paths use it, each with a cache of its own: requests on the invoke topic, keyed by their
 //! response topic and correlation data ([`Dedup::check`]), and set-by-publish, keyed by the
-//! publisher's session and packet id ([`Dedup::check_key`], `mirror::inbroker`), whose answer
+//! publisher's session and packet id ([`Dedup::check_key`], `mirror::setbypublish`), whose answer
 //! is a PUBACK reason code.
 //!
 //! Sharded by key hash, so concurrent writers rarely meet on one lock; bounded by entries,
