@@ -81,9 +81,11 @@ pub enum StartError {
     Tls(#[from] tls::TlsError),
 }
 
-/// Starts the service on `store`; returns once every door is ready.
+/// Starts the service on `store`; returns once every door is ready. The clock is the store's
+/// when it has one shared by every process on it (Redis), else the system's.
 pub async fn start(config: Config, store: Store) -> Result<Running, StartError> {
-    start_with_clock(config, store, Arc::new(hlc::SystemClock)).await
+    let clock = store.backend().clock().unwrap_or_else(|| Arc::new(hlc::SystemClock));
+    start_with_clock(config, store, clock).await
 }
 
 /// [`start`] with the clock every version, deadline and log record uses (open `store` with the

@@ -101,6 +101,9 @@ async fn serve(argv: Vec<OsString>, config: Config, mut layered: Layered, logs: 
     if config.storage.kind == StorageKind::Memory {
         tracing::warn!("storage is in memory: every record is lost when the process stops");
     }
+    // Replicas sharing a store take the time from it (Redis: the server's clock), so that a
+    // deadline or a version means the same to each of them whatever their own clocks say.
+    let clock: Arc<dyn stategate::hlc::Clock> = store.backend().clock().unwrap_or(clock);
     let running = stategate::start_observed(config, store, clock, metrics).await?;
     let (host, port) = running.mqtt_broker();
     tracing::info!(host, port, "stategate is serving the state store over MQTT");

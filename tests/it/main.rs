@@ -5,6 +5,7 @@ mod aio;
 mod aio_go;
 mod body_budget;
 mod cli;
+mod clock_skew;
 mod configuration;
 mod console;
 mod dapr_conformance;

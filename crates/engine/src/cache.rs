@@ -245,7 +245,7 @@ impl Engine {
         };
         Ok(match self.0.store.backend().write(&write).await? {
             Written::Done { .. } => Confirmed::Holds,
-            Written::Conflict | Written::TooManyKeys => Confirmed::Stale,
+            Written::Conflict | Written::Behind(_) | Written::TooManyKeys => Confirmed::Stale,
             Written::Repeated(first) => Confirmed::Repeated(shared::decode_outcome(&first)?),
         })
     }

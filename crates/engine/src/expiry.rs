@@ -77,7 +77,7 @@ impl Engine {
         match self.commit(&swaps, None, changes, None).await? {
             Written::Done { .. } => Ok(n),
             // Another node changed one of them first: remove the others one by one.
-            Written::Conflict | Written::TooManyKeys | Written::Repeated(_) => {
+            Written::Conflict | Written::Behind(_) | Written::TooManyKeys | Written::Repeated(_) => {
                 let mut n = 0;
                 for swap in swaps {
                     if let Some(r) = self.0.store.backend().get(&swap.key).await?

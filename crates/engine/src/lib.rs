@@ -359,6 +359,11 @@ impl Engine {
             request: mark.as_ref(),
         };
         let written = self.0.store.backend().write(&write).await?;
+        // Another replica's clock is ahead and removed a key with a later version than this
+        // write's: the clock takes it in, so that the caller's retry issues a later one.
+        if let Written::Behind(floor) = &written {
+            self.0.hlc.observe(floor);
+        }
         if let Written::Done { logged } = &written {
             if changes
                 .iter()
@@ -516,7 +521,7 @@ impl Engine {
         {
             Written::Done { .. } => Ok(Removed::Done(version)),
             // Someone else (another node) changed it first: their change stands.
-            Written::Conflict | Written::TooManyKeys => Ok(Removed::Lost),
+            Written::Conflict | Written::Behind(_) | Written::TooManyKeys => Ok(Removed::Lost),
             Written::Repeated(outcome) => Ok(Removed::Repeated(shared::decode_outcome(&outcome)?)),
         }
     }

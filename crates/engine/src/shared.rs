@@ -289,7 +289,10 @@ impl Engine {
                 if let Some(cache) = &self.0.cache {
                     cache.changed(&record.key, &record.version, stored_record(&record).as_ref());
                 }
-                let imported = matches!(record.kind, ChangeRecordKind::Set { imported: true, .. });
+                // Every replica's clock passes every version it reads: the next version it
+                // issues, for this key or a key created after this one's removal, is later.
+                self.0.hlc.observe(&record.version);
+                let imported = record.imported();
                 let change = change_of(record);
                 self.route_notifications(log.origin(), entry.seq, &change);
                 if imported {

@@ -72,7 +72,7 @@ impl Engine {
             Ok(Written::Done { .. }) => r.expires_at_ms = Some(deadline),
             // Changed since the read, or slid to a later deadline by another reader: the read
             // stands as of then; the stored record has its own deadline.
-            Ok(Written::Conflict | Written::TooManyKeys | Written::Repeated(_)) => {}
+            Ok(Written::Conflict | Written::Behind(_) | Written::TooManyKeys | Written::Repeated(_)) => {}
             // A full disk refuses writes and serves reads: the read is answered, the deadline
             // stays (logged once per refusal by the storage's health).
             Err(crate::storage::StorageError::Full(_)) => {}

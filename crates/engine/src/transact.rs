@@ -100,7 +100,7 @@ impl Engine {
             match outcome {
                 Written::Done { .. } => return Ok(responses),
                 Written::TooManyKeys => return Err(EngineError::QuotaExceeded),
-                Written::Conflict => continue,
+                Written::Conflict | Written::Behind(_) => continue,
                 Written::Repeated(_) => return Err(contended()),
             }
         }

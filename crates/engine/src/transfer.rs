@@ -225,7 +225,7 @@ impl Engine {
             {
                 Written::Done { .. } => return Ok(report),
                 Written::TooManyKeys => return Err(EngineError::QuotaExceeded),
-                Written::Conflict => continue,
+                Written::Conflict | Written::Behind(_) => continue,
                 // Only a write that carries a request mark can be a repeat.
                 Written::Repeated(_) => return Err(contended()),
             }

@@ -154,7 +154,7 @@ impl Engine {
             {
                 Written::Done { .. } => return Ok(response),
                 Written::TooManyKeys => return Err(EngineError::QuotaExceeded),
-                Written::Conflict => fresh = true,
+                Written::Conflict | Written::Behind(_) => fresh = true,
                 Written::Repeated(first) => return shared::decode_outcome(&first),
             }
         }

@@ -119,6 +119,11 @@ pub enum Written {
     /// The request was applied before (by this or another replica): nothing was written, and
     /// this is the outcome stored with it then.
     Repeated(Bytes),
+    /// A key would be created with a version not above this one, the highest a removal was
+    /// issued (by a replica whose clock is ahead): nothing was written. The writer's clock must
+    /// observe it, and the write be decided again. Only backends shared by several clocks
+    /// (those with a shared log) answer it.
+    Behind(Hlc),
 }
 
 /// A conditional swap with what travels with it in the same atomic step: the changes for the
@@ -165,6 +170,13 @@ pub struct ChangeRecord {
     /// The key's new version; for a removal, the version issued for it.
     pub version: Hlc,
     pub kind: ChangeRecordKind,
+}
+
+impl ChangeRecord {
+    /// Whether an import stored it, with the version it was exported with.
+    pub fn imported(&self) -> bool {
+        matches!(self.kind, ChangeRecordKind::Set { imported: true, .. })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -370,6 +382,14 @@ pub trait Backend: Send + Sync + 'static {
     /// for the durable backend and Redis. The engine refuses a SET that asks for persistence
     /// (MQTT's `aio-persistence: true`) where it is `false`. No default: every backend says.
     fn persistent(&self) -> bool;
+
+    /// The time every process sharing this backend agrees on, when it has one (Redis: the
+    /// server's clock, see `redis/clock.rs`). Replicas on it take their versions, deadlines
+    /// and expiry from it, so that a deadline means the same instant to all of them whatever
+    /// their own clocks say. `None`: one process, its own clock.
+    fn clock(&self) -> Option<Arc<dyn crate::hlc::Clock>> {
+        None
+    }
 
     /// Whether writes work right now; cheap (no I/O). Backends that cannot tell say `Ok`.
     fn health(&self) -> StorageHealth {

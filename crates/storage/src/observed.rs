@@ -51,6 +51,10 @@ impl Backend for Observed {
         outcome
     }
 
+    fn clock(&self) -> Option<std::sync::Arc<dyn crate::hlc::Clock>> {
+        self.inner.backend().clock()
+    }
+
     async fn get_marked(
         &self,
         key: &[u8],

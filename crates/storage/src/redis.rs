@@ -11,6 +11,8 @@
 //! P keys        ZSET  every key, score 0: ZRANGE BYLEX pages through it in byte order
 //! P deadlines   ZSET  the keys that have a deadline, score = deadline ms
 //! P maxver      ZSET  one member, score 0: the highest version ever written
+//! P removedver  ZSET  one member, score 0: the highest version issued for a removal (a key
+//!                     created later gets a version above it, whichever replica creates it)
 //! ```
 //!
 //! Versions and fencing tokens are stored as `{ms:020}:{counter:010}:{node}`
@@ -56,14 +58,17 @@ use redis::{Cmd, FromRedisValue, Script, Value};
 
 use super::log::ChangeLog;
 use super::{
-    Backend, ChangeRecordKind, DeadlineCheck, KeyPage, Record, RedisOptions, RedisUrl, RoundTrips, StorageError, Swap,
-    SwapOutcome, Write, Written,
+    Backend, ChangeRecord, ChangeRecordKind, DeadlineCheck, KeyPage, Record, RedisOptions, RedisUrl, RoundTrips,
+    StorageError, Swap, SwapOutcome, Write, Written,
 };
 use crate::hlc::Hlc;
 
+mod clock;
 mod codec;
 mod connection;
 mod log;
+
+pub use clock::ServerClock;
 
 use codec::{Names, RECORD_FIELDS, decode_record, decode_version, encode_deadline, encode_version, score_ms};
 use connection::{Counters, Purpose, Slot, Target, storage_error};
@@ -134,6 +139,8 @@ pub struct Shared {
     /// The connection the change log is read on (blocking reads must not hold up the others),
     /// with the generation of the main connection it was made for.
     reader: tokio::sync::Mutex<Option<(redis::aio::MultiplexedConnection, u64)>>,
+    /// The server's time, which every replica takes its versions and deadlines from.
+    clock: Arc<ServerClock>,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -170,9 +177,12 @@ impl RedisBackend {
             tags: Default::default(),
             member_timeout: options.member_timeout,
             reader: Default::default(),
+            clock: Arc::new(ServerClock::new(0, Instant::now())),
         };
         backend.wait_until_ready(options.startup_wait).await?;
         backend.refuse_cluster().await?;
+        let (server_ms, at) = clock::read(&backend).await?;
+        backend.clock.set(server_ms, at);
         for script in [
             &backend.swap,
             &backend.scan,
@@ -192,6 +202,7 @@ impl RedisBackend {
                 })?;
         }
         let backend = Arc::new(backend);
+        tokio::spawn(clock::refresh(Arc::downgrade(&backend), backend.clock.clone()));
         if url.is_sentinel() {
             let every = options
                 .timeout
@@ -295,7 +306,9 @@ impl Backend for RedisBackend {
         };
         Ok(match self.write(&w).await? {
             Written::Done { .. } => SwapOutcome::Done,
-            Written::Conflict => SwapOutcome::Conflict,
+            // A swap without changes removes nothing the floor counts; a caller of this
+            // method reads again, with its clock past the stored versions.
+            Written::Conflict | Written::Behind(_) => SwapOutcome::Conflict,
             Written::TooManyKeys => SwapOutcome::TooManyKeys,
             Written::Repeated(_) => {
                 return Err(StorageError::Backend(
@@ -321,6 +334,7 @@ impl Backend for RedisBackend {
             &self.names.log,
             &self.names.log_seq,
             &mark,
+            &self.names.removed_version,
         ];
         keys.extend(records.iter().map(Vec::as_slice));
         let mut eval = self.swap.evalsha(&keys);
@@ -340,7 +354,14 @@ impl Backend for RedisBackend {
             .arg(self.call_tag())
             .arg(w.swaps.len())
             .arg(w.checks.len())
-            .arg(w.changes.len());
+            .arg(w.changes.len())
+            // An import keeps the versions it was exported with; every other write issued its
+            // versions now, and a key it creates must get one above every removal's.
+            .arg(if w.changes.iter().any(ChangeRecord::imported) {
+                ""
+            } else {
+                "f"
+            });
         for s in w.swaps {
             let expected = s.expected.as_ref().map(encode_version).unwrap_or_default();
             eval.arg(&s.key[..]).arg(expected);
@@ -420,6 +441,13 @@ impl Backend for RedisBackend {
             },
             Ok((1, _)) => return Ok(Written::Conflict),
             Ok((2, _)) => return Ok(Written::TooManyKeys),
+            Ok((4, Some(floor))) => {
+                return Bytes::from_redis_value(floor)
+                    .map_err(|e| e.to_string())
+                    .and_then(|v| decode_version(&v).map_err(|e| e.to_string()))
+                    .map(Written::Behind)
+                    .map_err(|e| StorageError::Backend(format!("the swap script answered {e}")));
+            }
             Ok((3, Some(outcome))) => {
                 return Bytes::from_redis_value(outcome)
                     .map(Written::Repeated)
@@ -445,6 +473,10 @@ impl Backend for RedisBackend {
 
     fn round_trips(&self) -> Option<RoundTrips> {
         Some(self.counters.get())
+    }
+
+    fn clock(&self) -> Option<Arc<dyn crate::hlc::Clock>> {
+        Some(self.clock.clone())
     }
 
     fn change_log(&self) -> Option<Arc<dyn ChangeLog>> {
@@ -540,11 +572,16 @@ impl Backend for RedisBackend {
             .await
     }
 
+    /// The highest version written or issued for a removal.
     async fn max_version(&self) -> Result<Option<Hlc>, StorageError> {
-        let mut cmd = redis::cmd("ZRANGE");
-        cmd.arg(&self.names.max_version).arg(-1).arg(-1);
-        let highest: Vec<Bytes> = self.query(Purpose::Background, &cmd).await?;
-        highest.first().map(|v| decode_version(v)).transpose()
+        let mut highest = None;
+        for name in [&self.names.max_version, &self.names.removed_version] {
+            let mut cmd = redis::cmd("ZRANGE");
+            cmd.arg(name).arg(-1).arg(-1);
+            let top: Vec<Bytes> = self.query(Purpose::Background, &cmd).await?;
+            highest = highest.max(top.first().map(|v| decode_version(v)).transpose()?);
+        }
+        Ok(highest)
     }
 
     /// The server keeps the keys beyond this process; how long is its own persistence

@@ -577,3 +577,5 @@ async fn each_replica_mirrors_every_change_to_its_own_broker() {
         );
     }
 }
+
+mod skew;

@@ -20,6 +20,10 @@ pub struct Names {
     /// ZSET with one member, score 0: the highest version ever written (lex order of the
     /// encoding = HLC order, see [`encode_version`]).
     pub max_version: Vec<u8>,
+    /// ZSET with one member, score 0: the highest version a removal (delete or expiry) was
+    /// issued. A key created from then on must get a later version: versions and fencing
+    /// tokens of a key never go backwards, even across its deletion and replicas' clocks.
+    pub removed_version: Vec<u8>,
     /// STREAM: the shared change log; STRING: its last sequence number.
     pub log: Vec<u8>,
     pub log_seq: Vec<u8>,
@@ -48,6 +52,7 @@ impl Names {
             index: with("keys"),
             deadlines: with("deadlines"),
             max_version: with("maxver"),
+            removed_version: with("removedver"),
             log: with("log"),
             log_seq: with("logseq"),
             observers: with("obs"),
@@ -239,6 +244,7 @@ mod tests {
             &n.index,
             &n.deadlines,
             &n.max_version,
+            &n.removed_version,
             &n.log,
             &n.log_seq,
             &n.observers,

@@ -16,13 +16,17 @@
 -- KEYS[3] highest version ever written (ZSET, one member, score 0)
 -- KEYS[4] change log (STREAM), KEYS[5] its last sequence number (STRING)
 -- KEYS[6] the request's mark (STRING, with a TTL)
--- KEYS[6 + i] the record hash of swap i, then KEYS[6 + swaps + j] that of check j
+-- KEYS[7] highest version a removal was issued (ZSET, one member, score 0): the floor of the
+-- versions of keys created from now on
+-- KEYS[7 + i] the record hash of swap i, then KEYS[7 + swaps + j] that of check j
 -- ARGV[1] most keys after the swap ('' = no limit)
 -- ARGV[2] approximate most log entries kept ('' = write no log)
 -- ARGV[3] the request: '' none, 'c' look for its mark only, 's' look and store the outcome
 -- ARGV[4] the outcome to store, ARGV[5] how long to keep it, ms
 -- ARGV[6] origin (the writing replica), ARGV[7] a tag unique to this call
 -- ARGV[8] number of swaps, ARGV[9] number of checks, ARGV[10] number of changes
+-- ARGV[11] 'f': a key created must get a version above the removal floor (KEYS[7]); '' (an
+-- import, which keeps the versions it was exported with): no floor
 -- then 9 per swap i: key, expected version ('' = must be absent), 'p' (put) or 'd' (delete),
 -- value, version, fencing token ('' = none), deadline ('' = none), sliding time to live ('' =
 -- none), deadline check: '' none, 'l' (a slide: the new deadline must be later than the stored
@@ -34,15 +38,18 @@
 -- value, deadline, fencing token
 --
 -- Returns {0, sequence number of the last change logged (0: none)}, {1} conflict (a stored
--- version differs, or a stored deadline fails its check), {2} too many keys, {3, outcome} the request was applied before.
+-- version differs, or a stored deadline fails its check), {2} too many keys, {3, outcome} the
+-- request was applied before, {4, floor} a key would be created with a version not above the
+-- removal floor (the writer's clock is behind another replica's: it must observe the floor
+-- and decide again).
 
 local swaps, checks, changes = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-if not swaps or not checks or not changes or #KEYS ~= 6 + swaps + checks then
+if not swaps or not checks or not changes or #KEYS ~= 7 + swaps + checks then
   return redis.error_reply('ERR stategate swap: bad counts')
 end
 local index, deadlines, highest = KEYS[1], KEYS[2], KEYS[3]
-local log, logseq, mark = KEYS[4], KEYS[5], KEYS[6]
-local S = 11
+local log, logseq, mark, removed = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local S = 12
 local C = S + 9 * swaps
 
 -- A redelivered request: its first execution stands; apply nothing.
@@ -58,10 +65,12 @@ end
 local count = redis.call('ZCARD', index)
 redis.call('ZCARD', deadlines)
 redis.call('ZCARD', highest)
+redis.call('ZCARD', removed)
+local floored = ARGV[11] == 'f'
 local added = 0
 for i = 1, swaps do
   local a = S + 9 * (i - 1)
-  local stored = redis.call('HGET', KEYS[6 + i], 'ver')
+  local stored = redis.call('HGET', KEYS[7 + i], 'ver')
   local expected = ARGV[a + 1]
   if expected == '' then
     if stored then return {1} end
@@ -73,7 +82,17 @@ for i = 1, swaps do
     if (ARGV[a + 6] ~= '' and not tonumber(ARGV[a + 6])) or (ARGV[a + 7] ~= '' and not tonumber(ARGV[a + 7])) then
       return redis.error_reply('ERR stategate swap: bad deadline')
     end
-    if not stored then added = added + 1 end
+    if not stored then
+      added = added + 1
+      -- A key created (again) gets a version above every removal's: members at or above the
+      -- new version, compared as bytes (the encoding's byte order is the versions' order).
+      if floored then
+        local above = redis.call('ZRANGEBYLEX', removed, '[' .. ARGV[a + 4], '+', 'LIMIT', 0, 1)
+        if above[1] then
+          return {4, redis.call('ZRANGE', removed, -1, -1)[1]}
+        end
+      end
+    end
   elseif stored then
     added = added - 1
   end
@@ -81,7 +100,7 @@ for i = 1, swaps do
   -- matches does not say the deadline is the one the caller saw.
   local check = ARGV[a + 8]
   if check ~= '' then
-    local exp = redis.call('HGET', KEYS[6 + i], 'exp')
+    local exp = redis.call('HGET', KEYS[7 + i], 'exp')
     if check == 'l' then
       if not exp then return {1} end
       local old = tonumber(exp)
@@ -98,7 +117,7 @@ for i = 1, swaps do
   end
 end
 for j = 1, checks do
-  local stored = redis.call('HGET', KEYS[6 + swaps + j], 'ver')
+  local stored = redis.call('HGET', KEYS[7 + swaps + j], 'ver')
   local expected = ARGV[C + j - 1]
   if expected == '' then
     if stored then return {1} end
@@ -126,7 +145,7 @@ end
 -- Write.
 for i = 1, swaps do
   local a = S + 9 * (i - 1)
-  local record, key = KEYS[6 + i], ARGV[a]
+  local record, key = KEYS[7 + i], ARGV[a]
   redis.call('DEL', record)
   redis.call('ZREM', deadlines, key)
   if ARGV[a + 2] == 'p' then
@@ -168,6 +187,8 @@ if ARGV[2] ~= '' then
     local kind = ARGV[b + 1]
     if kind == 'i' then
       kind = 's'
+    elseif kind == 'd' or kind == 'e' then
+      redis.call('ZADD', removed, 0, ARGV[b + 2])
     end
     local entry = {'n', last, 'u', ARGV[7] .. '.' .. j, 'o', ARGV[6], 't', kind, 'k', ARGV[b],
       'v', ARGV[b + 2]}
@@ -190,6 +211,7 @@ if ARGV[2] ~= '' then
     redis.call('XADD', log, 'MAXLEN', '~', ARGV[2], '*', unpack(entry))
   end
 end
+redis.call('ZREMRANGEBYRANK', removed, 0, -2)
 if ARGV[3] == 's' then
   redis.call('SET', mark, ARGV[4], 'PX', ARGV[5])
 end

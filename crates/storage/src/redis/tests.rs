@@ -511,3 +511,114 @@ async fn the_observe_script_checks_before_it_writes() {
     let written: Vec<String> = redis::cmd("KEYS").arg("sg:*").query_async(&mut conn).await.unwrap();
     assert_eq!(written, ["sg:logseq"], "nothing but the broken counter exists");
 }
+
+/// A write of one swap and its change, as a replica sends it.
+async fn logged(be: &RedisBackend, s: Swap, kind: ChangeRecordKind, version: Hlc) -> Written {
+    let change = ChangeRecord {
+        key: s.key.clone(),
+        version,
+        kind,
+    };
+    be.write(&Write {
+        swaps: std::slice::from_ref(&s),
+        checks: &[],
+        max_keys: None,
+        changes: std::slice::from_ref(&change),
+        request: None,
+    })
+    .await
+    .unwrap()
+}
+
+fn set_kind(value: &[u8], imported: bool) -> ChangeRecordKind {
+    ChangeRecordKind::Set {
+        value: b(value),
+        expires_at_ms: None,
+        fencing: None,
+        imported,
+    }
+}
+
+#[tokio::test]
+async fn a_key_created_again_gets_a_version_above_its_removal() {
+    let server = TestServer::start(Flavor::Redis);
+    let be = open_with(&server, &options("floor:")).await;
+    // A replica with a fast clock writes and deletes the key.
+    let first = rec(b"held by a", 2_000, 0, "a");
+    let w = logged(
+        &be,
+        put(b"lock", None, first.clone()),
+        set_kind(b"held by a", false),
+        first.version.clone(),
+    )
+    .await;
+    assert!(matches!(w, Written::Done { .. }), "{w:?}");
+    let removal = Hlc::new(2_000, 1, "a");
+    let del = Swap {
+        key: b(b"lock"),
+        expected: Some(first.version.clone()),
+        new: None,
+        deadline: crate::DeadlineCheck::Any,
+    };
+    let w = logged(&be, del, ChangeRecordKind::Delete, removal.clone()).await;
+    assert!(matches!(w, Written::Done { .. }), "{w:?}");
+    // A replica whose clock is behind creates it again: refused, and told the floor.
+    for behind in [rec(b"b", 1_000, 0, "b"), rec(b"b", 2_000, 1, "a")] {
+        let w = logged(
+            &be,
+            put(b"lock", None, behind.clone()),
+            set_kind(b"b", false),
+            behind.version.clone(),
+        )
+        .await;
+        assert_eq!(w, Written::Behind(removal.clone()));
+        assert_eq!(be.get(b"lock").await.unwrap(), None, "nothing written");
+    }
+    // The floor is for creations only, counts every key, and an import keeps its versions.
+    let other = rec(b"x", 1_500, 0, "b");
+    let w = logged(
+        &be,
+        put(b"other", None, other.clone()),
+        set_kind(b"x", false),
+        other.version.clone(),
+    )
+    .await;
+    assert_eq!(w, Written::Behind(removal.clone()));
+    let w = logged(
+        &be,
+        put(b"other", None, other.clone()),
+        set_kind(b"x", true),
+        other.version.clone(),
+    )
+    .await;
+    assert!(matches!(w, Written::Done { .. }), "{w:?}");
+    let next = rec(b"b", 2_000, 2, "b");
+    let w = logged(
+        &be,
+        put(b"lock", None, next.clone()),
+        set_kind(b"b", false),
+        next.version.clone(),
+    )
+    .await;
+    assert!(matches!(w, Written::Done { .. }), "{w:?}");
+    // A restarted replica's clock starts past the removal too.
+    assert_eq!(be.max_version().await.unwrap(), Some(next.version));
+}
+
+#[tokio::test]
+async fn the_backend_clock_is_the_servers() {
+    let server = TestServer::start(Flavor::Redis);
+    let be = open_with(&server, &options("clock:")).await;
+    let mut conn = raw(&server).await;
+    let server_ms = |(s, us): (u64, u64)| s * 1000 + us / 1000;
+    let before: (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let ours = be.clock().expect("a shared clock").now_ms();
+    let after: (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    // Within the rounding of one reading (the midpoint of a round trip, in whole ms).
+    assert!(
+        server_ms(before).saturating_sub(2) <= ours && ours <= server_ms(after) + 2,
+        "{} <= {ours} <= {}",
+        server_ms(before),
+        server_ms(after)
+    );
+}
