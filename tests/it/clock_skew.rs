@@ -22,6 +22,8 @@ const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 struct Replica {
     _child: tokio::process::Child,
     http: String,
+    /// Kept when the test fails (the panic names it), removed when it passes.
+    log: std::path::PathBuf,
 }
 
 async fn replica(server: &TestServer, node: &str, offset: &str) -> Replica {
@@ -57,7 +59,7 @@ async fn replica(server: &TestServer, node: &str, offset: &str) -> Replica {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    Replica { _child: child, http }
+    Replica { _child: child, http, log }
 }
 
 /// Takes the lock `resource` for `owner`: its fencing token when granted.
@@ -134,5 +136,8 @@ async fn replicas_with_skewed_clocks_agree_on_leases_and_fencing_tokens() {
             assert_eq!(fenced_save(through, "report", "late", old).await, 409, "round {round}");
         }
         last = Some(token);
+    }
+    for r in [fast, slow] {
+        let _ = std::fs::remove_file(&r.log);
     }
 }
