@@ -1,0 +1,94 @@
+package faults
+
+import (
+	"math/rand"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// Config is the whole configuration of a run, read from the environment so that
+// scripts/faults (and a human replaying a seed) drive the compiled test binary without flags.
+type Config struct {
+	Seed     int64
+	Duration time.Duration
+	Out      string
+	Topology string // "redis" or "single"
+	Skew     bool
+	Bin      string
+	Redis    string
+	FakeTime string
+}
+
+const libFakeTime = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+
+func loadConfig(t *testing.T) Config {
+	t.Helper()
+	c := Config{Topology: "redis", Duration: 30 * time.Second, FakeTime: libFakeTime}
+	if s := os.Getenv("FAULTS_SEED"); s != "" {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			t.Fatalf("FAULTS_SEED=%q is not an int64: %v", s, err)
+		}
+		c.Seed = v
+	} else {
+		c.Seed = time.Now().UnixNano() % 1_000_000_000
+	}
+	if s := os.Getenv("FAULTS_SECONDS"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 10 {
+			t.Fatalf("FAULTS_SECONDS=%q: want an integer >= 10", s)
+		}
+		c.Duration = time.Duration(v) * time.Second
+	}
+	if s := os.Getenv("FAULTS_TOPOLOGY"); s != "" {
+		if s != "redis" && s != "single" {
+			t.Fatalf("FAULTS_TOPOLOGY=%q: want redis or single", s)
+		}
+		c.Topology = s
+	}
+	c.Skew = os.Getenv("FAULTS_SKEW") == "1"
+	if c.Skew && c.Topology != "redis" {
+		t.Fatalf("FAULTS_SKEW=1 needs FAULTS_TOPOLOGY=redis (skew is between replicas)")
+	}
+	c.Out = os.Getenv("FAULTS_OUT")
+	if c.Out == "" {
+		c.Out = t.TempDir()
+	}
+	if err := os.MkdirAll(c.Out, 0o755); err != nil {
+		t.Fatalf("output dir %s: %v", c.Out, err)
+	}
+	if abs, err := filepath.Abs(c.Out); err == nil {
+		c.Out = abs
+	}
+	c.Bin = os.Getenv("STATEGATE_BIN")
+	if c.Bin == "" {
+		t.Fatalf("STATEGATE_BIN is not set (the stategate binary to test)")
+	}
+	if st, err := os.Stat(c.Bin); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+		t.Fatalf("STATEGATE_BIN=%s is not an executable file", c.Bin)
+	}
+	if c.Topology == "redis" {
+		c.Redis = "/usr/bin/redis-server"
+		if s := os.Getenv("REDIS_SERVER"); s != "" {
+			c.Redis = s
+		}
+		if _, err := os.Stat(c.Redis); err != nil {
+			t.Fatalf("redis-server not found at %s (set REDIS_SERVER): %v", c.Redis, err)
+		}
+	}
+	if c.Skew {
+		if _, err := os.Stat(c.FakeTime); err != nil {
+			t.Fatalf("FAULTS_SKEW=1 needs libfaketime at %s (Debian package faketime): %v", c.FakeTime, err)
+		}
+	}
+	return c
+}
+
+// rng returns a generator for one concern (nemesis schedule, a workload) derived from the
+// seed, so that adding randomness to one concern does not shift the schedule of another.
+func (c Config) rng(stream int64) *rand.Rand {
+	return rand.New(rand.NewSource(c.Seed*1_000_003 + stream))
+}

@@ -1,0 +1,3 @@
+module stategate.test/faults
+
+go 1.26.4

@@ -1,0 +1,318 @@
+package faults
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// freePort asks the kernel for a free loopback port. Never fixed ports: several runs (and the
+// integration tests) may share the machine. The small race between close and reuse is accepted.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Proc is one child process that can be killed, paused and restarted with the same command line
+// (so the same ports). Each runs in its own process group so that a signal reaches all of it and
+// nothing of the test's own group.
+type Proc struct {
+	Name string
+	path string
+	args []string
+	env  []string
+	out  string // directory for <name>.log
+
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	done    chan struct{}
+	starts  int
+	stopped bool // SIGSTOPped
+}
+
+func newProc(name, path string, args, env []string, out string) *Proc {
+	return &Proc{Name: name, path: path, args: args, env: env, out: out}
+}
+
+// Start launches the process; its stdout and stderr are appended to <out>/<name>.log, each start
+// marked, so a restart's log follows the previous one's.
+func (p *Proc) Start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		return fmt.Errorf("%s already running", p.Name)
+	}
+	f, err := os.OpenFile(filepath.Join(p.out, p.Name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	p.starts++
+	fmt.Fprintf(f, "=== start %d: %s %s\n", p.starts, p.path, strings.Join(p.args, " "))
+	cmd := exec.Command(p.path, p.args...)
+	cmd.Env = append(os.Environ(), p.env...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return fmt.Errorf("start %s: %w", p.Name, err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); f.Close(); close(done) }()
+	p.cmd, p.done, p.stopped = cmd, done, false
+	return nil
+}
+
+func (p *Proc) signal(sig syscall.Signal) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return fmt.Errorf("%s not running", p.Name)
+	}
+	return syscall.Kill(-p.cmd.Process.Pid, sig)
+}
+
+// Pause sends SIGSTOP; Resume SIGCONT.
+func (p *Proc) Pause() error {
+	err := p.signal(syscall.SIGSTOP)
+	p.mu.Lock()
+	p.stopped = err == nil
+	p.mu.Unlock()
+	return err
+}
+
+func (p *Proc) Resume() error {
+	err := p.signal(syscall.SIGCONT)
+	p.mu.Lock()
+	p.stopped = false
+	p.mu.Unlock()
+	return err
+}
+
+// Kill sends SIGKILL to the group and waits for the process to be gone, so that a restart finds
+// its ports free.
+func (p *Proc) Kill() {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.cmd = nil
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	syscall.Kill(-cmd.Process.Pid, syscall.SIGCONT)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+	}
+}
+
+// Running reports whether the process was started and has not exited.
+func (p *Proc) Running() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return false
+	}
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// waitFor polls ready every 50 ms until it holds or the deadline passes. Polling is fine for
+// readiness: nothing is measured here.
+func waitFor(what string, timeout time.Duration, p *Proc, ready func() bool) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if ready() {
+			return nil
+		}
+		if p != nil && !p.Running() {
+			return fmt.Errorf("%s exited before it was ready (see %s.log)", what, p.Name)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("%s not ready after %v", what, timeout)
+}
+
+// Replica is one stategate process and the address of its HTTP door.
+type Replica struct {
+	*Proc
+	ID   string
+	HTTP string // base URL
+}
+
+func (r *Replica) healthy() bool {
+	c := http.Client{Timeout: 500 * time.Millisecond}
+	resp, err := c.Get(r.HTTP + "/healthz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == 200
+}
+
+// WaitReady waits for /healthz to answer 200.
+func (r *Replica) WaitReady(timeout time.Duration) error {
+	return waitFor(r.Name, timeout, r.Proc, r.healthy)
+}
+
+// Redis is the redis-server process of the redis topology.
+type Redis struct {
+	*Proc
+	Addr string
+}
+
+func (r *Redis) ping() bool {
+	c, err := net.DialTimeout("tcp", r.Addr, 300*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(300 * time.Millisecond))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return false
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	// While it loads the AOF after a restart Redis answers -LOADING: not ready yet.
+	return err == nil && strings.HasPrefix(line, "+PONG")
+}
+
+func (r *Redis) WaitReady(timeout time.Duration) error {
+	return waitFor("redis-server", timeout, r.Proc, r.ping)
+}
+
+// Cluster is the running topology.
+type Cluster struct {
+	cfg      Config
+	Redis    *Redis
+	Proxies  []*Proxy
+	Replicas []*Replica
+}
+
+// skews are the clock offsets of the replicas under FAULTS_SKEW=1: inside the protocol's 60 s
+// allowance, one replica ahead and one behind the real clock.
+var skews = []string{"+25s", "+0s", "-25s"}
+
+func startCluster(t *testing.T, cfg Config) *Cluster {
+	t.Helper()
+	c := &Cluster{cfg: cfg}
+	// Registered first so it runs even when a later start fails the test.
+	t.Cleanup(c.shutdown)
+	if cfg.Topology == "single" {
+		dir := filepath.Join(cfg.Out, "data-n1")
+		os.MkdirAll(dir, 0o755)
+		c.Replicas = append(c.Replicas, c.newReplica(t, 1, []string{"--data-dir", dir}, nil))
+	} else {
+		dir := filepath.Join(cfg.Out, "redis")
+		os.MkdirAll(dir, 0o755)
+		port := freePort(t)
+		// appendfsync always: an acknowledged write is on disk, so a SIGKILL of Redis may lose
+		// nothing that stategate acknowledged.
+		args := []string{"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--dir", dir,
+			"--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "no"}
+		c.Redis = &Redis{Proc: newProc("redis", cfg.Redis, args, nil, cfg.Out), Addr: fmt.Sprintf("127.0.0.1:%d", port)}
+		if err := c.Redis.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Redis.WaitReady(15 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		for i := 1; i <= 3; i++ {
+			px, err := newProxy(fmt.Sprintf("proxy-n%d", i), c.Redis.Addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Proxies = append(c.Proxies, px)
+			var env []string
+			if cfg.Skew {
+				env = []string{"LD_PRELOAD=" + cfg.FakeTime, "FAKETIME=" + skews[i-1], "FAKETIME_DONT_FAKE_MONOTONIC=1"}
+			}
+			c.Replicas = append(c.Replicas, c.newReplica(t, i, []string{"--storage", "redis://" + px.Addr()}, env))
+		}
+	}
+	for _, r := range c.Replicas {
+		if err := r.Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, r := range c.Replicas {
+		if err := r.WaitReady(30 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c
+}
+
+func (c *Cluster) newReplica(t *testing.T, i int, storage, env []string) *Replica {
+	port := freePort(t)
+	id := fmt.Sprintf("n%d", i)
+	args := append(storage, "--node-id", id, "--http-listen", fmt.Sprintf("127.0.0.1:%d", port),
+		"--grpc-listen", "off", "--mqtt-listen", "127.0.0.1:0", "--log-level", "info",
+		// A SIGKILL/restart should not wait for the grace of a clean stop.
+		"--shutdown-grace", "1s")
+	return &Replica{Proc: newProc(id, c.cfg.Bin, args, env, c.cfg.Out), ID: id, HTTP: fmt.Sprintf("http://127.0.0.1:%d", port)}
+}
+
+// heal undoes every fault: every proxy passes, every process runs (restarted if dead,
+// continued if stopped), and everything is ready again.
+func (c *Cluster) heal() error {
+	for _, px := range c.Proxies {
+		px.SetCut(false)
+	}
+	if c.Redis != nil {
+		if !c.Redis.Running() {
+			if err := c.Redis.Start(); err != nil {
+				return err
+			}
+		} else {
+			c.Redis.Resume()
+		}
+		if err := c.Redis.WaitReady(30 * time.Second); err != nil {
+			return err
+		}
+	}
+	for _, r := range c.Replicas {
+		if !r.Running() {
+			if err := r.Start(); err != nil {
+				return err
+			}
+		} else {
+			r.Resume()
+		}
+	}
+	for _, r := range c.Replicas {
+		if err := r.WaitReady(30 * time.Second); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Cluster) shutdown() {
+	for _, r := range c.Replicas {
+		r.Kill()
+	}
+	for _, px := range c.Proxies {
+		px.Close()
+	}
+	if c.Redis != nil {
+		c.Redis.Kill()
+	}
+}
