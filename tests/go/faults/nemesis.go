@@ -143,6 +143,7 @@ func (n *Nemesis) apply(f *Fault) error {
 		px.SetCut(true)
 		time.Sleep(f.For)
 		px.SetCut(false)
+		return nil
 	case "pause-replica", "pause-node":
 		r := n.replica(f.Target)
 		if err := r.Pause(); err != nil {

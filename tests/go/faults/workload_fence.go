@@ -138,16 +138,18 @@ func checkFencing(h *History, out string) []Verdict {
 	// higher token.
 	mono := Verdict{Checker: "fencing: tokens increase across grants", Valid: true}
 	n := 0
+	inverted := map[string]bool{} // grants B with at least one inversion
 	for _, a := range grants {
 		for _, b := range grants {
 			if a.Return < b.Invoke && b.Token <= a.Token {
 				n++
+				inverted[b.Owner] = true
 				mono.violate(fmt.Sprintf("grant B got token %s not above token %s of grant A that returned %.3fs before B was invoked: A=%s B=%s",
 					b.Token, a.Token, (b.Invoke - a.Return).Seconds(), a, b))
 			}
 		}
 	}
-	mono.Summary = fmt.Sprintf("%d grants, %d inverted pairs", len(grants), n)
+	mono.Summary = fmt.Sprintf("%d grants, %d of them with a token not above an earlier grant's (%d inverted pairs)", len(grants), len(inverted), n)
 
 	// (ii) No stale write accepted: once a save with token ta was acknowledged, a save with a
 	// lower token invoked afterwards is refused. Only acknowledged saves count on either side:
@@ -168,7 +170,7 @@ func checkFencing(h *History, out string) []Verdict {
 			}
 		}
 	}
-	stale.Summary = fmt.Sprintf("%d saves (%d acknowledged), %d stale saves accepted", len(saves), acked, n)
+	stale.Summary = fmt.Sprintf("%d saves (%d acknowledged), %d stale saves accepted after a higher-token save (pairs)", len(saves), acked, n)
 
 	// (iii) Mutual exclusion: B's grant is certain to overlap A's lease when B was invoked after
 	// A returned, B returned before A's lease could have run out (A's invoke + lease - margin:
@@ -176,6 +178,7 @@ func checkFencing(h *History, out string) []Verdict {
 	// before B returned (an unlock in flight might have taken effect before B's grant).
 	mutex := Verdict{Checker: "fencing: one holder at a time", Valid: true}
 	n = 0
+	second := map[string]bool{} // grants B made while another holder certainly held the lock
 	for _, a := range grants {
 		for _, b := range grants {
 			if a.Owner == b.Owner || b.Invoke <= a.Return || b.Return >= a.Invoke+fenceLease-fenceMargin {
@@ -185,10 +188,11 @@ func checkFencing(h *History, out string) []Verdict {
 				continue
 			}
 			n++
+			second[b.Owner] = true
 			mutex.violate(fmt.Sprintf("two holders: B granted %.3fs into A's %v lease, A not unlocked: A=%s B=%s",
 				(b.Return - a.Invoke).Seconds(), fenceLease, a, b))
 		}
 	}
-	mutex.Summary = fmt.Sprintf("%d grants, %d overlapping pairs", len(grants), n)
+	mutex.Summary = fmt.Sprintf("%d grants, %d of them while another holder's lease ran (%d overlapping pairs)", len(grants), len(second), n)
 	return []Verdict{mono, stale, mutex}
 }
