@@ -17,15 +17,15 @@ const quiet = 5 * time.Second
 
 // Result is result.json.
 type Result struct {
-	Seed     int64                     `json:"seed"`
-	Topology string                    `json:"topology"`
-	Skew     bool                      `json:"skew"`
-	Binary   string                    `json:"binary"`
-	Seconds  float64                   `json:"seconds"`
-	Schedule []Fault                   `json:"schedule"`
+	Seed     int64                      `json:"seed"`
+	Topology string                     `json:"topology"`
+	Skew     bool                       `json:"skew"`
+	Binary   string                     `json:"binary"`
+	Seconds  float64                    `json:"seconds"`
+	Schedule []Fault                    `json:"schedule"`
 	Counts   map[string]map[Outcome]int `json:"counts"`
-	Verdicts []Verdict                 `json:"verdicts"`
-	Valid    bool                      `json:"valid"`
+	Verdicts []Verdict                  `json:"verdicts"`
+	Valid    bool                       `json:"valid"`
 }
 
 func TestFaults(t *testing.T) {
@@ -69,15 +69,16 @@ func TestFaults(t *testing.T) {
 	time.Sleep(end - h.Now())
 	cancel()
 	wg.Wait()
-	nem.logf("workloads stopped; checking")
+	// The last acknowledged writes reach the watchers within this.
+	time.Sleep(3 * time.Second)
+	w.Stop()
+	nem.logf("workloads and watchers stopped; checking")
 
 	var verdicts []Verdict
 	verdicts = append(verdicts, checkRegister(h, cfg.Out))
 	verdicts = append(verdicts, checkFencing(h, cfg.Out)...)
 	verdicts = append(verdicts, checkAck(h, cl, cfg.Out))
-	if w != nil {
-		verdicts = append(verdicts, w.check(h, cfg.Out)...)
-	}
+	verdicts = append(verdicts, w.check(h, cfg.Out)...)
 	nem.logf("checked")
 	nem.log.Close()
 

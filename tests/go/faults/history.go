@@ -29,11 +29,11 @@ type Op struct {
 	Kind     string        `json:"kind"` // read, write, cas, lock, save, unlock, ack-write
 	Node     string        `json:"node"` // the replica the request went through
 	Key      string        `json:"key,omitempty"`
-	Value    string        `json:"value,omitempty"`  // written value, or value read
-	Old      string        `json:"old,omitempty"`    // cas: the value its etag stands for
-	Owner    string        `json:"owner,omitempty"`  // fencing
-	Token    string        `json:"token,omitempty"`  // fencing token got (lock) or sent (save)
-	ETag     string        `json:"etag,omitempty"`   // version returned by a read or a write
+	Value    string        `json:"value,omitempty"` // written value, or value read
+	Old      string        `json:"old,omitempty"`   // cas: the value its etag stands for
+	Owner    string        `json:"owner,omitempty"` // fencing
+	Token    string        `json:"token,omitempty"` // fencing token got (lock) or sent (save)
+	ETag     string        `json:"etag,omitempty"`  // version returned by a read or a write
 	Invoke   time.Duration `json:"invoke_ns"`
 	Return   time.Duration `json:"return_ns"`
 	Outcome  Outcome       `json:"outcome"`

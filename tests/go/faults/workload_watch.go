@@ -1,15 +1,229 @@
 package faults
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"strings"
 	"sync"
+	"time"
 )
 
-// Watchers: not yet written; startWatchers returns nil and no verdict is added.
-type Watchers struct{}
+// Watchers: one server-sent-events watcher per replica on every key (pattern *), opened with a
+// snapshot and resumed after every break with Last-Event-ID, as docs/watching.md describes.
+// Checked after the run: per key, versions strictly increase outside snapshots, no change is
+// delivered twice, and every acknowledged ack-* write reaches every watcher (as a change or in
+// the snapshot that follows a reset: ack keys are written once and never deleted, so a snapshot
+// must show them).
 
-func startWatchers(ctx context.Context, cfg Config, h *History, cl *Client, wg *sync.WaitGroup) *Watchers {
-	return nil
+type watchEvent struct {
+	Kind     string        `json:"kind"` // set, delete, reset, synced, overflow, failed, shutdown...
+	Key      string        `json:"key,omitempty"`
+	Version  string        `json:"version,omitempty"`
+	Snapshot bool          `json:"snapshot,omitempty"`
+	At       time.Duration `json:"at_ns"`
+	Conn     int           `json:"conn"` // which connection (reconnects count up)
 }
 
-func (w *Watchers) check(h *History, out string) []Verdict { return nil }
+type watcher struct {
+	r      *Replica
+	mu     sync.Mutex
+	events []watchEvent
+	conns  int
+	errs   []string
+}
+
+type Watchers struct {
+	ws   []*watcher
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+}
+
+// startWatchers starts the watchers. They outlive the workloads' ctx: Stop ends them, after the
+// last acknowledged writes had time to arrive.
+func startWatchers(_ context.Context, cfg Config, h *History, cl *Client, _ *sync.WaitGroup) *Watchers {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &Watchers{stop: cancel}
+	// No client timeout: a stream lives as long as the run; a dead replica breaks it with a reset
+	// connection, a paused one only delays it.
+	hc := &http.Client{Transport: &http.Transport{DisableCompression: true}}
+	for _, r := range cl.replicas {
+		wt := &watcher{r: r}
+		w.ws = append(w.ws, wt)
+		w.wg.Add(1)
+		go func() { defer w.wg.Done(); wt.run(ctx, h, hc) }()
+	}
+	return w
+}
+
+func (w *Watchers) Stop() {
+	w.stop()
+	w.wg.Wait()
+}
+
+func (wt *watcher) run(ctx context.Context, h *History, hc *http.Client) {
+	last := ""
+	for ctx.Err() == nil {
+		wt.mu.Lock()
+		wt.conns++
+		conn := wt.conns
+		wt.mu.Unlock()
+		url := wt.r.HTTP + "/v1.0-alpha1/state/statestore/subscribe?pattern=*"
+		if last == "" {
+			url += "&snapshot=true"
+		}
+		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+		if last != "" {
+			req.Header.Set("Last-Event-ID", last)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			wt.note(h, conn, "connect: "+shortErr(err).Error())
+			sleepCtx(ctx, 200*time.Millisecond)
+			continue
+		}
+		if resp.StatusCode != 200 {
+			wt.note(h, conn, fmt.Sprintf("connect: http %d", resp.StatusCode))
+			resp.Body.Close()
+			sleepCtx(ctx, 200*time.Millisecond)
+			continue
+		}
+		last = wt.read(ctx, h, conn, resp, last)
+		resp.Body.Close()
+		sleepCtx(ctx, 100*time.Millisecond)
+	}
+}
+
+func (wt *watcher) note(h *History, conn int, s string) {
+	wt.mu.Lock()
+	defer wt.mu.Unlock()
+	if len(wt.errs) < 200 {
+		wt.errs = append(wt.errs, fmt.Sprintf("%.3fs conn %d: %s", h.Now().Seconds(), conn, s))
+	}
+}
+
+// read consumes one stream and returns the resume position (the last non-empty event id).
+func (wt *watcher) read(ctx context.Context, h *History, conn int, resp *http.Response, last string) string {
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	var kind, data, id string
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case line == "":
+			if kind != "" || data != "" {
+				wt.event(h, conn, kind, data)
+				if id != "" {
+					last = id
+				}
+			}
+			kind, data, id = "", "", ""
+		case strings.HasPrefix(line, ":"):
+		case strings.HasPrefix(line, "event:"):
+			kind = strings.TrimSpace(line[6:])
+		case strings.HasPrefix(line, "data:"):
+			data += strings.TrimPrefix(line[5:], " ")
+		case strings.HasPrefix(line, "id:"):
+			id = strings.TrimSpace(line[3:])
+		}
+	}
+	if err := sc.Err(); err != nil && ctx.Err() == nil {
+		wt.note(h, conn, "stream: "+shortErr(err).Error())
+	}
+	return last
+}
+
+func (wt *watcher) event(h *History, conn int, kind, data string) {
+	if kind == "" {
+		kind = "message"
+	}
+	e := watchEvent{Kind: kind, At: h.Now(), Conn: conn}
+	var d struct {
+		Key      string `json:"key"`
+		ETag     string `json:"etag"`
+		Snapshot bool   `json:"snapshot"`
+	}
+	if (kind == "set" || kind == "delete") && json.Unmarshal([]byte(data), &d) == nil {
+		e.Key, e.Version, e.Snapshot = d.Key, d.ETag, d.Snapshot
+	}
+	wt.mu.Lock()
+	wt.events = append(wt.events, e)
+	wt.mu.Unlock()
+}
+
+func (w *Watchers) check(h *History, out string) []Verdict {
+	order := Verdict{Checker: "watchers: per key, versions increase, none twice", Valid: true}
+	compl := Verdict{Checker: "watchers: every acknowledged write seen by every watcher", Valid: true}
+	var acks []Op
+	for _, o := range h.Ops(ackWorkload) {
+		if o.Outcome == OK && o.ETag != "" {
+			acks = append(acks, o)
+		}
+	}
+	var orderSum, complSum []string
+	for _, wt := range w.ws {
+		wt.mu.Lock()
+		events, conns, errs := wt.events, wt.conns, wt.errs
+		wt.mu.Unlock()
+		dumpJSON(filepath.Join(out, "watch-"+wt.r.ID+".json"), map[string]any{"events": events, "errors": errs})
+		counts := map[string]int{}
+		lastV := map[string]string{}   // key -> last version delivered
+		seen := map[string]bool{}      // key+version delivered as a change (not a snapshot)
+		present := map[string]string{} // key -> versions seen in any form
+		bad := 0
+		for _, e := range events {
+			counts[e.Kind]++
+			switch e.Kind {
+			case "reset":
+				continue
+			case "synced":
+				continue
+			case "set", "delete":
+			default:
+				continue
+			}
+			if e.Snapshot {
+				counts["snapshot"]++
+				// A snapshot shows the current value: never older than what was delivered.
+				if prev, ok := lastV[e.Key]; ok && e.Version < prev {
+					bad++
+					order.violate(fmt.Sprintf("watcher %s: snapshot of %s has version %s older than the delivered %s (conn %d at %.3fs)",
+						wt.r.ID, e.Key, e.Version, prev, e.Conn, e.At.Seconds()))
+				}
+			} else {
+				kv := e.Key + "@" + e.Version
+				if seen[kv] {
+					bad++
+					order.violate(fmt.Sprintf("watcher %s: %s %s version %s delivered twice (conn %d at %.3fs)",
+						wt.r.ID, e.Kind, e.Key, e.Version, e.Conn, e.At.Seconds()))
+				} else if prev, ok := lastV[e.Key]; ok && e.Version <= prev {
+					bad++
+					order.violate(fmt.Sprintf("watcher %s: %s %s version %s not above the delivered %s (conn %d at %.3fs)",
+						wt.r.ID, e.Kind, e.Key, e.Version, prev, e.Conn, e.At.Seconds()))
+				}
+				seen[kv] = true
+			}
+			if e.Version > lastV[e.Key] {
+				lastV[e.Key] = e.Version
+			}
+			present[e.Key+"@"+e.Version] = e.Kind
+		}
+		missing := 0
+		for _, o := range acks {
+			if present[o.Key+"@"+o.ETag] == "" {
+				missing++
+				compl.violate(fmt.Sprintf("watcher %s (%d resets, %d overflows) never saw acknowledged write %s", wt.r.ID,
+					counts["reset"], counts["overflow"], o))
+			}
+		}
+		orderSum = append(orderSum, fmt.Sprintf("%s: %d events over %d connections, %d snapshot events, %d resets, %d overflows, %d failed, %d out of order",
+			wt.r.ID, counts["set"]+counts["delete"], conns, counts["snapshot"], counts["reset"], counts["overflow"], counts["failed"], bad))
+		complSum = append(complSum, fmt.Sprintf("%s: %d of %d missing", wt.r.ID, missing, len(acks)))
+	}
+	order.Summary = strings.Join(orderSum, "; ")
+	compl.Summary = strings.Join(complSum, "; ")
+	return []Verdict{order, compl}
+}
