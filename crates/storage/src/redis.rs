@@ -181,8 +181,10 @@ impl RedisBackend {
         };
         backend.wait_until_ready(options.startup_wait).await?;
         backend.refuse_cluster().await?;
-        let (server_ms, at) = clock::read(&backend).await?;
-        backend.clock.set(server_ms, at);
+        let (server_ms, sent, answered) = clock::read(&backend).await?;
+        backend
+            .clock
+            .set(server_ms, sent + answered.saturating_duration_since(sent) / 2);
         for script in [
             &backend.swap,
             &backend.scan,

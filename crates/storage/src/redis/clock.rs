@@ -9,10 +9,15 @@
 //! before. With one time for all, a deadline is the same instant to every replica.
 //!
 //! Why the monotonic clock between readings: the wall clock of the process may be stepped
-//! (NTP, an operator, a faked clock); `Instant` is not. A reading takes the midpoint of the
-//! round trip, so it is off by at most half of it. The time never goes backwards: after a
-//! failover to a primary whose clock is behind, it stands still until that clock catches up
-//! (versions keep increasing meanwhile by their counter).
+//! (NTP, an operator, a faked clock); `Instant` is not. A reading stands for the midpoint of
+//! its round trip, so it is off by up to half of it: a reading that waited for a paused or busy
+//! server would move the time ahead by half the wait (the fault tests found a replica's time
+//! 0.7 s ahead after Redis was paused for 1.5 s, and a lease ending that much early). So a
+//! reading replaces the estimate only when its round trip is short ([`FINE_RTT`]) or when it
+//! cannot be the estimated time (the server's clock moved: stepped, or another server after a
+//! failover). The time never goes backwards: after a failover to a primary whose clock is
+//! behind, it stands still until that clock catches up (versions keep increasing meanwhile by
+//! their counter).
 
 use std::sync::Arc;
 use std::sync::Weak;
@@ -23,6 +28,13 @@ use crate::hlc::Clock;
 
 /// How often the server's clock is read again.
 pub(super) const REFRESH: Duration = Duration::from_secs(1);
+
+/// A reading whose round trip took at most this long is taken as it is (off by at most half).
+pub(super) const FINE_RTT: Duration = Duration::from_millis(10);
+
+/// How far a slow reading may fall outside the estimate of its round trip before it is taken as
+/// the server's clock having moved.
+const AGREES_WITHIN_MS: u64 = 5;
 
 /// The server's time in ms since the epoch, estimated as `offset + elapsed since origin`.
 #[derive(Debug)]
@@ -55,8 +67,25 @@ impl ServerClock {
         self.offset_ms.store(offset, Ordering::Release);
     }
 
+    /// Takes a reading whose request was sent at `sent` and answered at `answered`: adopted if
+    /// the round trip was short, or if the server's time lies outside what the estimate says
+    /// for that round trip; otherwise the estimate, which agrees with it, stands.
+    pub(super) fn reading(&self, server_ms: u64, sent: Instant, answered: Instant) {
+        let rtt = answered.saturating_duration_since(sent);
+        let (earliest, latest) = (self.estimate_at(sent), self.estimate_at(answered));
+        let agrees = server_ms.saturating_add(AGREES_WITHIN_MS) >= earliest
+            && server_ms <= latest.saturating_add(AGREES_WITHIN_MS);
+        if rtt <= FINE_RTT || !agrees {
+            self.set(server_ms, sent + rtt / 2);
+        }
+    }
+
     fn estimate(&self) -> u64 {
-        let elapsed = self.origin.elapsed().as_millis() as i64;
+        self.estimate_at(Instant::now())
+    }
+
+    fn estimate_at(&self, at: Instant) -> u64 {
+        let elapsed = at.saturating_duration_since(self.origin).as_millis() as i64;
         self.offset_ms.load(Ordering::Acquire).saturating_add(elapsed).max(0) as u64
     }
 }
@@ -68,14 +97,12 @@ impl Clock for ServerClock {
     }
 }
 
-/// One reading of `TIME`: the server's ms and the instant it is taken to stand for (the
-/// midpoint of the round trip).
-pub(super) async fn read(shared: &super::Shared) -> Result<(u64, Instant), crate::StorageError> {
+/// One reading of `TIME`: the server's ms, when the request was sent and when it was answered.
+pub(super) async fn read(shared: &super::Shared) -> Result<(u64, Instant, Instant), crate::StorageError> {
     let sent = Instant::now();
     let (secs, micros): (u64, u64) = shared.query(super::Purpose::Background, &redis::cmd("TIME")).await?;
     let answered = Instant::now();
-    let at = sent + answered.saturating_duration_since(sent) / 2;
-    Ok((secs.saturating_mul(1000).saturating_add(micros / 1000), at))
+    Ok((secs.saturating_mul(1000).saturating_add(micros / 1000), sent, answered))
 }
 
 /// Reads the server's clock every [`REFRESH`] while the backend lives. A failed reading keeps
@@ -85,7 +112,7 @@ pub(super) async fn refresh(shared: Weak<super::Shared>, clock: Arc<ServerClock>
         tokio::time::sleep(REFRESH).await;
         let Some(shared) = shared.upgrade() else { return };
         match read(&shared).await {
-            Ok((ms, at)) => clock.set(ms, at),
+            Ok((ms, sent, answered)) => clock.reading(ms, sent, answered),
             Err(e) => tracing::debug!(cause = %e, "reading the redis server's clock failed; keeping the last reading"),
         }
     }
@@ -104,6 +131,37 @@ mod tests {
         // A later reading moves the estimate.
         c.set(5_000_000, Instant::now());
         assert!(c.now_ms() >= 5_000_000);
+    }
+
+    #[test]
+    fn a_slow_reading_that_agrees_leaves_the_estimate_alone() {
+        let t0 = Instant::now();
+        let c = ServerClock::new(1_000_000, t0);
+        // The server was paused for 1.4 s: asked at t0 + 1 s, it answered with its time at
+        // the end of the pause. Its midpoint would put the time 0.7 s ahead.
+        let sent = t0 + Duration::from_secs(1);
+        let answered = sent + Duration::from_millis(1400);
+        c.reading(1_000_000 + 2_400, sent, answered);
+        assert_eq!(c.estimate_at(answered), 1_000_000 + 2_400);
+    }
+
+    #[test]
+    fn a_reading_the_estimate_cannot_explain_is_taken() {
+        let t0 = Instant::now();
+        let c = ServerClock::new(1_000_000, t0);
+        // Another primary, whose clock is a minute ahead, answered slowly.
+        let sent = t0 + Duration::from_secs(1);
+        let answered = sent + Duration::from_millis(400);
+        c.reading(1_061_400, sent, answered);
+        assert_eq!(
+            c.estimate_at(answered),
+            1_061_400 + 200,
+            "the midpoint stands for the reading"
+        );
+        // A quick reading is taken as it is.
+        let sent = answered;
+        c.reading(1_061_405, sent, sent + Duration::from_millis(2));
+        assert_eq!(c.estimate_at(sent + Duration::from_millis(1)), 1_061_405);
     }
 
     #[test]
