@@ -76,7 +76,8 @@ func TestFaults(t *testing.T) {
 
 	var verdicts []Verdict
 	verdicts = append(verdicts, checkRegister(h, cfg.Out))
-	verdicts = append(verdicts, checkFencing(h, cfg.Out)...)
+	fv := checkFencing(h, cfg.Out, w.lockExpiries)
+	verdicts = append(verdicts, fv...)
 	verdicts = append(verdicts, checkAck(h, cl, cfg.Out))
 	verdicts = append(verdicts, w.check(h, cfg.Out)...)
 	nem.logf("checked")

@@ -8,7 +8,9 @@ import (
 	"io"
 	"math/rand"
 	"net/http"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -120,8 +122,14 @@ type Reply struct {
 }
 
 // Unknown: no answer, or a 5xx. The request may have taken effect either way, so it is never
-// counted as failed.
-func (r Reply) Unknown() bool { return r.Err != nil || r.Status >= 500 }
+// counted as failed. The one exception is a refused connection (the replica is down): the
+// request was never sent, so it is a definite failure. Counting those as unknown would add
+// thousands of never-returning writes while a node is down, which makes porcupine's search
+// blow up without checking anything more.
+func (r Reply) Unknown() bool { return (r.Err != nil && !r.Refused()) || r.Status >= 500 }
+
+// Refused: the connection was refused, so the request was not sent.
+func (r Reply) Refused() bool { return r.Err != nil && errors.Is(r.Err, syscall.ECONNREFUSED) }
 
 func (r Reply) ErrString() string {
 	if r.Err != nil {
@@ -150,6 +158,9 @@ func (c *Client) do(ctx context.Context, method, url string, body []byte, hdr ma
 	}
 	resp, err := c.c.Do(req)
 	if err != nil {
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			return Reply{Err: syscall.ECONNREFUSED}
+		}
 		return Reply{Err: shortErr(err)}
 	}
 	defer resp.Body.Close()
@@ -173,6 +184,14 @@ func shortErr(err error) error {
 		return ue.Unwrap()
 	}
 	return err
+}
+
+// backoff after an op: a pause after an unknown or refused outcome, so that a worker does not
+// spin against a dead or paused replica (and fill the history with ops that say nothing).
+func backoff(ctx context.Context, o Op) {
+	if o.Outcome == Unknown || strings.Contains(o.Err, "refused") {
+		sleepCtx(ctx, 100*time.Millisecond)
+	}
 }
 
 // sleepCtx sleeps unless ctx ends first; false when it ended.

@@ -36,6 +36,7 @@ func runAck(ctx context.Context, cfg Config, h *History, cl *Client, wg *sync.Wa
 				op.Outcome, op.Err = Fail, rep.ErrString()
 			}
 			h.Add(op)
+			backoff(ctx, op)
 			sleepCtx(ctx, time.Duration(10+rng.Intn(20))*time.Millisecond)
 		}
 	}()

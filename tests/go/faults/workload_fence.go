@@ -75,6 +75,7 @@ func fenceLock(ctx context.Context, h *History, cl *Client, id int, owner string
 		op.Outcome = Fail // held by another
 	}
 	h.Add(op)
+	backoff(ctx, op)
 	return op.Token, op.Outcome == OK && op.Token != ""
 }
 
@@ -93,6 +94,7 @@ func fenceSave(ctx context.Context, h *History, cl *Client, id int, owner, tok s
 		op.Outcome, op.Err = Fail, rep.ErrString() // 409: fenced out
 	}
 	h.Add(op)
+	backoff(ctx, op)
 }
 
 func fenceUnlock(ctx context.Context, h *History, cl *Client, id int, owner string, ri int) {
@@ -113,11 +115,12 @@ func fenceUnlock(ctx context.Context, h *History, cl *Client, id int, owner stri
 		op.Outcome, op.Err = Fail, fmt.Sprintf("http %d %s", rep.Status, rep.Body)
 	}
 	h.Add(op)
+	backoff(ctx, op)
 }
 
 // checkFencing runs the three fencing checks. Tokens are HLC strings `ms:counter:node`,
 // zero-padded, so string order is token order.
-func checkFencing(h *History, out string) []Verdict {
+func checkFencing(h *History, out string, expiries func(from, to time.Duration) []string) []Verdict {
 	ops := h.Ops(fenceWorkload)
 	dumpJSON(filepath.Join(out, "history-fencing.json"), ops)
 	var grants, saves []Op
@@ -189,8 +192,8 @@ func checkFencing(h *History, out string) []Verdict {
 			}
 			n++
 			second[b.Owner] = true
-			mutex.violate(fmt.Sprintf("two holders: B granted %.3fs into A's %v lease, A not unlocked: A=%s B=%s",
-				(b.Return - a.Invoke).Seconds(), fenceLease, a, b))
+			mutex.violate(fmt.Sprintf("two holders: B granted %.3fs into A's %v lease, A not unlocked: A=%s B=%s; lock expiries seen between (time, version: its node expired it): %v",
+				(b.Return - a.Invoke).Seconds(), fenceLease, a, b, expiries(a.Return, b.Return)))
 		}
 	}
 	mutex.Summary = fmt.Sprintf("%d grants, %d of them while another holder's lease ran (%d overlapping pairs)", len(grants), len(second), n)

@@ -77,6 +77,7 @@ func regRead(ctx context.Context, h *History, cl *Client, id int, key string, ri
 		op.Outcome, op.Err = Fail, rep.ErrString()
 	}
 	h.Add(op)
+	backoff(ctx, op)
 	return op.Value, op.ETag, ok
 }
 
@@ -95,6 +96,7 @@ func regWrite(ctx context.Context, h *History, cl *Client, id int, key, val stri
 		op.Outcome, op.Err = Fail, rep.ErrString()
 	}
 	h.Add(op)
+	backoff(ctx, op)
 }
 
 func regCAS(ctx context.Context, h *History, cl *Client, id int, key, old, etag, val string, ri int) {
@@ -115,6 +117,7 @@ func regCAS(ctx context.Context, h *History, cl *Client, id int, key, old, etag,
 		op.Outcome, op.Err = Fail, rep.ErrString()
 	}
 	h.Add(op)
+	backoff(ctx, op)
 }
 
 // regInput / regOutput are porcupine's views of an op.
@@ -224,6 +227,7 @@ func checkRegister(h *History, out string) Verdict {
 	switch res {
 	case porcupine.Ok:
 	case porcupine.Unknown:
+		v.Summary += " (UNDECIDED)"
 		v.Notes = append(v.Notes, "porcupine timed out: linearizability not decided")
 	default:
 		path := filepath.Join(out, "register-porcupine.html")

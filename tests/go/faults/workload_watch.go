@@ -24,6 +24,7 @@ type watchEvent struct {
 	Key      string        `json:"key,omitempty"`
 	Version  string        `json:"version,omitempty"`
 	Snapshot bool          `json:"snapshot,omitempty"`
+	Reason   string        `json:"reason,omitempty"` // delete: "expired" when the expiry driver removed it
 	At       time.Duration `json:"at_ns"`
 	Conn     int           `json:"conn"` // which connection (reconnects count up)
 }
@@ -145,9 +146,10 @@ func (wt *watcher) event(h *History, conn int, kind, data string) {
 		Key      string `json:"key"`
 		ETag     string `json:"etag"`
 		Snapshot bool   `json:"snapshot"`
+		Reason   string `json:"reason"`
 	}
 	if (kind == "set" || kind == "delete") && json.Unmarshal([]byte(data), &d) == nil {
-		e.Key, e.Version, e.Snapshot = d.Key, d.ETag, d.Snapshot
+		e.Key, e.Version, e.Snapshot, e.Reason = d.Key, d.ETag, d.Snapshot, d.Reason
 	}
 	wt.mu.Lock()
 	wt.events = append(wt.events, e)
@@ -226,4 +228,23 @@ func (w *Watchers) check(h *History, out string) []Verdict {
 	order.Summary = strings.Join(orderSum, "; ")
 	compl.Summary = strings.Join(complSum, "; ")
 	return []Verdict{order, compl}
+}
+
+// lockExpiries lists the expiries of the fencing lock's key between from and to, as the first
+// watcher saw them: when, and the delete's version, whose node is the replica whose expiry
+// driver removed it. Evidence for a two-holders violation.
+func (w *Watchers) lockExpiries(from, to time.Duration) []string {
+	if len(w.ws) == 0 {
+		return nil
+	}
+	wt := w.ws[0]
+	wt.mu.Lock()
+	defer wt.mu.Unlock()
+	var out []string
+	for _, e := range wt.events {
+		if e.Key == "fence" && e.Kind == "delete" && e.Reason == "expired" && e.At >= from && e.At <= to {
+			out = append(out, fmt.Sprintf("%.3fs %s", e.At.Seconds(), e.Version))
+		}
+	}
+	return out
 }
