@@ -15,11 +15,15 @@ type Config struct {
 	Seed     int64
 	Duration time.Duration
 	Out      string
-	Topology string // "redis" or "single"
+	Topology string // "redis", "sentinel" or "single"
 	Skew     bool
-	Bin      string
-	Redis    string
-	FakeTime string
+	// ExpectViolation (FAULTS_EXPECT_VIOLATION=1) inverts the verdict: the test fails when no
+	// checker finds anything. Only to show that the checkers catch a known bug (skewed clocks on
+	// a binary without the fix); never for CI.
+	ExpectViolation bool
+	Bin             string
+	Redis           string
+	FakeTime        string
 }
 
 const libFakeTime = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
@@ -44,14 +48,15 @@ func loadConfig(t *testing.T) Config {
 		c.Duration = time.Duration(v) * time.Second
 	}
 	if s := os.Getenv("FAULTS_TOPOLOGY"); s != "" {
-		if s != "redis" && s != "single" {
-			t.Fatalf("FAULTS_TOPOLOGY=%q: want redis or single", s)
+		if s != "redis" && s != "single" && s != "sentinel" {
+			t.Fatalf("FAULTS_TOPOLOGY=%q: want redis, sentinel or single", s)
 		}
 		c.Topology = s
 	}
 	c.Skew = os.Getenv("FAULTS_SKEW") == "1"
-	if c.Skew && c.Topology != "redis" {
-		t.Fatalf("FAULTS_SKEW=1 needs FAULTS_TOPOLOGY=redis (skew is between replicas)")
+	c.ExpectViolation = os.Getenv("FAULTS_EXPECT_VIOLATION") == "1"
+	if c.Skew && c.Topology == "single" {
+		t.Fatalf("FAULTS_SKEW=1 needs FAULTS_TOPOLOGY=redis or sentinel (skew is between replicas)")
 	}
 	c.Out = os.Getenv("FAULTS_OUT")
 	if c.Out == "" {
@@ -70,7 +75,7 @@ func loadConfig(t *testing.T) Config {
 	if st, err := os.Stat(c.Bin); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
 		t.Fatalf("STATEGATE_BIN=%s is not an executable file", c.Bin)
 	}
-	if c.Topology == "redis" {
+	if c.Topology != "single" {
 		c.Redis = "/usr/bin/redis-server"
 		if s := os.Getenv("REDIS_SERVER"); s != "" {
 			c.Redis = s

@@ -95,7 +95,12 @@ func TestFaults(t *testing.T) {
 	summary := summarize(res)
 	os.WriteFile(filepath.Join(cfg.Out, "summary.txt"), []byte(summary), 0o644)
 	fmt.Print(summary)
-	if !res.Valid {
+	switch {
+	case cfg.ExpectViolation && res.Valid:
+		t.Errorf("FAULTS_EXPECT_VIOLATION=1 but no checker found a violation (seed %d); see %s", cfg.Seed, cfg.Out)
+	case cfg.ExpectViolation:
+		t.Logf("violations found, as FAULTS_EXPECT_VIOLATION=1 expects (seed %d); see %s", cfg.Seed, cfg.Out)
+	case !res.Valid:
 		t.Errorf("violations found (seed %d); see %s", cfg.Seed, cfg.Out)
 	}
 }

@@ -17,6 +17,7 @@ type Fault struct {
 	Kind   string        `json:"kind"`
 	Target string        `json:"target"`
 	For    time.Duration `json:"for_ns"`
+	Delay  time.Duration `json:"delay_ns,omitempty"` // slow-replica: the added latency
 	// Filled in when it ran.
 	Began time.Duration `json:"began_ns"`
 	Ended time.Duration `json:"ended_ns"`
@@ -24,7 +25,10 @@ type Fault struct {
 }
 
 func (f Fault) String() string {
-	s := fmt.Sprintf("%7.3fs %-14s %-6s for %.2fs", f.At.Seconds(), f.Kind, f.Target, f.For.Seconds())
+	s := fmt.Sprintf("%7.3fs %-17s %-6s for %.2fs", f.At.Seconds(), f.Kind, f.Target, f.For.Seconds())
+	if f.Delay > 0 {
+		s += fmt.Sprintf(" delay %dms", f.Delay.Milliseconds())
+	}
 	if f.Ended > 0 {
 		s += fmt.Sprintf("  (ran %.3fs..%.3fs)", f.Began.Seconds(), f.Ended.Seconds())
 	}
@@ -45,24 +49,41 @@ func planFaults(cfg Config, nReplicas int, from, until time.Duration) []Fault {
 	var kinds []string
 	if cfg.Topology == "single" {
 		kinds = []string{"kill-node", "pause-node"}
+	} else if cfg.Topology == "sentinel" {
+		// The primary is whichever node the sentinels name when the fault begins.
+		kinds = []string{"pause-replica", "kill-replica", "kill-primary", "pause-primary", "kill-redis-replica"}
 	} else {
-		kinds = []string{"cut-replica", "pause-replica", "pause-redis", "kill-replica", "kill-redis"}
+		kinds = []string{"cut-replica", "blackhole-replica", "slow-replica", "pause-replica", "pause-redis", "kill-replica", "kill-redis"}
 	}
 	var plan []Fault
 	t := from
 	for {
 		f := Fault{At: t, Kind: kinds[rng.Intn(len(kinds))]}
 		switch f.Kind {
-		case "cut-replica", "pause-replica", "kill-replica", "kill-node", "pause-node":
+		case "cut-replica", "blackhole-replica", "slow-replica", "pause-replica", "kill-replica", "kill-node", "pause-node":
 			f.Target = fmt.Sprintf("n%d", 1+rng.Intn(nReplicas))
+		case "kill-primary", "pause-primary":
+			f.Target = "primary"
+		case "kill-redis-replica":
+			f.Target = "r-repl"
 		default:
 			f.Target = "redis"
 		}
 		switch f.Kind {
-		case "cut-replica", "pause-replica", "pause-node":
-			f.For = dur(rng, time.Second, 4*time.Second)
+		case "cut-replica", "blackhole-replica", "pause-replica", "pause-node":
+			// Up to 5 s: longer than a lock's 1 s lease, --redis-timeout-ms (1 s) and the
+			// client's 2 s timeout.
+			f.For = dur(rng, time.Second, 5*time.Second)
+		case "slow-replica":
+			f.For = dur(rng, time.Second, 5*time.Second)
+			// Every chunk to and from Redis waits this long: below and above --redis-timeout-ms.
+			f.Delay = dur(rng, 50*time.Millisecond, 1500*time.Millisecond)
 		case "pause-redis":
 			f.For = dur(rng, time.Second, 3*time.Second)
+		case "pause-primary", "kill-primary":
+			// Mostly past the sentinels' 1 s down-after (a failover; a failed election retries after
+			// 2 x failover-timeout), sometimes back before it.
+			f.For = dur(rng, 500*time.Millisecond, 8*time.Second)
 		default: // kills: how long it stays down before the restart
 			f.For = dur(rng, 500*time.Millisecond, 2*time.Second)
 		}
@@ -144,6 +165,16 @@ func (n *Nemesis) apply(f *Fault) error {
 		time.Sleep(f.For)
 		px.SetCut(false)
 		return nil
+	case "blackhole-replica", "slow-replica":
+		px := n.c.Proxies[n.replicaIndex(f.Target)]
+		if f.Kind == "slow-replica" {
+			px.SetMode(Delay, f.Delay)
+		} else {
+			px.SetMode(Blackhole, 0)
+		}
+		time.Sleep(f.For)
+		px.SetMode(Pass, 0)
+		return nil
 	case "pause-replica", "pause-node":
 		r := n.replica(f.Target)
 		if err := r.Pause(); err != nil {
@@ -165,6 +196,26 @@ func (n *Nemesis) apply(f *Fault) error {
 			return err
 		}
 		return r.WaitReady(30 * time.Second)
+	case "kill-primary", "pause-primary", "kill-redis-replica":
+		p := n.c.primary()
+		if p == nil {
+			return fmt.Errorf("the sentinels name no primary")
+		}
+		if f.Kind == "kill-redis-replica" {
+			p = n.c.otherData(p)
+		}
+		f.Target += "=" + p.Name
+		n.logf("  %s is %s", f.Kind, p.Name)
+		if f.Kind == "pause-primary" {
+			if err := p.Pause(); err != nil {
+				return err
+			}
+			time.Sleep(f.For)
+			return p.Resume()
+		}
+		p.Kill()
+		time.Sleep(f.For)
+		return n.c.restartData(p)
 	case "kill-redis":
 		n.c.Redis.Kill()
 		time.Sleep(f.For)

@@ -36,6 +36,9 @@ type Proc struct {
 	args []string
 	env  []string
 	out  string // directory for <name>.log
+	// extra is appended to args at the next Start (a Redis data node restarted as a replica of
+	// whichever node is primary by then).
+	extra []string
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -61,8 +64,9 @@ func (p *Proc) Start() error {
 		return err
 	}
 	p.starts++
-	fmt.Fprintf(f, "=== start %d: %s %s\n", p.starts, p.path, strings.Join(p.args, " "))
-	cmd := exec.Command(p.path, p.args...)
+	args := append(append([]string{}, p.args...), p.extra...)
+	fmt.Fprintf(f, "=== start %d: %s %s\n", p.starts, p.path, strings.Join(args, " "))
+	cmd := exec.Command(p.path, args...)
 	cmd.Env = append(os.Environ(), p.env...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -204,6 +208,9 @@ type Cluster struct {
 	Redis    *Redis
 	Proxies  []*Proxy
 	Replicas []*Replica
+	// The sentinel topology (sentinel.go): the data nodes and the sentinels.
+	Data      []*Redis
+	Sentinels []*Redis
 }
 
 // skews are the clock offsets of the replicas under FAULTS_SKEW=1: inside the protocol's 60 s
@@ -216,11 +223,20 @@ func startCluster(t *testing.T, cfg Config) *Cluster {
 	// Registered first so it runs even when a later start fails the test.
 	t.Cleanup(c.shutdown)
 	if cfg.Topology == "single" {
+		// A reused output directory must not hand the run another run's keys: the checkers
+		// assume every key starts absent.
 		dir := filepath.Join(cfg.Out, "data-n1")
+		os.RemoveAll(dir)
 		os.MkdirAll(dir, 0o755)
 		c.Replicas = append(c.Replicas, c.newReplica(t, 1, []string{"--data-dir", dir}, nil))
+	} else if cfg.Topology == "sentinel" {
+		storage := c.startSentinel(t)
+		for i := 1; i <= 3; i++ {
+			c.Replicas = append(c.Replicas, c.newReplica(t, i, storage, skewEnv(cfg, i)))
+		}
 	} else {
 		dir := filepath.Join(cfg.Out, "redis")
+		os.RemoveAll(dir)
 		os.MkdirAll(dir, 0o755)
 		port := freePort(t)
 		// appendfsync always: an acknowledged write is on disk, so a SIGKILL of Redis may lose
@@ -240,11 +256,7 @@ func startCluster(t *testing.T, cfg Config) *Cluster {
 				t.Fatal(err)
 			}
 			c.Proxies = append(c.Proxies, px)
-			var env []string
-			if cfg.Skew {
-				env = []string{"LD_PRELOAD=" + cfg.FakeTime, "FAKETIME=" + skews[i-1], "FAKETIME_DONT_FAKE_MONOTONIC=1"}
-			}
-			c.Replicas = append(c.Replicas, c.newReplica(t, i, []string{"--storage", "redis://" + px.Addr()}, env))
+			c.Replicas = append(c.Replicas, c.newReplica(t, i, []string{"--storage", "redis://" + px.Addr()}, skewEnv(cfg, i)))
 		}
 	}
 	for _, r := range c.Replicas {
@@ -258,6 +270,14 @@ func startCluster(t *testing.T, cfg Config) *Cluster {
 		}
 	}
 	return c
+}
+
+// skewEnv runs replica i (from 1) under libfaketime when the run asks for skew.
+func skewEnv(cfg Config, i int) []string {
+	if !cfg.Skew {
+		return nil
+	}
+	return []string{"LD_PRELOAD=" + cfg.FakeTime, "FAKETIME=" + skews[i-1], "FAKETIME_DONT_FAKE_MONOTONIC=1"}
 }
 
 func (c *Cluster) newReplica(t *testing.T, i int, storage, env []string) *Replica {
@@ -288,6 +308,11 @@ func (c *Cluster) heal() error {
 			return err
 		}
 	}
+	if c.Sentinels != nil {
+		if err := c.healSentinel(); err != nil {
+			return err
+		}
+	}
 	for _, r := range c.Replicas {
 		if !r.Running() {
 			if err := r.Start(); err != nil {
@@ -314,5 +339,8 @@ func (c *Cluster) shutdown() {
 	}
 	if c.Redis != nil {
 		c.Redis.Kill()
+	}
+	for _, r := range append(c.Data, c.Sentinels...) {
+		r.Kill()
 	}
 }

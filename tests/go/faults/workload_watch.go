@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -154,97 +153,4 @@ func (wt *watcher) event(h *History, conn int, kind, data string) {
 	wt.mu.Lock()
 	wt.events = append(wt.events, e)
 	wt.mu.Unlock()
-}
-
-func (w *Watchers) check(h *History, out string) []Verdict {
-	order := Verdict{Checker: "watchers: per key, versions increase, none twice", Valid: true}
-	compl := Verdict{Checker: "watchers: every acknowledged write seen by every watcher", Valid: true}
-	var acks []Op
-	for _, o := range h.Ops(ackWorkload) {
-		if o.Outcome == OK && o.ETag != "" {
-			acks = append(acks, o)
-		}
-	}
-	var orderSum, complSum []string
-	for _, wt := range w.ws {
-		wt.mu.Lock()
-		events, conns, errs := wt.events, wt.conns, wt.errs
-		wt.mu.Unlock()
-		dumpJSON(filepath.Join(out, "watch-"+wt.r.ID+".json"), map[string]any{"events": events, "errors": errs})
-		counts := map[string]int{}
-		lastV := map[string]string{}   // key -> last version delivered
-		seen := map[string]bool{}      // key+version delivered as a change (not a snapshot)
-		present := map[string]string{} // key -> versions seen in any form
-		bad := 0
-		for _, e := range events {
-			counts[e.Kind]++
-			switch e.Kind {
-			case "reset":
-				continue
-			case "synced":
-				continue
-			case "set", "delete":
-			default:
-				continue
-			}
-			if e.Snapshot {
-				counts["snapshot"]++
-				// A snapshot shows the current value: never older than what was delivered.
-				if prev, ok := lastV[e.Key]; ok && e.Version < prev {
-					bad++
-					order.violate(fmt.Sprintf("watcher %s: snapshot of %s has version %s older than the delivered %s (conn %d at %.3fs)",
-						wt.r.ID, e.Key, e.Version, prev, e.Conn, e.At.Seconds()))
-				}
-			} else {
-				kv := e.Key + "@" + e.Version
-				if seen[kv] {
-					bad++
-					order.violate(fmt.Sprintf("watcher %s: %s %s version %s delivered twice (conn %d at %.3fs)",
-						wt.r.ID, e.Kind, e.Key, e.Version, e.Conn, e.At.Seconds()))
-				} else if prev, ok := lastV[e.Key]; ok && e.Version <= prev {
-					bad++
-					order.violate(fmt.Sprintf("watcher %s: %s %s version %s not above the delivered %s (conn %d at %.3fs)",
-						wt.r.ID, e.Kind, e.Key, e.Version, prev, e.Conn, e.At.Seconds()))
-				}
-				seen[kv] = true
-			}
-			if e.Version > lastV[e.Key] {
-				lastV[e.Key] = e.Version
-			}
-			present[e.Key+"@"+e.Version] = e.Kind
-		}
-		missing := 0
-		for _, o := range acks {
-			if present[o.Key+"@"+o.ETag] == "" {
-				missing++
-				compl.violate(fmt.Sprintf("watcher %s (%d resets, %d overflows) never saw acknowledged write %s", wt.r.ID,
-					counts["reset"], counts["overflow"], o))
-			}
-		}
-		orderSum = append(orderSum, fmt.Sprintf("%s: %d events over %d connections, %d snapshot events, %d resets, %d overflows, %d failed, %d out of order",
-			wt.r.ID, counts["set"]+counts["delete"], conns, counts["snapshot"], counts["reset"], counts["overflow"], counts["failed"], bad))
-		complSum = append(complSum, fmt.Sprintf("%s: %d of %d missing", wt.r.ID, missing, len(acks)))
-	}
-	order.Summary = strings.Join(orderSum, "; ")
-	compl.Summary = strings.Join(complSum, "; ")
-	return []Verdict{order, compl}
-}
-
-// lockExpiries lists the expiries of the fencing lock's key between from and to, as the first
-// watcher saw them: when, and the delete's version, whose node is the replica whose expiry
-// driver removed it. Evidence for a two-holders violation.
-func (w *Watchers) lockExpiries(from, to time.Duration) []string {
-	if len(w.ws) == 0 {
-		return nil
-	}
-	wt := w.ws[0]
-	wt.mu.Lock()
-	defer wt.mu.Unlock()
-	var out []string
-	for _, e := range wt.events {
-		if e.Key == "fence" && e.Kind == "delete" && e.Reason == "expired" && e.At >= from && e.At <= to {
-			out = append(out, fmt.Sprintf("%.3fs %s", e.At.Seconds(), e.Version))
-		}
-	}
-	return out
 }
