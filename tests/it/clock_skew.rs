@@ -59,7 +59,11 @@ async fn replica(server: &TestServer, node: &str, offset: &str) -> Replica {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    Replica { _child: child, http, log }
+    Replica {
+        _child: child,
+        http,
+        log,
+    }
 }
 
 /// Takes the lock `resource` for `owner`: its fencing token when granted.

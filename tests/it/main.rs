@@ -16,6 +16,7 @@ mod deploy;
 mod disk_full;
 mod durability;
 mod election;
+mod faults;
 mod fuzz_seeds;
 mod grpc;
 mod http;

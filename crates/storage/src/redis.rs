@@ -216,6 +216,44 @@ impl RedisBackend {
 }
 
 impl Shared {
+    /// How long `WAIT` may take: half the call bound, so that it answers before the bound does.
+    fn wait_ms(&self) -> u64 {
+        (self.timeout.as_millis() / 2).max(1) as u64
+    }
+
+    /// With `--redis-wait-replicas N`, ends a read's pipeline with a write and `WAIT N`: the
+    /// write's place in the replication stream is after everything the read saw, so once `N`
+    /// replicas have it they have every write the read saw. Without it a read (or a watcher)
+    /// could see a write that its replica never received (its writer got 503) and that a
+    /// failover then drops: the fault tests saw a read return a value that later reads, after
+    /// the failover, did not have. Whether the barrier was added.
+    pub(super) fn barrier(&self, pipe: &mut redis::Pipeline) -> bool {
+        if self.wait_replicas == 0 {
+            return false;
+        }
+        pipe.cmd("INCR").arg(&self.names.read_barrier);
+        pipe.cmd("WAIT").arg(self.wait_replicas).arg(self.wait_ms());
+        true
+    }
+
+    /// Takes the barrier's two replies off the end of `replies`: an error if fewer than `N`
+    /// replicas confirmed in time (the read's answer must not be used).
+    pub(super) fn passed(&self, barrier: bool, replies: &mut Vec<Value>) -> Result<(), StorageError> {
+        if !barrier {
+            return Ok(());
+        }
+        let acked = replies.pop().map(i64::from_redis_value);
+        replies.pop();
+        match acked {
+            Some(Ok(n)) if n >= i64::from(self.wait_replicas) => Ok(()),
+            Some(Ok(n)) => Err(StorageError::Unavailable(format!(
+                "only {n} of {} replicas confirmed what a read saw in time",
+                self.wait_replicas
+            ))),
+            other => Err(StorageError::Backend(format!("WAIT answered {other:?}"))),
+        }
+    }
+
     /// PINGs until Redis answers: the doors open only once the storage works.
     async fn wait_until_ready(&self, patience: Duration) -> Result<(), StorageError> {
         let give_up = Instant::now() + patience;
@@ -241,9 +279,25 @@ impl Shared {
 #[async_trait]
 impl Backend for RedisBackend {
     async fn get(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {
-        let mut cmd = redis::cmd("HMGET");
-        cmd.arg(self.names.record(key)).arg(&RECORD_FIELDS[..]);
-        decode_record(self.query(Purpose::Call, &cmd).await?)
+        let mut pipe = redis::pipe();
+        pipe.cmd("HMGET").arg(self.names.record(key)).arg(&RECORD_FIELDS[..]);
+        let barrier = self.barrier(&mut pipe);
+        let mut replies: Vec<Value> = self
+            .bounded(Purpose::Call, |mut c| async move {
+                pipe.query_async(&mut c).await.map_err(storage_error)
+            })
+            .await?;
+        self.passed(barrier, &mut replies)?;
+        let fields = replies
+            .into_iter()
+            .next()
+            .map(FromRedisValue::from_redis_value)
+            .transpose();
+        decode_record(
+            fields
+                .map_err(|e| StorageError::Backend(format!("HMGET answered {e}")))?
+                .unwrap_or_default(),
+        )
     }
 
     async fn get_many(
@@ -260,7 +314,9 @@ impl Backend for RedisBackend {
         eval.arg(max_value_bytes);
         let mut pipe = redis::pipe();
         pipe.add_command(eval);
-        let reply = self.eval_pipeline(Purpose::Call, &self.mget, &pipe).await?;
+        let barrier = self.barrier(&mut pipe);
+        let mut reply = self.eval_pipeline(Purpose::Call, &self.mget, &pipe).await?;
+        self.passed(barrier, &mut reply)?;
         let bad = |e: String| StorageError::Backend(format!("the mget script answered: {e}"));
         let reply = reply.into_iter().next().ok_or_else(|| bad("nothing".into()))?;
         if matches!(reply, redis::Value::Int(0)) {
@@ -290,11 +346,16 @@ impl Backend for RedisBackend {
         let mut pipe = redis::pipe();
         pipe.cmd("HMGET").arg(self.names.record(key)).arg(&RECORD_FIELDS[..]);
         pipe.cmd("GET").arg(self.names.mark(id));
-        let (fields, mark): (Vec<Option<Bytes>>, Option<Bytes>) = self
+        let barrier = self.barrier(&mut pipe);
+        let mut replies: Vec<Value> = self
             .bounded(Purpose::Call, |mut c| async move {
                 pipe.query_async(&mut c).await.map_err(storage_error)
             })
             .await?;
+        self.passed(barrier, &mut replies)?;
+        let (fields, mark): (Vec<Option<Bytes>>, Option<Bytes>) =
+            FromRedisValue::from_redis_value(Value::Array(replies))
+                .map_err(|e| StorageError::Backend(format!("HMGET and GET answered {e}")))?;
         Ok((decode_record(fields)?, mark))
     }
 
@@ -410,8 +471,7 @@ impl Backend for RedisBackend {
         let wait = self.wait_replicas > 0 && !w.swaps.is_empty();
         if wait {
             // WAIT must answer before our own bound does: give it half.
-            let wait_ms = (self.timeout.as_millis() / 2).max(1) as u64;
-            pipe.cmd("WAIT").arg(self.wait_replicas).arg(wait_ms);
+            pipe.cmd("WAIT").arg(self.wait_replicas).arg(self.wait_ms());
         }
         let replies = self
             .eval_pipeline(Purpose::Call, &self.swap, &pipe)
@@ -502,7 +562,9 @@ impl Backend for RedisBackend {
         eval.arg(lower).arg(ask);
         let mut pipe = redis::pipe();
         pipe.add_command(eval);
-        let reply = self.eval_pipeline(Purpose::Call, &self.scan, &pipe).await?;
+        let barrier = self.barrier(&mut pipe);
+        let mut reply = self.eval_pipeline(Purpose::Call, &self.scan, &pipe).await?;
+        self.passed(barrier, &mut reply)?;
         let (keys, deadlines): (Vec<Bytes>, Vec<Option<f64>>) = reply
             .into_iter()
             .next()

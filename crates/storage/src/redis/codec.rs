@@ -24,6 +24,9 @@ pub struct Names {
     /// issued. A key created from then on must get a later version: versions and fencing
     /// tokens of a key never go backwards, even across its deletion and replicas' clocks.
     pub removed_version: Vec<u8>,
+    /// STRING, a counter: written by reads with `--redis-wait-replicas`, so that `WAIT` after
+    /// a read waits for every write the read saw (see `Shared::barrier`).
+    pub read_barrier: Vec<u8>,
     /// STREAM: the shared change log; STRING: its last sequence number.
     pub log: Vec<u8>,
     pub log_seq: Vec<u8>,
@@ -53,6 +56,7 @@ impl Names {
             deadlines: with("deadlines"),
             max_version: with("maxver"),
             removed_version: with("removedver"),
+            read_barrier: with("readbarrier"),
             log: with("log"),
             log_seq: with("logseq"),
             observers: with("obs"),
@@ -245,6 +249,7 @@ mod tests {
             &n.deadlines,
             &n.max_version,
             &n.removed_version,
+            &n.read_barrier,
             &n.log,
             &n.log_seq,
             &n.observers,

@@ -198,14 +198,18 @@ impl ChangeLog for RedisLog {
             .arg("STREAMS")
             .arg(&s.names.log)
             .arg(from);
+        // Watchers, KEYNOTIFY and the record cache get only changes that the replicas
+        // `--redis-wait-replicas` asks for have (a change a failover drops is never sent).
+        let barrier = s.barrier(&mut pipe);
         s.counters.add(Purpose::Background, 1);
-        let replies: Vec<Value> = match pipe.query_async(&mut conn).await {
+        let mut replies: Vec<Value> = match pipe.query_async(&mut conn).await {
             Ok(r) => r,
             Err(e) => {
                 s.drop_reader().await;
                 return Err(storage_error(e));
             }
         };
+        s.passed(barrier, &mut replies)?;
         let mut replies = replies.into_iter();
         let (Some(seq), Some(at), Some(new)) = (replies.next(), replies.next(), replies.next()) else {
             return Err(StorageError::Backend("a log read answered too few replies".into()));

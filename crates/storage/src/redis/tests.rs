@@ -622,3 +622,54 @@ async fn the_backend_clock_is_the_servers() {
         server_ms(after)
     );
 }
+
+#[tokio::test]
+async fn with_wait_replicas_a_read_never_answers_a_write_the_replicas_lack() {
+    let primary = TestServer::start(Flavor::Redis);
+    let replica = TestServer::start(Flavor::Redis);
+    let mut r = raw(&replica).await;
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(primary.port)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let waiting = options("barrier:");
+    let be = open_with(
+        &primary,
+        &RedisOptions {
+            wait_replicas: 1,
+            ..waiting.clone()
+        },
+    )
+    .await;
+    // Until the replica has synced, writes get 503: wait for the first that is confirmed.
+    let first = rec(b"synced", 1_000, 0, "a");
+    let give_up = std::time::Instant::now() + PATIENCE;
+    while swap(&be, put(b"first", None, first.clone()), None).await.is_err() {
+        assert!(std::time::Instant::now() < give_up, "the replica never synced");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Another writer (a replica of the service without WAIT) writes while the Redis replica
+    // is frozen: the write is on the primary only.
+    replica.pause();
+    let other = open_with(&primary, &waiting).await;
+    let unconfirmed = rec(b"maybe", 2_000, 0, "b");
+    swap(&other, put(b"k", None, unconfirmed.clone()), None).await.unwrap();
+    assert_eq!(other.get(b"k").await.unwrap(), Some(unconfirmed.clone()));
+    // A read that waits for the replicas does not answer it: a failover now would drop it.
+    assert!(
+        matches!(be.get(b"k").await, Err(StorageError::Unavailable(_))),
+        "a read answered a write no replica has"
+    );
+    replica.resume();
+    // Once the replica has caught up, the read answers it.
+    let give_up = std::time::Instant::now() + PATIENCE;
+    loop {
+        match be.get(b"k").await {
+            Ok(got) => break assert_eq!(got, Some(unconfirmed)),
+            Err(StorageError::Unavailable(_)) if std::time::Instant::now() < give_up => {}
+            Err(e) => panic!("the read never recovered: {e}"),
+        }
+    }
+}
