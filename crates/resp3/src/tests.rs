@@ -358,7 +358,10 @@ fn frame_counts_and_depth_are_bounded() {
 // ----- fixtures -----
 
 fn fixture_dir() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data/resp3")
+    // Cargo sets the variable when it runs the test too: a test binary built in another
+    // checkout sharing the target directory (CI's) would name that checkout at compile time.
+    let dir = std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
+    std::path::Path::new(&dir).join("../../tests/data/resp3")
 }
 
 fn fixture(name: &str) -> Bytes {
