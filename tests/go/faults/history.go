@@ -126,6 +126,20 @@ type Reply struct {
 // request was never sent, so it is a definite failure. Counting those as unknown would add
 // thousands of never-returning writes while a node is down, which makes porcupine's search
 // blow up without checking anything more.
+// Saved records the outcome of a state save: 204 is applied (its ETag kept), an unknown
+// reply is unknown, anything else (409 included: an ETag or fencing refusal) was not applied.
+func (op *Op) Saved(rep Reply) {
+	op.Status = rep.Status
+	switch {
+	case rep.Unknown():
+		op.Outcome, op.Err = Unknown, rep.ErrString()
+	case rep.Status == 204:
+		op.Outcome, op.ETag = OK, rep.Header.Get("Etag")
+	default:
+		op.Outcome, op.Err = Fail, rep.ErrString()
+	}
+}
+
 func (r Reply) Unknown() bool { return (r.Err != nil && !r.Refused()) || r.Status >= 500 }
 
 // Refused: the connection was refused, so the request was not sent.

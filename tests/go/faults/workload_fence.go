@@ -84,15 +84,8 @@ func fenceSave(ctx context.Context, h *History, cl *Client, id int, owner, tok s
 	body, _ := json.Marshal([]map[string]any{{"key": "fenced", "value": owner, "metadata": map[string]string{"fencingToken": tok}}})
 	op := Op{Workload: fenceWorkload, Client: id, Kind: "save", Node: r.ID, Key: "fenced", Value: owner, Owner: owner, Token: tok, Invoke: h.Now()}
 	rep := cl.do(ctx, "POST", r.HTTP+"/v1.0/state/statestore", body, nil)
-	op.Return, op.Status = h.Now(), rep.Status
-	switch {
-	case rep.Unknown():
-		op.Outcome, op.Err = Unknown, rep.ErrString()
-	case rep.Status == 204:
-		op.Outcome = OK
-	default:
-		op.Outcome, op.Err = Fail, rep.ErrString() // 409: fenced out
-	}
+	op.Return = h.Now()
+	op.Saved(rep) // 409: fenced out
 	h.Add(op)
 	backoff(ctx, op)
 }

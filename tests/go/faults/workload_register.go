@@ -95,15 +95,8 @@ func regWrite(ctx context.Context, h *History, cl *Client, id int, key, val stri
 	body, _ := json.Marshal([]map[string]any{{"key": key, "value": val}})
 	op := Op{Workload: regWorkload, Client: id, Kind: "write", Node: r.ID, Key: key, Value: val, Invoke: h.Now()}
 	rep := cl.do(ctx, "POST", r.HTTP+"/v1.0/state/statestore", body, nil)
-	op.Return, op.Status = h.Now(), rep.Status
-	switch {
-	case rep.Unknown():
-		op.Outcome, op.Err = Unknown, rep.ErrString()
-	case rep.Status == 204:
-		op.Outcome, op.ETag = OK, rep.Header.Get("Etag")
-	default:
-		op.Outcome, op.Err = Fail, rep.ErrString()
-	}
+	op.Return = h.Now()
+	op.Saved(rep)
 	h.Add(op)
 	backoff(ctx, op)
 }
