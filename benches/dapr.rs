@@ -237,7 +237,9 @@ fn start_servers(o: &Opts, rt: &tokio::runtime::Runtime) -> Servers {
     .any(|&t| o.wants(t));
     let daprd = needs_daprd.then(procs::daprd_binary);
     let daprd = daprd.as_deref();
-    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/dapr");
+    // At run time: a shared target directory can hold a build from another checkout.
+    let root = std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
+    let deploy = Path::new(&root).join("deploy/dapr");
     let socket_url = |dir: &Path| format!("unix://{}", dir.join("stategate.sock").display());
     for (direct, socket, via, durable) in [
         (Target::DirectMemory, Some(Target::SocketMemory), Target::Memory, false),

@@ -351,7 +351,7 @@ fn playwright_core() -> PathBuf {
     std::fs::create_dir_all(&dir).expect("create ~/.cache/stategate-npm");
     let lock = std::fs::File::create(cache.join("stategate-npm.lock")).expect("npm lock file");
     lock.lock().expect("lock the npm cache");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser");
+    let src = crate::support::repo_path("tests/browser");
     let wanted = std::fs::read(src.join("package-lock.json")).expect("tests/browser/package-lock.json");
     let installed = std::fs::read(dir.join("package-lock.json")).unwrap_or_default();
     let present = dir.join("node_modules/playwright-core/package.json").exists();
@@ -517,7 +517,7 @@ async fn run_driver(b: &Browser, env: &TestEnv, mode: &str, token: Option<&str>,
     let http: std::net::SocketAddr = env.http().trim_start_matches("http://").parse().unwrap();
     let proxy = DropProxy::start(http).await;
     let artifacts = Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-artifacts");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/console.mjs");
+    let script = crate::support::repo_path("tests/browser/console.mjs");
     let mut cmd = Command::new(&b.node);
     cmd.arg(&script)
         .env("CONSOLE_URL", format!("http://{}/ui", proxy.addr))
@@ -644,8 +644,8 @@ async fn console_in_chromium() {
     .await;
     seed(&env, None).await;
     // `STATEGATE_UPDATE_SCREENSHOT=1` also rewrites docs/console.png.
-    let readme_shot = std::env::var_os("STATEGATE_UPDATE_SCREENSHOT")
-        .map(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/console.png"));
+    let readme_shot =
+        std::env::var_os("STATEGATE_UPDATE_SCREENSHOT").map(|_| crate::support::repo_path("docs/console.png"));
     run_driver(&b, &env, "open", None, readme_shot.as_deref()).await;
     env.stop().await;
 }

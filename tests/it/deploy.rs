@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use stategate::config::file;
 
 fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    crate::support::repo_path("")
 }
 
 /// Every file under `deploy/`, with its text.

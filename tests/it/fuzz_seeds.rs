@@ -31,7 +31,7 @@ const LOADED_NOT_COMPARED: [&str; 2] = [ENCRYPTED_SEED, "snapshot-and-log"];
 type Seeds = BTreeMap<&'static str, Vec<u8>>;
 
 fn seeds_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds")
+    crate::support::repo_path("fuzz/seeds")
 }
 
 fn ts(counter: u32) -> String {

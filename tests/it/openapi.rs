@@ -2,7 +2,7 @@
 
 #[test]
 fn committed_openapi_matches_the_code() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("openapi/openapi.json");
+    let path = crate::support::repo_path("openapi/openapi.json");
     let generated = stategate::http::openapi_json();
     // Compare what is committed before any rewrite, so the check means something in both modes.
     let committed = std::fs::read_to_string(&path).unwrap_or_default();

@@ -1,7 +1,6 @@
 //! The official Python Dapr SDK as a peer a test drives one call at a time
 //! (`tests/python/dapr_sdk_repl.py`), so its calls interleave with other clients'.
 
-use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -28,7 +27,7 @@ impl PySdk {
     /// Starts the SDK against the service's gRPC and HTTP doors; returns once it is connected.
     pub async fn start(env: &TestEnv) -> PySdk {
         let python = crate::grpc::dapr_sdk_python().await;
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/dapr_sdk_repl.py");
+        let script = crate::support::repo_path("tests/python/dapr_sdk_repl.py");
         let mut child = Command::new(python)
             .arg(script)
             .arg(env.grpc())

@@ -100,11 +100,11 @@ async fn the_http_api_keeps_to_its_openapi_document() {
         c.http.request_timeout = Duration::from_secs(5);
     })
     .await;
-    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/schemathesis/schemathesis.toml");
+    let config = crate::support::repo_path("tests/schemathesis/schemathesis.toml");
     // Its working directory: whatever it leaves behind goes with the test.
     let work = tempfile::tempdir().expect("tempdir");
     let examples = examples();
-    let hooks = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/schemathesis/hooks.py");
+    let hooks = crate::support::repo_path("tests/schemathesis/hooks.py");
     let mut cmd = Command::new(&bin);
     cmd.current_dir(work.path())
         .env("SCHEMATHESIS_HOOKS", &hooks)

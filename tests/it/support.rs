@@ -598,6 +598,15 @@ pub fn now_ts() -> String {
 }
 
 /// A unique client id for a test.
+/// The repository's root, as the running test process knows it. `cargo test` sets
+/// `CARGO_MANIFEST_DIR` for the process it runs; the compile-time value can name another
+/// checkout that shares the target directory (cargo reuses an artifact whose sources did not
+/// change, whatever folder they were compiled from), so it is only the fallback.
+pub fn repo_path(relative: &str) -> PathBuf {
+    let root = std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into());
+    PathBuf::from(root).join(relative)
+}
+
 pub fn unique_id(prefix: &str) -> String {
     format!("{prefix}-{}", hex::encode(&uuid_like()[..8]))
 }

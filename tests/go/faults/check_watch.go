@@ -44,11 +44,14 @@ func (w *Watchers) check(h *History, out string) []Verdict {
 		}
 	}
 	var orderSum, complSum []string
-	for _, wt := range w.ws {
+	w.mu.Lock()
+	ws := append([]*watcher(nil), w.ws...)
+	w.mu.Unlock()
+	for _, wt := range ws {
 		wt.mu.Lock()
 		events, conns, errs := wt.events, wt.conns, wt.errs
 		wt.mu.Unlock()
-		dumpJSON(filepath.Join(out, "watch-"+wt.r.ID+".json"), map[string]any{"events": events, "errors": errs})
+		dumpJSON(filepath.Join(out, "watch-"+wt.name+".json"), map[string]any{"events": events, "errors": errs})
 		counts := map[string]int{}
 		lastV := map[string]string{} // key -> highest version delivered so far
 		seen := map[string]bool{}    // key@version delivered as a change (not a snapshot)
@@ -79,18 +82,18 @@ func (w *Watchers) check(h *History, out string) []Verdict {
 				if prev, ok := lastV[e.Key]; ok && e.Version < prev {
 					bad++
 					order.violate(fmt.Sprintf("watcher %s: snapshot of %s has version %s older than the delivered %s (conn %d at %.3fs)",
-						wt.r.ID, e.Key, e.Version, prev, e.Conn, e.At.Seconds()))
+						wt.name, e.Key, e.Version, prev, e.Conn, e.At.Seconds()))
 				}
 			} else {
 				kv := e.Key + "@" + e.Version
 				if seen[kv] {
 					bad++
 					order.violate(fmt.Sprintf("watcher %s: %s %s version %s delivered twice (conn %d at %.3fs)",
-						wt.r.ID, e.Kind, e.Key, e.Version, e.Conn, e.At.Seconds()))
+						wt.name, e.Kind, e.Key, e.Version, e.Conn, e.At.Seconds()))
 				} else if prev, ok := lastV[e.Key]; ok && e.Version <= prev {
 					bad++
 					order.violate(fmt.Sprintf("watcher %s: %s %s version %s not above the delivered %s (conn %d at %.3fs)",
-						wt.r.ID, e.Kind, e.Key, e.Version, prev, e.Conn, e.At.Seconds()))
+						wt.name, e.Kind, e.Key, e.Version, prev, e.Conn, e.At.Seconds()))
 				}
 				seen[kv] = true
 			}
@@ -105,7 +108,12 @@ func (w *Watchers) check(h *History, out string) []Verdict {
 			}
 		}
 		missing, excused := 0, 0
+		due := 0
 		for _, o := range acks {
+			if wt.covers != nil && !wt.covers(o) {
+				continue
+			}
+			due++
 			if present[o.Key+"@"+o.ETag] {
 				continue
 			}
@@ -113,17 +121,17 @@ func (w *Watchers) check(h *History, out string) []Verdict {
 				excused++
 				if excused <= 5 {
 					compl.Notes = append(compl.Notes, fmt.Sprintf("watcher %s: write not delivered, covered by the reset at event %d (snapshot synced at %.3fs): %s",
-						wt.r.ID, r.idx, r.syncedAt.Seconds(), o))
+						wt.name, r.idx, r.syncedAt.Seconds(), o))
 				}
 				continue
 			}
 			missing++
-			compl.violate(fmt.Sprintf("watcher %s (%d resets, %d overflows) never saw acknowledged write %s", wt.r.ID,
+			compl.violate(fmt.Sprintf("watcher %s (%d resets, %d overflows) never saw acknowledged write %s", wt.name,
 				counts["reset"], counts["overflow"], o))
 		}
 		orderSum = append(orderSum, fmt.Sprintf("%s: %d events over %d connections, %d snapshot events, %d resets, %d overflows, %d failed, %d out of order",
-			wt.r.ID, counts["set"]+counts["delete"], conns, counts["snapshot"], counts["reset"], counts["overflow"], counts["failed"], bad))
-		complSum = append(complSum, fmt.Sprintf("%s: %d of %d missing, %d more skipped by a reset", wt.r.ID, missing, len(acks), excused))
+			wt.name, counts["set"]+counts["delete"], conns, counts["snapshot"], counts["reset"], counts["overflow"], counts["failed"], bad))
+		complSum = append(complSum, fmt.Sprintf("%s: %d of %d missing, %d more skipped by a reset", wt.name, missing, due, excused))
 	}
 	order.Summary = strings.Join(orderSum, "; ")
 	compl.Summary = strings.Join(complSum, "; ")

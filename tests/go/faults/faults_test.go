@@ -40,7 +40,7 @@ func TestFaults(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var wg sync.WaitGroup
-	runRegister(ctx, cfg, h, cl, &wg)
+	runRegister(ctx, cfg, h, []regDoor{httpDoor{cl}}, c.Replicas, &wg)
 	runFencing(ctx, cfg, h, cl, &wg)
 	runAck(ctx, cfg, h, cl, &wg)
 	w := startWatchers(ctx, cfg, h, cl, &wg)

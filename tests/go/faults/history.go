@@ -28,8 +28,9 @@ const (
 type Op struct {
 	Workload string        `json:"workload"`
 	Client   int           `json:"client"`
-	Kind     string        `json:"kind"` // read, write, cas, lock, save, unlock, ack-write
-	Node     string        `json:"node"` // the replica the request went through
+	Kind     string        `json:"kind"`           // read, write, cas, lock, save, unlock, ack-write
+	Door     string        `json:"door,omitempty"` // http, grpc or mqtt (the register workload)
+	Node     string        `json:"node"`           // the replica the request went through
 	Key      string        `json:"key,omitempty"`
 	Value    string        `json:"value,omitempty"` // written value, or value read
 	Old      string        `json:"old,omitempty"`   // cas: the value its etag stands for
@@ -44,7 +45,11 @@ type Op struct {
 }
 
 func (o Op) String() string {
-	s := fmt.Sprintf("[%s c%d %s via %s", o.Workload, o.Client, o.Kind, o.Node)
+	via := o.Node
+	if o.Door != "" {
+		via = o.Door + "@" + o.Node
+	}
+	s := fmt.Sprintf("[%s c%d %s via %s", o.Workload, o.Client, o.Kind, via)
 	for _, kv := range [][2]string{{"key", o.Key}, {"old", o.Old}, {"value", o.Value}, {"owner", o.Owner}, {"token", o.Token}, {"etag", o.ETag}} {
 		if kv[1] != "" {
 			s += " " + kv[0] + "=" + kv[1]

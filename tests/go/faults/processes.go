@@ -157,11 +157,14 @@ func waitFor(what string, timeout time.Duration, p *Proc, ready func() bool) err
 	return fmt.Errorf("%s not ready after %v", what, timeout)
 }
 
-// Replica is one stategate process and the address of its HTTP door.
+// Replica is one stategate process and the addresses of its doors, fixed for its life so
+// that a restarted replica is found where it was.
 type Replica struct {
 	*Proc
 	ID   string
 	HTTP string // base URL
+	GRPC string // host:port of statestore.v1 and the Dapr runtime RPCs
+	MQTT string // host:port of its embedded broker
 }
 
 func (r *Replica) healthy() bool {
@@ -283,13 +286,15 @@ func skewEnv(cfg Config, i int) []string {
 }
 
 func (c *Cluster) newReplica(t *testing.T, i int, storage, env []string) *Replica {
-	port := freePort(t)
+	port, grpc, mqtt := freePort(t), freePort(t), freePort(t)
 	id := fmt.Sprintf("n%d", i)
 	args := append(storage, "--node-id", id, "--http-listen", fmt.Sprintf("127.0.0.1:%d", port),
-		"--grpc-listen", "off", "--mqtt-listen", "127.0.0.1:0", "--log-level", "info",
+		"--grpc-listen", fmt.Sprintf("127.0.0.1:%d", grpc), "--mqtt-listen", fmt.Sprintf("127.0.0.1:%d", mqtt),
+		"--log-level", "info",
 		// A SIGKILL/restart should not wait for the grace of a clean stop.
 		"--shutdown-grace", "1s")
-	return &Replica{Proc: newProc(id, c.cfg.Bin, args, env, c.cfg.Out), ID: id, HTTP: fmt.Sprintf("http://127.0.0.1:%d", port)}
+	return &Replica{Proc: newProc(id, c.cfg.Bin, args, env, c.cfg.Out), ID: id, HTTP: fmt.Sprintf("http://127.0.0.1:%d", port),
+		GRPC: fmt.Sprintf("127.0.0.1:%d", grpc), MQTT: fmt.Sprintf("127.0.0.1:%d", mqtt)}
 }
 
 // heal undoes every fault: every proxy passes, every process runs (restarted if dead,

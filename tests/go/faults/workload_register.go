@@ -33,28 +33,55 @@ func regKey(now time.Duration, i int) string {
 	return fmt.Sprintf("reg-%d-%d", now/regEpoch, i)
 }
 
-func runRegister(ctx context.Context, cfg Config, h *History, cl *Client, wg *sync.WaitGroup) {
+// regDoor is one way the register clients reach a replica: the Dapr HTTP API here, gRPC
+// (door_grpc.go), MQTT (door_mqtt.go). Each fills op (Outcome, and Value/ETag/Status/Err as the
+// reply gives them); the caller times and records it. A door without a compare-and-set answers
+// canCAS false and is not asked for one.
+type regDoor interface {
+	name() string
+	read(ctx context.Context, r *Replica, op *Op)
+	// write stores op.Value unconditionally.
+	write(ctx context.Context, r *Replica, op *Op)
+	// cas stores op.Value only if the key's version is still etag.
+	cas(ctx context.Context, r *Replica, op *Op, etag string)
+	canCAS() bool
+}
+
+func runRegister(ctx context.Context, cfg Config, h *History, doors []regDoor, replicas []*Replica, wg *sync.WaitGroup) {
+	var casDoors []regDoor
+	for _, d := range doors {
+		if d.canCAS() {
+			casDoors = append(casDoors, d)
+		}
+	}
 	for i := 0; i < regClients; i++ {
 		wg.Add(1)
 		go func(id int) {
 			defer wg.Done()
 			rng := cfg.rng(100 + int64(id))
 			n := 0
+			pick := func(ds []regDoor) (regDoor, *Replica) {
+				return ds[rng.Intn(len(ds))], replicas[rng.Intn(len(replicas))]
+			}
 			for ctx.Err() == nil {
 				key := regKey(h.Now(), rng.Intn(regKeysPerEpoch))
 				n++
 				val := fmt.Sprintf("c%d-%d", id, n)
 				switch p := rng.Intn(10); {
 				case p < 4:
-					regRead(ctx, h, cl, id, key, rng.Intn(len(cl.replicas)))
+					d, r := pick(doors)
+					regRead(ctx, h, d, r, id, key)
 				case p < 6:
-					regWrite(ctx, h, cl, id, key, val, rng.Intn(len(cl.replicas)))
+					d, r := pick(doors)
+					regWrite(ctx, h, d, r, id, key, val)
 				default:
 					// CAS: a read (recorded as a read of its own) gives the value and its ETag,
-					// then the conditional save goes through another random replica.
-					v, etag, ok := regRead(ctx, h, cl, id, key, rng.Intn(len(cl.replicas)))
+					// then the conditional save goes through another random door and replica.
+					d, r := pick(doors)
+					v, etag, ok := regRead(ctx, h, d, r, id, key)
 					if ok && etag != "" {
-						regCAS(ctx, h, cl, id, key, v, etag, val, rng.Intn(len(cl.replicas)))
+						d, r = pick(casDoors)
+						regCAS(ctx, h, d, r, id, key, v, etag, val)
 					}
 				}
 				// Keeps the history small enough for the checker and the 2 cores free.
@@ -64,60 +91,66 @@ func runRegister(ctx context.Context, cfg Config, h *History, cl *Client, wg *sy
 	}
 }
 
-func regRead(ctx context.Context, h *History, cl *Client, id int, key string, ri int) (string, string, bool) {
-	r := cl.replicas[ri]
-	op := Op{Workload: regWorkload, Client: id, Kind: "read", Node: r.ID, Key: key, Invoke: h.Now()}
-	rep := cl.do(ctx, "GET", r.HTTP+"/v1.0/state/statestore/"+key, nil, nil)
-	op.Return, op.Status = h.Now(), rep.Status
-	ok := false
+func regRead(ctx context.Context, h *History, d regDoor, r *Replica, id int, key string) (string, string, bool) {
+	op := Op{Workload: regWorkload, Client: id, Kind: "read", Door: d.name(), Node: r.ID, Key: key, Invoke: h.Now()}
+	d.read(ctx, r, &op)
+	op.Return = h.Now()
+	h.Add(op)
+	backoff(ctx, op)
+	return op.Value, op.ETag, op.Outcome == OK
+}
+
+func regWrite(ctx context.Context, h *History, d regDoor, r *Replica, id int, key, val string) {
+	op := Op{Workload: regWorkload, Client: id, Kind: "write", Door: d.name(), Node: r.ID, Key: key, Value: val, Invoke: h.Now()}
+	d.write(ctx, r, &op)
+	op.Return = h.Now()
+	h.Add(op)
+	backoff(ctx, op)
+}
+
+func regCAS(ctx context.Context, h *History, d regDoor, r *Replica, id int, key, old, etag, val string) {
+	op := Op{Workload: regWorkload, Client: id, Kind: "cas", Door: d.name(), Node: r.ID, Key: key, Old: old, Value: val, Invoke: h.Now()}
+	d.cas(ctx, r, &op, etag)
+	op.Return = h.Now()
+	h.Add(op)
+	backoff(ctx, op)
+}
+
+// httpDoor: the Dapr HTTP state API. A read's ETag is the version; a CAS is a save with the
+// ETag (and first-write, so that a missing key is not created by it).
+type httpDoor struct{ cl *Client }
+
+func (httpDoor) name() string { return "http" }
+func (httpDoor) canCAS() bool { return true }
+
+func (d httpDoor) read(ctx context.Context, r *Replica, op *Op) {
+	rep := d.cl.do(ctx, "GET", r.HTTP+"/v1.0/state/statestore/"+op.Key, nil, nil)
+	op.Status = rep.Status
 	switch {
 	case rep.Unknown():
 		op.Outcome, op.Err = Unknown, rep.ErrString()
 	case rep.Status == 204:
-		op.Outcome, ok = OK, true
+		op.Outcome = OK
 	case rep.Status == 200:
 		var s string
 		if err := json.Unmarshal(rep.Body, &s); err != nil {
 			op.Outcome, op.Err = Unknown, "undecodable value: "+string(rep.Body)
 		} else {
-			op.Outcome, op.Value, op.ETag, ok = OK, s, rep.Header.Get("Etag"), true
+			op.Outcome, op.Value, op.ETag = OK, s, rep.Header.Get("Etag")
 		}
 	default:
 		op.Outcome, op.Err = Fail, rep.ErrString()
 	}
-	h.Add(op)
-	backoff(ctx, op)
-	return op.Value, op.ETag, ok
 }
 
-func regWrite(ctx context.Context, h *History, cl *Client, id int, key, val string, ri int) {
-	r := cl.replicas[ri]
-	body, _ := json.Marshal([]map[string]any{{"key": key, "value": val}})
-	op := Op{Workload: regWorkload, Client: id, Kind: "write", Node: r.ID, Key: key, Value: val, Invoke: h.Now()}
-	rep := cl.do(ctx, "POST", r.HTTP+"/v1.0/state/statestore", body, nil)
-	op.Return = h.Now()
-	op.Saved(rep)
-	h.Add(op)
-	backoff(ctx, op)
+func (d httpDoor) write(ctx context.Context, r *Replica, op *Op) {
+	body, _ := json.Marshal([]map[string]any{{"key": op.Key, "value": op.Value}})
+	op.Saved(d.cl.do(ctx, "POST", r.HTTP+"/v1.0/state/statestore", body, nil))
 }
 
-func regCAS(ctx context.Context, h *History, cl *Client, id int, key, old, etag, val string, ri int) {
-	r := cl.replicas[ri]
-	body, _ := json.Marshal([]map[string]any{{"key": key, "value": val, "etag": etag,
+func (d httpDoor) cas(ctx context.Context, r *Replica, op *Op, etag string) {
+	body, _ := json.Marshal([]map[string]any{{"key": op.Key, "value": op.Value, "etag": etag,
 		"options": map[string]string{"concurrency": "first-write"}}})
-	op := Op{Workload: regWorkload, Client: id, Kind: "cas", Node: r.ID, Key: key, Old: old, Value: val, Invoke: h.Now()}
-	rep := cl.do(ctx, "POST", r.HTTP+"/v1.0/state/statestore", body, nil)
-	op.Return, op.Status = h.Now(), rep.Status
-	switch {
-	case rep.Unknown():
-		op.Outcome, op.Err = Unknown, rep.ErrString()
-	case rep.Status == 204:
-		op.Outcome, op.ETag = OK, rep.Header.Get("Etag")
-	case rep.Status == 409:
-		op.Outcome = Fail // the ETag did not match: definitely not applied
-	default:
-		op.Outcome, op.Err = Fail, rep.ErrString()
-	}
-	h.Add(op)
-	backoff(ctx, op)
+	// 409 (the ETag did not match) is a definite failure, as Saved has it.
+	op.Saved(d.cl.do(ctx, "POST", r.HTTP+"/v1.0/state/statestore", body, nil))
 }

@@ -28,8 +28,14 @@ type watchEvent struct {
 	Conn     int           `json:"conn"` // which connection (reconnects count up)
 }
 
+// watcher is one watch stream's record, whatever its door: SSE (here), gRPC Watch
+// (watch_grpc.go) or KEYNOTIFY (watch_keynotify.go). Each door's reader turns what it receives
+// into watchEvents: changes, and around every (re)start a reset, the snapshot, and synced.
 type watcher struct {
-	r      *Replica
+	name string // door-replica, e.g. sse-n1
+	// covers says whether this watcher must deliver an acknowledged write (nil: every write).
+	// A KEYNOTIFY watcher observes named keys only, from the moment each was registered.
+	covers func(Op) bool
 	mu     sync.Mutex
 	events []watchEvent
 	conns  int
@@ -37,24 +43,48 @@ type watcher struct {
 }
 
 type Watchers struct {
+	ctx  context.Context // ends at Stop, after the workloads
+	mu   sync.Mutex
 	ws   []*watcher
 	stop context.CancelFunc
 	wg   sync.WaitGroup
+}
+
+// add registers a watcher and runs it until Stop.
+func (w *Watchers) add(name string, covers func(Op) bool, run func(ctx context.Context, wt *watcher)) {
+	wt := &watcher{name: name, covers: covers}
+	w.mu.Lock()
+	w.ws = append(w.ws, wt)
+	w.mu.Unlock()
+	w.wg.Add(1)
+	go func() { defer w.wg.Done(); run(w.ctx, wt) }()
+}
+
+// connect counts a new connection of the watcher and returns its number.
+func (wt *watcher) connect() int {
+	wt.mu.Lock()
+	defer wt.mu.Unlock()
+	wt.conns++
+	return wt.conns
+}
+
+// record appends an event (its At set by the caller from the history's clock).
+func (wt *watcher) record(e watchEvent) {
+	wt.mu.Lock()
+	wt.events = append(wt.events, e)
+	wt.mu.Unlock()
 }
 
 // startWatchers starts the watchers. They outlive the workloads' ctx: Stop ends them, after the
 // last acknowledged writes had time to arrive.
 func startWatchers(_ context.Context, cfg Config, h *History, cl *Client, _ *sync.WaitGroup) *Watchers {
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &Watchers{stop: cancel}
+	w := &Watchers{ctx: ctx, stop: cancel}
 	// No client timeout: a stream lives as long as the run; a dead replica breaks it with a reset
 	// connection, a paused one only delays it.
 	hc := &http.Client{Transport: &http.Transport{DisableCompression: true}}
 	for _, r := range cl.replicas {
-		wt := &watcher{r: r}
-		w.ws = append(w.ws, wt)
-		w.wg.Add(1)
-		go func() { defer w.wg.Done(); wt.run(ctx, h, hc) }()
+		w.add("sse-"+r.ID, nil, func(ctx context.Context, wt *watcher) { wt.runSSE(ctx, h, hc, r) })
 	}
 	return w
 }
@@ -64,14 +94,11 @@ func (w *Watchers) Stop() {
 	w.wg.Wait()
 }
 
-func (wt *watcher) run(ctx context.Context, h *History, hc *http.Client) {
+func (wt *watcher) runSSE(ctx context.Context, h *History, hc *http.Client, r *Replica) {
 	last := ""
 	for ctx.Err() == nil {
-		wt.mu.Lock()
-		wt.conns++
-		conn := wt.conns
-		wt.mu.Unlock()
-		url := wt.r.HTTP + "/v1.0-alpha1/state/statestore/subscribe?pattern=*"
+		conn := wt.connect()
+		url := r.HTTP + "/v1.0-alpha1/state/statestore/subscribe?pattern=*"
 		if last == "" {
 			url += "&snapshot=true"
 		}
@@ -150,7 +177,5 @@ func (wt *watcher) event(h *History, conn int, kind, data string) {
 	if (kind == "set" || kind == "delete") && json.Unmarshal([]byte(data), &d) == nil {
 		e.Key, e.Version, e.Snapshot, e.Reason = d.Key, d.ETag, d.Snapshot, d.Reason
 	}
-	wt.mu.Lock()
-	wt.events = append(wt.events, e)
-	wt.mu.Unlock()
+	wt.record(e)
 }

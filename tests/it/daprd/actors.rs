@@ -39,7 +39,7 @@ struct ActorStack {
 impl ActorStack {
     async fn start(placement: &Placement, sockets: &Path) -> ActorStack {
         let python = crate::grpc::dapr_sdk_python().await;
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/actor_app.py");
+        let script = crate::support::repo_path("tests/python/actor_app.py");
         let ports = DaprdPorts::free();
         let app_port = free_port();
         let mut app = Proc::spawn(

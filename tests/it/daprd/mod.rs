@@ -52,7 +52,7 @@ pub fn go_binary(name: &str) -> PathBuf {
 
 /// The deploy folder whose component file the tests use, as a user would.
 pub fn deploy_dapr() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/dapr")
+    crate::support::repo_path("deploy/dapr")
 }
 
 /// A child process whose output (stdout and stderr, interleaved by line) is kept for the

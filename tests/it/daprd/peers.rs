@@ -57,7 +57,7 @@ async fn dapr_js_sdk() -> PathBuf {
     })
     .await
     .expect("the lock task");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/js");
+    let src = crate::support::repo_path("tests/js");
     let wanted = std::fs::read(src.join("package-lock.json")).expect("tests/js/package-lock.json");
     let installed = std::fs::read(dir.join("package-lock.json")).unwrap_or_default();
     let present = dir.join("node_modules/@dapr/dapr/package.json").exists();
@@ -120,7 +120,7 @@ async fn javascript_sdk_over_http_through_daprd_keeps_state_in_stategate() {
     })
     .await;
 
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/js/dapr_sdk_check.mjs");
+    let script = crate::support::repo_path("tests/js/dapr_sdk_check.mjs");
     let mut proc = Proc::spawn(
         "dapr_sdk_check.mjs",
         Command::new("node")

@@ -39,7 +39,7 @@ pub async fn stategate_for(app_id: &str, sockets: &Path, storage: Storage) -> Te
 /// the key the script leaves behind.
 async fn python_sdk_checks(daprd: &Daprd) -> (String, String, String) {
     let python = crate::grpc::dapr_sdk_python().await;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/dapr_sdk_check.py");
+    let script = crate::support::repo_path("tests/python/dapr_sdk_check.py");
     let mut proc = Proc::spawn(
         "dapr_sdk_check.py",
         Command::new(python)

@@ -3,7 +3,6 @@
 //! reminders to the scheduler service. The workflow app (`tests/python/workflow_app.py`, the
 //! Python SDK's workflow runtime) needs no app port: it pulls work items from daprd over gRPC.
 
-use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -40,7 +39,7 @@ async fn keys_under(env: &TestEnv, prefix: &str) -> Vec<String> {
 /// and output).
 async fn run_workflow(daprd: &Daprd, ports: DaprdPorts, instance: &str, order: &Value) -> Value {
     let python = crate::grpc::dapr_sdk_python().await;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/workflow_app.py");
+    let script = crate::support::repo_path("tests/python/workflow_app.py");
     let mut proc = Proc::spawn(
         "workflow_app.py",
         Command::new(python)

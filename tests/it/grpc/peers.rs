@@ -83,7 +83,7 @@ pub(crate) async fn dapr_sdk_python() -> PathBuf {
 async fn python_dapr_sdk_interop() {
     let python = dapr_sdk_python().await;
     let env = TestEnv::start(Broker::Embedded).await;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/dapr_sdk_check.py");
+    let script = crate::support::repo_path("tests/python/dapr_sdk_check.py");
     let grpc = env.grpc().trim_start_matches("http://").to_owned();
     let http = env.http();
     let out = run_bounded(
