@@ -17,13 +17,19 @@ type Config struct {
 	Out      string
 	Topology string // "redis", "sentinel" or "single"
 	Skew     bool
+	// SkewSeconds: the replicas' clocks run at +S, 0 and -S seconds (FAULTS_SKEW=1: 25 s, inside
+	// the protocol's 60 s allowance; FAULTS_SKEW_SECONDS=S for any other, e.g. 90: beyond it).
+	SkewSeconds int
 	// ExpectViolation (FAULTS_EXPECT_VIOLATION=1) inverts the verdict: the test fails when no
 	// checker finds anything. Only to show that the checkers catch a known bug (skewed clocks on
 	// a binary without the fix); never for CI.
 	ExpectViolation bool
 	Bin             string
-	Redis           string
-	FakeTime        string
+	// WaitReplicas is the sentinel topology's --redis-wait-replicas (FAULTS_WAIT_REPLICAS, default
+	// 1: every write waits for the Redis replica). 0 measures what a failover loses without it.
+	WaitReplicas int
+	Redis        string
+	FakeTime     string
 }
 
 const libFakeTime = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
@@ -54,9 +60,27 @@ func loadConfig(t *testing.T) Config {
 		c.Topology = s
 	}
 	c.Skew = os.Getenv("FAULTS_SKEW") == "1"
+	if c.Skew {
+		c.SkewSeconds = 25
+	}
+	if s := os.Getenv("FAULTS_SKEW_SECONDS"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 0 || v > 3600 {
+			t.Fatalf("FAULTS_SKEW_SECONDS=%q: want an integer in 0..3600", s)
+		}
+		c.SkewSeconds, c.Skew = v, v > 0
+	}
 	c.ExpectViolation = os.Getenv("FAULTS_EXPECT_VIOLATION") == "1"
 	if c.Skew && c.Topology == "single" {
-		t.Fatalf("FAULTS_SKEW=1 needs FAULTS_TOPOLOGY=redis or sentinel (skew is between replicas)")
+		t.Fatalf("FAULTS_SKEW needs FAULTS_TOPOLOGY=redis or sentinel (skew is between replicas)")
+	}
+	c.WaitReplicas = 1
+	if s := os.Getenv("FAULTS_WAIT_REPLICAS"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 0 || v > 1 {
+			t.Fatalf("FAULTS_WAIT_REPLICAS=%q: want 0 or 1 (the sentinel topology has one Redis replica)", s)
+		}
+		c.WaitReplicas = v
 	}
 	c.Out = os.Getenv("FAULTS_OUT")
 	if c.Out == "" {

@@ -20,6 +20,8 @@ type Result struct {
 	Seed     int64                      `json:"seed"`
 	Topology string                     `json:"topology"`
 	Skew     bool                       `json:"skew"`
+	SkewSecs int                        `json:"skew_seconds,omitempty"`
+	Wait     int                        `json:"redis_wait_replicas,omitempty"`
 	Binary   string                     `json:"binary"`
 	Seconds  float64                    `json:"seconds"`
 	Schedule []Fault                    `json:"schedule"`
@@ -83,7 +85,7 @@ func TestFaults(t *testing.T) {
 	nem.logf("checked")
 	nem.log.Close()
 
-	res := Result{Seed: cfg.Seed, Topology: cfg.Topology, Skew: cfg.Skew, Binary: cfg.Bin,
+	res := Result{Seed: cfg.Seed, Topology: cfg.Topology, Skew: cfg.Skew, SkewSecs: cfg.SkewSeconds, Wait: cfg.WaitReplicas, Binary: cfg.Bin,
 		Seconds: h.Now().Seconds(), Schedule: nem.plan, Counts: map[string]map[Outcome]int{}, Valid: true, Verdicts: verdicts}
 	for _, wl := range []string{regWorkload, fenceWorkload, ackWorkload} {
 		res.Counts[wl] = h.Counts(wl)
@@ -107,7 +109,7 @@ func TestFaults(t *testing.T) {
 
 func summarize(r Result) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "==== faults: seed %d topology %s skew %v, %.1fs, binary %s\n", r.Seed, r.Topology, r.Skew, r.Seconds, r.Binary)
+	fmt.Fprintf(&b, "==== faults: seed %d topology %s skew ±%ds, %.1fs, binary %s\n", r.Seed, r.Topology, r.SkewSecs, r.Seconds, r.Binary)
 	fmt.Fprintf(&b, "schedule (%d faults):\n", len(r.Schedule))
 	for _, f := range r.Schedule {
 		fmt.Fprintf(&b, "  %s\n", f)

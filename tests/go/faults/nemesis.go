@@ -5,6 +5,8 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -51,7 +53,7 @@ func planFaults(cfg Config, nReplicas int, from, until time.Duration) []Fault {
 		kinds = []string{"kill-node", "pause-node"}
 	} else if cfg.Topology == "sentinel" {
 		// The primary is whichever node the sentinels name when the fault begins.
-		kinds = []string{"pause-replica", "kill-replica", "kill-primary", "pause-primary", "kill-redis-replica"}
+		kinds = []string{"pause-replica", "kill-replica", "kill-primary", "pause-primary", "kill-redis-replica", "isolate-primary"}
 	} else {
 		kinds = []string{"cut-replica", "blackhole-replica", "slow-replica", "pause-replica", "pause-redis", "kill-replica", "kill-redis"}
 	}
@@ -62,7 +64,7 @@ func planFaults(cfg Config, nReplicas int, from, until time.Duration) []Fault {
 		switch f.Kind {
 		case "cut-replica", "blackhole-replica", "slow-replica", "pause-replica", "kill-replica", "kill-node", "pause-node":
 			f.Target = fmt.Sprintf("n%d", 1+rng.Intn(nReplicas))
-		case "kill-primary", "pause-primary":
+		case "kill-primary", "pause-primary", "isolate-primary":
 			f.Target = "primary"
 		case "kill-redis-replica":
 			f.Target = "r-repl"
@@ -80,6 +82,10 @@ func planFaults(cfg Config, nReplicas int, from, until time.Duration) []Fault {
 			f.Delay = dur(rng, 50*time.Millisecond, 1500*time.Millisecond)
 		case "pause-redis":
 			f.For = dur(rng, time.Second, 3*time.Second)
+		case "isolate-primary":
+			// Past the 1 s down-after (the replica is promoted while the old primary still takes
+			// stategate's connections), up to a failed election and its retry.
+			f.For = dur(rng, 2*time.Second, 8*time.Second)
 		case "pause-primary", "kill-primary":
 			// Mostly past the sentinels' 1 s down-after (a failover; a failed election retries after
 			// 2 x failover-timeout), sometimes back before it.
@@ -196,7 +202,7 @@ func (n *Nemesis) apply(f *Fault) error {
 			return err
 		}
 		return r.WaitReady(30 * time.Second)
-	case "kill-primary", "pause-primary", "kill-redis-replica":
+	case "kill-primary", "pause-primary", "kill-redis-replica", "isolate-primary":
 		p := n.c.primary()
 		if p == nil {
 			return fmt.Errorf("the sentinels name no primary")
@@ -212,6 +218,14 @@ func (n *Nemesis) apply(f *Fault) error {
 			}
 			time.Sleep(f.For)
 			return p.Resume()
+		}
+		if f.Kind == "isolate-primary" {
+			port, _ := strconv.Atoi(strings.Split(p.Addr, ":")[1])
+			if err := n.c.part.isolate(port); err != nil {
+				return err
+			}
+			time.Sleep(f.For)
+			return n.c.part.heal()
 		}
 		p.Kill()
 		time.Sleep(f.For)

@@ -39,6 +39,8 @@ type Proc struct {
 	// extra is appended to args at the next Start (a Redis data node restarted as a replica of
 	// whichever node is primary by then).
 	extra []string
+	// uid, when not 0, is the user the process runs as (partition.go).
+	uid int
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -72,6 +74,10 @@ func (p *Proc) Start() error {
 	// Pdeathsig: if the test process itself is killed (a timeout of whoever runs it), its
 	// servers die with it instead of outliving the run.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if p.uid != 0 {
+		// Go sets the parent-death signal after switching users, so it survives the switch.
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(p.uid), Gid: uint32(p.uid)}
+	}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return fmt.Errorf("start %s: %w", p.Name, err)
@@ -216,11 +222,9 @@ type Cluster struct {
 	// The sentinel topology (sentinel.go): the data nodes and the sentinels.
 	Data      []*Redis
 	Sentinels []*Redis
+	// part isolates a data node from the sentinels and the other node (the sentinel topology).
+	part *partitioner
 }
-
-// skews are the clock offsets of the replicas under FAULTS_SKEW=1: inside the protocol's 60 s
-// allowance, one replica ahead and one behind the real clock.
-var skews = []string{"+25s", "+0s", "-25s"}
 
 func startCluster(t *testing.T, cfg Config) *Cluster {
 	t.Helper()
@@ -282,7 +286,9 @@ func skewEnv(cfg Config, i int) []string {
 	if !cfg.Skew {
 		return nil
 	}
-	return []string{"LD_PRELOAD=" + cfg.FakeTime, "FAKETIME=" + skews[i-1], "FAKETIME_DONT_FAKE_MONOTONIC=1"}
+	// One replica ahead of the real clock, one on it, one behind.
+	offset := fmt.Sprintf("%+ds", []int{cfg.SkewSeconds, 0, -cfg.SkewSeconds}[(i-1)%3])
+	return []string{"LD_PRELOAD=" + cfg.FakeTime, "FAKETIME=" + offset, "FAKETIME_DONT_FAKE_MONOTONIC=1"}
 }
 
 func (c *Cluster) newReplica(t *testing.T, i int, storage, env []string) *Replica {
@@ -302,6 +308,11 @@ func (c *Cluster) newReplica(t *testing.T, i int, storage, env []string) *Replic
 func (c *Cluster) heal() error {
 	for _, px := range c.Proxies {
 		px.SetCut(false)
+	}
+	if c.part != nil {
+		if err := c.part.heal(); err != nil {
+			return err
+		}
 	}
 	if c.Redis != nil {
 		if !c.Redis.Running() {
@@ -349,5 +360,8 @@ func (c *Cluster) shutdown() {
 	}
 	for _, r := range append(c.Data, c.Sentinels...) {
 		r.Kill()
+	}
+	if c.part != nil {
+		c.part.close()
 	}
 }

@@ -21,7 +21,8 @@ import (
 // across a failover. The replicas reach the data nodes directly (Sentinel hands out the real
 // addresses), so this topology has no per-replica proxies: its faults are pauses and kills of the
 // data nodes (failovers; a paused primary comes back still believing it is primary, a split
-// brain until Sentinel demotes it) and of the replicas.
+// brain until Sentinel demotes it), the primary cut from the sentinels and the other node while
+// stategate still reaches it (partition.go), and pauses and kills of the replicas.
 
 const sentinelService = "stategate"
 
@@ -36,15 +37,23 @@ const (
 func (c *Cluster) startSentinel(t *testing.T) []string {
 	t.Helper()
 	cfg := c.cfg
+	part, err := newPartitioner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.part = part
 	for i := 1; i <= 2; i++ {
 		name := fmt.Sprintf("r%d", i)
 		dir := filepath.Join(cfg.Out, name)
 		os.RemoveAll(dir)
-		os.MkdirAll(dir, 0o755)
+		if err := asPartitionUser(dir); err != nil {
+			t.Fatal(err)
+		}
 		port := freePort(t)
 		args := []string{"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--dir", dir,
 			"--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "no"}
 		r := &Redis{Proc: newProc(name, cfg.Redis, args, nil, cfg.Out), Addr: fmt.Sprintf("127.0.0.1:%d", port)}
+		r.uid = partitionUID
 		if i == 2 {
 			r.extra = []string{"--replicaof", "127.0.0.1", strings.Split(c.Data[0].Addr, ":")[1]}
 		}
@@ -66,7 +75,9 @@ func (c *Cluster) startSentinel(t *testing.T) []string {
 		name := fmt.Sprintf("s%d", i)
 		dir := filepath.Join(cfg.Out, name)
 		os.RemoveAll(dir)
-		os.MkdirAll(dir, 0o755)
+		if err := asPartitionUser(dir); err != nil {
+			t.Fatal(err)
+		}
 		port := freePort(t)
 		// Sentinel rewrites its configuration file: each has its own.
 		conf := filepath.Join(dir, "sentinel.conf")
@@ -77,7 +88,11 @@ func (c *Cluster) startSentinel(t *testing.T) []string {
 		if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
 			t.Fatal(err)
 		}
+		if err := os.Chown(conf, partitionUID, partitionUID); err != nil {
+			t.Fatal(err)
+		}
 		s := &Redis{Proc: newProc(name, cfg.Redis, []string{conf, "--sentinel"}, nil, cfg.Out), Addr: fmt.Sprintf("127.0.0.1:%d", port)}
+		s.uid = partitionUID
 		if err := s.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -91,7 +106,7 @@ func (c *Cluster) startSentinel(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	return []string{"--storage", "redis+sentinel://" + strings.Join(addrs, ",") + "/" + sentinelService,
-		"--redis-wait-replicas", "1"}
+		"--redis-wait-replicas", strconv.Itoa(cfg.WaitReplicas)}
 }
 
 // primary is the data node the sentinels name (the first that answers), or nil.
