@@ -145,7 +145,11 @@ func (op *Op) Saved(rep Reply) {
 	}
 }
 
-func (r Reply) Unknown() bool { return (r.Err != nil && !r.Refused()) || r.Status >= 500 }
+// 507 is the one 5xx that is definite: a write refused for a full disk changed nothing (the
+// service's contract; the checkers hold it to that).
+func (r Reply) Unknown() bool {
+	return (r.Err != nil && !r.Refused()) || (r.Status >= 500 && r.Status != 507)
+}
 
 // Refused: the connection was refused, so the request was not sent.
 func (r Reply) Refused() bool { return r.Err != nil && errors.Is(r.Err, syscall.ECONNREFUSED) }

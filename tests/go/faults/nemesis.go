@@ -50,7 +50,7 @@ func planFaults(cfg Config, nReplicas int, from, until time.Duration) []Fault {
 	rng := cfg.rng(1)
 	var kinds []string
 	if cfg.Topology == "single" {
-		kinds = []string{"kill-node", "pause-node"}
+		kinds = []string{"kill-node", "pause-node", "kill-node-in-snapshot", "fill-disk"}
 	} else if cfg.Topology == "sentinel" {
 		// The primary is whichever node the sentinels name when the fault begins.
 		kinds = []string{"pause-replica", "kill-replica", "kill-primary", "pause-primary", "kill-redis-replica", "isolate-primary"}
@@ -62,7 +62,7 @@ func planFaults(cfg Config, nReplicas int, from, until time.Duration) []Fault {
 	for {
 		f := Fault{At: t, Kind: kinds[rng.Intn(len(kinds))]}
 		switch f.Kind {
-		case "cut-replica", "blackhole-replica", "slow-replica", "pause-replica", "kill-replica", "kill-node", "pause-node":
+		case "cut-replica", "blackhole-replica", "slow-replica", "pause-replica", "kill-replica", "kill-node", "pause-node", "kill-node-in-snapshot":
 			f.Target = fmt.Sprintf("n%d", 1+rng.Intn(nReplicas))
 		case "kill-primary", "pause-primary", "isolate-primary":
 			f.Target = "primary"
@@ -82,6 +82,9 @@ func planFaults(cfg Config, nReplicas int, from, until time.Duration) []Fault {
 			f.Delay = dur(rng, 50*time.Millisecond, 1500*time.Millisecond)
 		case "pause-redis":
 			f.For = dur(rng, time.Second, 3*time.Second)
+		case "fill-disk":
+			f.Target = "n1"
+			f.For = dur(rng, time.Second, 4*time.Second)
 		case "isolate-primary":
 			// Past the 1 s down-after (the replica is promoted while the old primary still takes
 			// stategate's connections), up to a failed election and its retry.
@@ -194,8 +197,26 @@ func (n *Nemesis) apply(f *Fault) error {
 		}
 		time.Sleep(f.For)
 		return n.c.Redis.Resume()
-	case "kill-replica", "kill-node":
+	case "fill-disk":
+		unfill, err := fillDisk(n.c.dataDisk)
+		if err != nil {
+			return err
+		}
+		n.c.unfill = unfill
+		time.Sleep(f.For)
+		n.c.unfill = nil
+		return unfill()
+	case "kill-replica", "kill-node", "kill-node-in-snapshot":
 		r := n.replica(f.Target)
+		if f.Kind == "kill-node-in-snapshot" {
+			// Killed as soon as a snapshot is being written; after 3 s without one, killed anyway
+			// (and said so).
+			if snap := waitForSnapshot(n.c.dataDisk, 3*time.Second); snap != "" {
+				n.logf("  killed while writing %s", snap)
+			} else {
+				n.logf("  no snapshot started within 3 s: killed outside one")
+			}
+		}
 		r.Kill()
 		time.Sleep(f.For)
 		if err := r.Start(); err != nil {

@@ -224,6 +224,10 @@ type Cluster struct {
 	Sentinels []*Redis
 	// part isolates a data node from the sentinels and the other node (the sentinel topology).
 	part *partitioner
+	// dataDisk is the single node's data directory, a tmpfs of its own (disk.go).
+	dataDisk string
+	// unfill removes the file of a fill-disk fault in progress.
+	unfill func() error
 }
 
 func startCluster(t *testing.T, cfg Config) *Cluster {
@@ -236,8 +240,12 @@ func startCluster(t *testing.T, cfg Config) *Cluster {
 		// assume every key starts absent.
 		dir := filepath.Join(cfg.Out, "data-n1")
 		os.RemoveAll(dir)
-		os.MkdirAll(dir, 0o755)
-		c.Replicas = append(c.Replicas, c.newReplica(t, 1, []string{"--data-dir", dir}, nil))
+		if err := mountDataDisk(dir); err != nil {
+			t.Fatal(err)
+		}
+		c.dataDisk = dir
+		c.Replicas = append(c.Replicas, c.newReplica(t, 1, []string{"--data-dir", dir,
+			"--segment-bytes", fmt.Sprint(singleSegmentBytes)}, nil))
 	} else if cfg.Topology == "sentinel" {
 		storage := c.startSentinel(t)
 		for i := 1; i <= 3; i++ {
@@ -314,6 +322,12 @@ func (c *Cluster) heal() error {
 			return err
 		}
 	}
+	if c.unfill != nil {
+		if err := c.unfill(); err != nil {
+			return err
+		}
+		c.unfill = nil
+	}
 	if c.Redis != nil {
 		if !c.Redis.Running() {
 			if err := c.Redis.Start(); err != nil {
@@ -363,5 +377,8 @@ func (c *Cluster) shutdown() {
 	}
 	if c.part != nil {
 		c.part.close()
+	}
+	if c.dataDisk != "" {
+		unmountDataDisk(c.dataDisk)
 	}
 }
