@@ -28,8 +28,11 @@ type Config struct {
 	// WaitReplicas is the sentinel topology's --redis-wait-replicas (FAULTS_WAIT_REPLICAS, default
 	// 1: every write waits for the Redis replica). 0 measures what a failover loses without it.
 	WaitReplicas int
-	Redis        string
-	FakeTime     string
+	// RedisFsync is the Redis data nodes' persistence (FAULTS_REDIS_FSYNC): always (the default:
+	// appendfsync always), everysec, or none (no AOF: a restarted Redis is empty).
+	RedisFsync string
+	Redis      string
+	FakeTime   string
 }
 
 const libFakeTime = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
@@ -82,6 +85,13 @@ func loadConfig(t *testing.T) Config {
 		}
 		c.WaitReplicas = v
 	}
+	c.RedisFsync = "always"
+	if s := os.Getenv("FAULTS_REDIS_FSYNC"); s != "" {
+		if s != "always" && s != "everysec" && s != "none" {
+			t.Fatalf("FAULTS_REDIS_FSYNC=%q: want always, everysec or none", s)
+		}
+		c.RedisFsync = s
+	}
 	c.Out = os.Getenv("FAULTS_OUT")
 	if c.Out == "" {
 		c.Out = t.TempDir()
@@ -120,4 +130,12 @@ func loadConfig(t *testing.T) Config {
 // seed, so that adding randomness to one concern does not shift the schedule of another.
 func (c Config) rng(stream int64) *rand.Rand {
 	return rand.New(rand.NewSource(c.Seed*1_000_003 + stream))
+}
+
+// redisPersistence is the redis-server arguments for c.RedisFsync.
+func (c Config) redisPersistence() []string {
+	if c.RedisFsync == "none" {
+		return []string{"--appendonly", "no", "--save", ""}
+	}
+	return []string{"--appendonly", "yes", "--appendfsync", c.RedisFsync, "--save", ""}
 }

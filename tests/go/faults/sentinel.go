@@ -51,7 +51,8 @@ func (c *Cluster) startSentinel(t *testing.T) []string {
 		}
 		port := freePort(t)
 		args := []string{"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--dir", dir,
-			"--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "no"}
+			"--protected-mode", "no"}
+		args = append(args, cfg.redisPersistence()...)
 		r := &Redis{Proc: newProc(name, cfg.Redis, args, nil, cfg.Out), Addr: fmt.Sprintf("127.0.0.1:%d", port)}
 		r.uid = partitionUID
 		if i == 2 {
