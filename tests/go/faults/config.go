@@ -31,8 +31,12 @@ type Config struct {
 	// RedisFsync is the Redis data nodes' persistence (FAULTS_REDIS_FSYNC): always (the default:
 	// appendfsync always), everysec, or none (no AOF: a restarted Redis is empty).
 	RedisFsync string
-	Redis      string
-	FakeTime   string
+	// Broker: "" (each replica's embedded broker) or "mosquitto" (FAULTS_BROKER, redis topology:
+	// the replicas share one external broker, broker.go).
+	Broker    string
+	Mosquitto string
+	Redis     string
+	FakeTime  string
 }
 
 const libFakeTime = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
@@ -91,6 +95,18 @@ func loadConfig(t *testing.T) Config {
 			t.Fatalf("FAULTS_REDIS_FSYNC=%q: want always, everysec or none", s)
 		}
 		c.RedisFsync = s
+	}
+	if s := os.Getenv("FAULTS_BROKER"); s != "" && s != "embedded" {
+		if s != "mosquitto" || c.Topology != "redis" {
+			t.Fatalf("FAULTS_BROKER=%q: want embedded, or mosquitto with FAULTS_TOPOLOGY=redis", s)
+		}
+		c.Broker, c.Mosquitto = s, "/usr/sbin/mosquitto"
+		if p := os.Getenv("MOSQUITTO"); p != "" {
+			c.Mosquitto = p
+		}
+		if _, err := os.Stat(c.Mosquitto); err != nil {
+			t.Fatalf("FAULTS_BROKER=mosquitto: no mosquitto at %s (set MOSQUITTO): %v", c.Mosquitto, err)
+		}
 	}
 	c.Out = os.Getenv("FAULTS_OUT")
 	if c.Out == "" {

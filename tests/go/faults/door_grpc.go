@@ -118,6 +118,7 @@ func (d *grpcDoor) call(ctx context.Context, r *Replica, m protoreflect.MethodDe
 		return true
 	}
 	op.Outcome, op.Err = grpcOutcome(err)
+	redial(c, err)
 	if status.Code(err) == codes.Aborted {
 		op.Status = 409
 	}

@@ -23,6 +23,7 @@ type Result struct {
 	SkewSecs int                        `json:"skew_seconds,omitempty"`
 	Wait     int                        `json:"redis_wait_replicas,omitempty"`
 	Fsync    string                     `json:"redis_fsync,omitempty"`
+	Broker   string                     `json:"broker,omitempty"`
 	Binary   string                     `json:"binary"`
 	Seconds  float64                    `json:"seconds"`
 	Schedule []Fault                    `json:"schedule"`
@@ -86,7 +87,7 @@ func TestFaults(t *testing.T) {
 	nem.logf("checked")
 	nem.log.Close()
 
-	res := Result{Seed: cfg.Seed, Topology: cfg.Topology, Skew: cfg.Skew, SkewSecs: cfg.SkewSeconds, Wait: cfg.WaitReplicas, Fsync: cfg.RedisFsync, Binary: cfg.Bin,
+	res := Result{Seed: cfg.Seed, Topology: cfg.Topology, Skew: cfg.Skew, SkewSecs: cfg.SkewSeconds, Wait: cfg.WaitReplicas, Fsync: cfg.RedisFsync, Broker: cfg.Broker, Binary: cfg.Bin,
 		Seconds: h.Now().Seconds(), Schedule: nem.plan, Counts: map[string]map[Outcome]int{}, Valid: true, Verdicts: verdicts}
 	for _, wl := range []string{regWorkload, fenceWorkload, ackWorkload} {
 		res.Counts[wl] = h.Counts(wl)

@@ -56,13 +56,16 @@ func planFaults(cfg Config, nReplicas int, from, until time.Duration) []Fault {
 		kinds = []string{"pause-replica", "kill-replica", "kill-primary", "pause-primary", "kill-redis-replica", "isolate-primary"}
 	} else {
 		kinds = []string{"cut-replica", "blackhole-replica", "slow-replica", "pause-replica", "pause-redis", "kill-replica", "kill-redis"}
+		if cfg.Broker != "" {
+			kinds = append(kinds, "cut-replica-broker", "pause-broker")
+		}
 	}
 	var plan []Fault
 	t := from
 	for {
 		f := Fault{At: t, Kind: kinds[rng.Intn(len(kinds))]}
 		switch f.Kind {
-		case "cut-replica", "blackhole-replica", "slow-replica", "pause-replica", "kill-replica", "kill-node", "pause-node", "kill-node-in-snapshot":
+		case "cut-replica", "blackhole-replica", "slow-replica", "pause-replica", "kill-replica", "kill-node", "pause-node", "kill-node-in-snapshot", "cut-replica-broker":
 			f.Target = fmt.Sprintf("n%d", 1+rng.Intn(nReplicas))
 		case "kill-primary", "pause-primary", "isolate-primary":
 			f.Target = "primary"
@@ -72,7 +75,7 @@ func planFaults(cfg Config, nReplicas int, from, until time.Duration) []Fault {
 			f.Target = "redis"
 		}
 		switch f.Kind {
-		case "cut-replica", "blackhole-replica", "pause-replica", "pause-node":
+		case "cut-replica", "blackhole-replica", "pause-replica", "pause-node", "cut-replica-broker":
 			// Up to 5 s: longer than a lock's 1 s lease, --redis-timeout-ms (1 s) and the
 			// client's 2 s timeout.
 			f.For = dur(rng, time.Second, 5*time.Second)
@@ -81,6 +84,9 @@ func planFaults(cfg Config, nReplicas int, from, until time.Duration) []Fault {
 			// Every chunk to and from Redis waits this long: below and above --redis-timeout-ms.
 			f.Delay = dur(rng, 50*time.Millisecond, 1500*time.Millisecond)
 		case "pause-redis":
+			f.For = dur(rng, time.Second, 3*time.Second)
+		case "pause-broker":
+			f.Target = "mosquitto"
 			f.For = dur(rng, time.Second, 3*time.Second)
 		case "fill-disk":
 			f.Target = "n1"
@@ -174,6 +180,18 @@ func (n *Nemesis) apply(f *Fault) error {
 		time.Sleep(f.For)
 		px.SetCut(false)
 		return nil
+	case "cut-replica-broker":
+		px := n.c.BrokerProxies[n.replicaIndex(f.Target)]
+		px.SetCut(true)
+		time.Sleep(f.For)
+		px.SetCut(false)
+		return nil
+	case "pause-broker":
+		if err := n.c.Broker.Pause(); err != nil {
+			return err
+		}
+		time.Sleep(f.For)
+		return n.c.Broker.Resume()
 	case "blackhole-replica", "slow-replica":
 		px := n.c.Proxies[n.replicaIndex(f.Target)]
 		if f.Kind == "slow-replica" {

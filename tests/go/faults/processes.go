@@ -223,7 +223,12 @@ type Cluster struct {
 	Data      []*Redis
 	Sentinels []*Redis
 	// part isolates a data node from the sentinels and the other node (the sentinel topology).
-	part *partitioner
+	part     *partitioner
+	partHome string // the partition user's files, removed at the end
+	// The external broker (broker.go): Mosquitto and each replica's proxy to it.
+	Broker        *Proc
+	BrokerAddr    string
+	BrokerProxies []*Proxy
 	// dataDisk is the single node's data directory, a tmpfs of its own (disk.go).
 	dataDisk string
 	// unfill removes the file of a fill-disk fault in progress.
@@ -255,6 +260,9 @@ func startCluster(t *testing.T, cfg Config) *Cluster {
 		dir := filepath.Join(cfg.Out, "redis")
 		os.RemoveAll(dir)
 		os.MkdirAll(dir, 0o755)
+		if cfg.Broker != "" {
+			c.startBroker(t)
+		}
 		port := freePort(t)
 		// appendfsync always by default: an acknowledged write is on disk, so a SIGKILL of Redis
 		// may lose nothing that stategate acknowledged (FAULTS_REDIS_FSYNC measures the others).
@@ -274,7 +282,11 @@ func startCluster(t *testing.T, cfg Config) *Cluster {
 				t.Fatal(err)
 			}
 			c.Proxies = append(c.Proxies, px)
-			c.Replicas = append(c.Replicas, c.newReplica(t, i, []string{"--storage", "redis://" + px.Addr()}, skewEnv(cfg, i)))
+			args := []string{"--storage", "redis://" + px.Addr()}
+			if cfg.Broker != "" {
+				args = append(args, c.brokerArgs(t, i)...)
+			}
+			c.Replicas = append(c.Replicas, c.newReplica(t, i, args, skewEnv(cfg, i)))
 		}
 	}
 	for _, r := range c.Replicas {
@@ -301,22 +313,31 @@ func skewEnv(cfg Config, i int) []string {
 }
 
 func (c *Cluster) newReplica(t *testing.T, i int, storage, env []string) *Replica {
-	port, grpc, mqtt := freePort(t), freePort(t), freePort(t)
+	port, grpc := freePort(t), freePort(t)
 	id := fmt.Sprintf("n%d", i)
 	args := append(storage, "--node-id", id, "--http-listen", fmt.Sprintf("127.0.0.1:%d", port),
-		"--grpc-listen", fmt.Sprintf("127.0.0.1:%d", grpc), "--mqtt-listen", fmt.Sprintf("127.0.0.1:%d", mqtt),
-		"--log-level", "info",
+		"--grpc-listen", fmt.Sprintf("127.0.0.1:%d", grpc), "--log-level", "info",
 		// A SIGKILL/restart should not wait for the grace of a clean stop.
 		"--shutdown-grace", "1s")
+	// MQTT clients of this replica reach it through its embedded broker, or through the
+	// external broker that all replicas share.
+	mqtt := c.BrokerAddr
+	if c.Broker == nil {
+		mqtt = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		args = append(args, "--mqtt-listen", mqtt)
+	}
 	return &Replica{Proc: newProc(id, c.cfg.Bin, args, env, c.cfg.Out), ID: id, HTTP: fmt.Sprintf("http://127.0.0.1:%d", port),
-		GRPC: fmt.Sprintf("127.0.0.1:%d", grpc), MQTT: fmt.Sprintf("127.0.0.1:%d", mqtt)}
+		GRPC: fmt.Sprintf("127.0.0.1:%d", grpc), MQTT: mqtt}
 }
 
 // heal undoes every fault: every proxy passes, every process runs (restarted if dead,
 // continued if stopped), and everything is ready again.
 func (c *Cluster) heal() error {
-	for _, px := range c.Proxies {
+	for _, px := range append(c.Proxies, c.BrokerProxies...) {
 		px.SetCut(false)
+	}
+	if c.Broker != nil {
+		c.Broker.Resume()
 	}
 	if c.part != nil {
 		if err := c.part.heal(); err != nil {
@@ -367,8 +388,11 @@ func (c *Cluster) shutdown() {
 	for _, r := range c.Replicas {
 		r.Kill()
 	}
-	for _, px := range c.Proxies {
+	for _, px := range append(c.Proxies, c.BrokerProxies...) {
 		px.Close()
+	}
+	if c.Broker != nil {
+		c.Broker.Kill()
 	}
 	if c.Redis != nil {
 		c.Redis.Kill()
@@ -378,6 +402,9 @@ func (c *Cluster) shutdown() {
 	}
 	if c.part != nil {
 		c.part.close()
+	}
+	if c.partHome != "" {
+		os.RemoveAll(c.partHome)
 	}
 	if c.dataDisk != "" {
 		unmountDataDisk(c.dataDisk)

@@ -42,10 +42,19 @@ func (c *Cluster) startSentinel(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	c.part = part
+	// The data nodes and sentinels run as the partition user, who may not reach the output
+	// directory (under /root, say): their files live in a temporary directory of their own.
+	home, err := os.MkdirTemp("", "stategate-faults-sentinel-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.partHome = home
+	if err := os.Chmod(home, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	for i := 1; i <= 2; i++ {
 		name := fmt.Sprintf("r%d", i)
-		dir := filepath.Join(cfg.Out, name)
-		os.RemoveAll(dir)
+		dir := filepath.Join(home, name)
 		if err := asPartitionUser(dir); err != nil {
 			t.Fatal(err)
 		}
@@ -74,8 +83,7 @@ func (c *Cluster) startSentinel(t *testing.T) []string {
 	var addrs []string
 	for i := 1; i <= 3; i++ {
 		name := fmt.Sprintf("s%d", i)
-		dir := filepath.Join(cfg.Out, name)
-		os.RemoveAll(dir)
+		dir := filepath.Join(home, name)
 		if err := asPartitionUser(dir); err != nil {
 			t.Fatal(err)
 		}

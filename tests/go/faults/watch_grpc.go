@@ -35,19 +35,19 @@ func (wt *watcher) runGRPC(ctx context.Context, h *History, r *Replica, replicas
 		return
 	}
 	defer c.Close()
-	// Any replica can describe the service; this one's own connection first.
+	// Any replica can describe the service (this one may be down): its own connection first.
 	conns := []*grpc.ClientConn{c}
 	for _, o := range replicas {
 		if o != r {
-			oc, err := dialGRPC(o.GRPC)
-			if err != nil {
-				continue
+			if oc, err := dialGRPC(o.GRPC); err == nil {
+				conns = append(conns, oc)
 			}
-			defer oc.Close()
-			conns = append(conns, oc)
 		}
 	}
 	api, err := loadGRPCAPI(ctx, conns)
+	for _, oc := range conns[1:] {
+		oc.Close()
+	}
 	if err != nil {
 		wt.note(h, 0, err.Error())
 		return
@@ -79,6 +79,7 @@ func (wt *watcher) streamGRPC(ctx context.Context, h *History, c *grpc.ClientCon
 	}
 	if err != nil {
 		wt.note(h, conn, "connect: "+grpcErr(err))
+		redial(c, err)
 		// grpc-go fails fast while its connection is down; the SSE watcher's pause.
 		sleepCtx(ctx, 100*time.Millisecond)
 		return last
@@ -88,6 +89,7 @@ func (wt *watcher) streamGRPC(ctx context.Context, h *History, c *grpc.ClientCon
 		if err := st.RecvMsg(ev); err != nil {
 			if ctx.Err() == nil {
 				wt.streamEnded(h, conn, err)
+				redial(c, err)
 			}
 			return last
 		}
