@@ -19,6 +19,36 @@ impl Engine {
         Ok(Some(entry_of(r)))
     }
 
+    /// Reads several live keys as of one moment (one `Backend::get_many`, as MGET does), so the
+    /// answer never shows half of a transaction; otherwise as [`Engine::read`] of each: expired
+    /// keys are absent (the expiry driver removes them), sliding deadlines move. For the Dapr
+    /// bulk get, whose caller bounds the number of keys: each value is bounded by the value
+    /// limit, not the whole answer by one value's (MGET's rule).
+    pub async fn read_many(&self, keys: &[Bytes]) -> Result<Vec<Option<Entry>>, EngineError> {
+        if keys.iter().any(|k| k.is_empty()) {
+            return Err(EngineError::EmptyKey);
+        }
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let l = &self.0.limits;
+        let most = keys.len().saturating_mul(l.max_value_bytes.saturating_add(1024));
+        let Some(records) = self.0.store.backend().get_many(keys, most).await? else {
+            return Err(EngineError::TooLarge);
+        };
+        let now = self.now_ms();
+        let mut out = Vec::with_capacity(keys.len());
+        for (key, record) in keys.iter().zip(records) {
+            let entry = match record.filter(|r| !r.is_expired(now)) {
+                None => None,
+                Some(r) if r.slide_ms.is_some() => Some(entry_of(self.slide(key, r).await?)),
+                Some(r) => Some(entry_of(r)),
+            };
+            out.push(entry);
+        }
+        Ok(out)
+    }
+
     /// Reads a live key without counting as a read of it: a sliding deadline stays where it
     /// is (queries look at many keys they do not return).
     pub async fn peek(&self, key: &Bytes) -> Result<Option<Entry>, EngineError> {

@@ -124,3 +124,28 @@ func (d *grpcDoor) call(ctx context.Context, r *Replica, m protoreflect.MethodDe
 	}
 	return false
 }
+
+// getMany: the snapshot read of the invariant workload (GetMany: every key as of one moment).
+// Values are the stored bytes (the transactions write JSON numbers).
+func (d *grpcDoor) getMany(ctx context.Context, r *Replica, keys []string) ([]string, []bool, opResult) {
+	req, resp := d.api.in(d.api.getMany), d.api.out(d.api.getMany)
+	list := req.Mutable(fieldOf(req, "keys")).List()
+	for _, k := range keys {
+		list.Append(protoreflect.ValueOfBytes([]byte(k)))
+	}
+	var op Op
+	if !d.call(ctx, r, d.api.getMany, req, resp, &op) {
+		return nil, nil, opResult{op.Outcome, op.Err}
+	}
+	items := resp.Get(fieldOf(resp, "items")).List()
+	if items.Len() != len(keys) {
+		return nil, nil, opResult{Unknown, fmt.Sprintf("GetMany answered %d items for %d keys", items.Len(), len(keys))}
+	}
+	vals, present := make([]string, len(keys)), make([]bool, len(keys))
+	for i := 0; i < items.Len(); i++ {
+		it := items.Get(i).Message()
+		present[i] = it.Get(it.Descriptor().Fields().ByName("found")).Bool()
+		vals[i] = string(it.Get(it.Descriptor().Fields().ByName("value")).Bytes())
+	}
+	return vals, present, opResult{Outcome: OK}
+}

@@ -254,13 +254,15 @@ func (s *mqttSession) close() {
 	for _, u := range s.undoers {
 		u()
 	}
+	// The session client first: the listeners' UNSUBSCRIBE then gives up at once instead of
+	// waiting for a broker that may be paused.
+	_ = s.mc.Stop()
 	if s.ss != nil {
 		s.ss.Close()
 	}
 	if s.kn != nil {
 		s.kn.Close()
 	}
-	_ = s.mc.Stop()
 }
 
 // mqttDoor holds one session per replica, made at the first call and replaced when lost.

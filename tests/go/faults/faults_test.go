@@ -15,6 +15,9 @@ import (
 // checks: replicas reconnect, catch up with Redis, and watchers resume.
 const quiet = 5 * time.Second
 
+// workloads, in the order the summary lists them.
+var workloads = []string{regWorkload, fenceWorkload, ackWorkload, invWorkload}
+
 // Result is result.json.
 type Result struct {
 	Seed     int64                      `json:"seed"`
@@ -44,10 +47,23 @@ func TestFaults(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var wg sync.WaitGroup
-	runRegister(ctx, cfg, h, []regDoor{httpDoor{cl}}, c.Replicas, &wg)
+	gd, err := newGRPCDoor(c.Replicas)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gd.Close()
+	md, err := newMQTTDoor(cfg, c.Replicas)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer md.Close()
+	runRegister(ctx, cfg, h, []regDoor{httpDoor{cl}, gd, md}, c.Replicas, &wg)
 	runFencing(ctx, cfg, h, cl, &wg)
 	runAck(ctx, cfg, h, cl, &wg)
+	runInvariant(ctx, cfg, h, cl, []snapshotReader{httpDoor{cl}, gd}, c.Replicas, &wg)
 	w := startWatchers(ctx, cfg, h, cl, &wg)
+	startGRPCWatchers(w, h, c.Replicas)
+	startKeyNotifyWatchers(w, h, cfg, c.Replicas)
 
 	plan := planFaults(cfg, len(c.Replicas), 3*time.Second, cfg.Duration-quiet-time.Second)
 	nem, err := newNemesis(c, h, plan)
@@ -83,13 +99,14 @@ func TestFaults(t *testing.T) {
 	fv := checkFencing(h, cfg.Out, w.lockExpiries)
 	verdicts = append(verdicts, fv...)
 	verdicts = append(verdicts, checkAck(h, cl, cfg.Out))
+	verdicts = append(verdicts, checkInvariant(h, cfg.Out))
 	verdicts = append(verdicts, w.check(h, cfg.Out)...)
 	nem.logf("checked")
 	nem.log.Close()
 
 	res := Result{Seed: cfg.Seed, Topology: cfg.Topology, Skew: cfg.Skew, SkewSecs: cfg.SkewSeconds, Wait: cfg.WaitReplicas, Fsync: cfg.RedisFsync, Broker: cfg.Broker, Binary: cfg.Bin,
 		Seconds: h.Now().Seconds(), Schedule: nem.plan, Counts: map[string]map[Outcome]int{}, Valid: true, Verdicts: verdicts}
-	for _, wl := range []string{regWorkload, fenceWorkload, ackWorkload} {
+	for _, wl := range workloads {
 		res.Counts[wl] = h.Counts(wl)
 	}
 	for _, v := range verdicts {
@@ -117,7 +134,7 @@ func summarize(r Result) string {
 		fmt.Fprintf(&b, "  %s\n", f)
 	}
 	fmt.Fprintf(&b, "operations (ok/fail/unknown):\n")
-	for _, wl := range []string{regWorkload, fenceWorkload, ackWorkload} {
+	for _, wl := range workloads {
 		c := r.Counts[wl]
 		fmt.Fprintf(&b, "  %-9s %d/%d/%d\n", wl, c[OK], c[Fail], c[Unknown])
 	}

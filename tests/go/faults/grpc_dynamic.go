@@ -29,7 +29,7 @@ const grpcService = "statestore.v1.StateStore"
 
 // grpcAPI is statestore.v1 as the server described it.
 type grpcAPI struct {
-	set, get, watch protoreflect.MethodDescriptor
+	set, get, watch, getMany protoreflect.MethodDescriptor
 }
 
 // method is the full name grpc-go wants: /package.Service/Method.
@@ -164,7 +164,7 @@ func fetchAPI(ctx context.Context, c *grpc.ClientConn) (*grpcAPI, error) {
 		return nil, fmt.Errorf("%s is not a service", grpcService)
 	}
 	api := &grpcAPI{}
-	for name, m := range map[string]*protoreflect.MethodDescriptor{"Set": &api.set, "Get": &api.get, "Watch": &api.watch} {
+	for name, m := range map[string]*protoreflect.MethodDescriptor{"Set": &api.set, "Get": &api.get, "Watch": &api.watch, "GetMany": &api.getMany} {
 		md := svc.Methods().ByName(protoreflect.Name(name))
 		if md == nil {
 			return nil, fmt.Errorf("%s has no method %s", grpcService, name)
@@ -213,9 +213,16 @@ func grpcOutcome(err error) (Outcome, string) {
 	st, _ := status.FromError(err)
 	msg := st.Code().String() + ": " + st.Message()
 	switch st.Code() {
+	case codes.ResourceExhausted:
+		// The server's refusal (storage full, rate limit), unless it is grpc-go refusing an
+		// answer too large to read, which came after the server had acted.
+		if strings.Contains(st.Message(), "received message larger than max") {
+			return Unknown, msg
+		}
+		return Fail, msg
 	case codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.PermissionDenied,
 		codes.Unauthenticated, codes.FailedPrecondition, codes.Aborted, codes.OutOfRange,
-		codes.Unimplemented, codes.ResourceExhausted:
+		codes.Unimplemented:
 		return Fail, msg
 	case codes.DeadlineExceeded:
 		return Unknown, "timeout"

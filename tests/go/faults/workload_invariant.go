@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -162,6 +163,7 @@ func checkInvariant(h *History, out string) Verdict {
 	for d, n := range perDoor {
 		doors = append(doors, fmt.Sprintf("%s %d", d, n))
 	}
+	sort.Strings(doors)
 	v.Summary = fmt.Sprintf("%d snapshot reads answered (%s), %d broken; transactions ok/fail/unknown %d/%d/%d",
 		reads, strings.Join(doors, ", "), broken, writes[OK], writes[Fail], writes[Unknown])
 	if reads == 0 {
@@ -169,4 +171,30 @@ func checkInvariant(h *History, out string) Verdict {
 		v.violate("no snapshot read answered: the invariant was never checked")
 	}
 	return v
+}
+
+// getMany over HTTP: the Dapr bulk get (POST /v1.0/state/<store>/bulk). Values are the JSON
+// each key holds, as stored.
+func (d httpDoor) getMany(ctx context.Context, r *Replica, keys []string) ([]string, []bool, opResult) {
+	body, _ := json.Marshal(map[string]any{"keys": keys})
+	rep := d.cl.do(ctx, "POST", r.HTTP+"/v1.0/state/statestore/bulk", body, nil)
+	switch {
+	case rep.Unknown():
+		return nil, nil, opResult{Unknown, rep.ErrString()}
+	case rep.Status != 200:
+		return nil, nil, opResult{Fail, rep.ErrString()}
+	}
+	var items []struct {
+		Key  string          `json:"key"`
+		Data json.RawMessage `json:"data"`
+	}
+	if err := json.Unmarshal(rep.Body, &items); err != nil || len(items) != len(keys) {
+		return nil, nil, opResult{Unknown, "undecodable bulk answer: " + string(rep.Body)}
+	}
+	vals, present := make([]string, len(keys)), make([]bool, len(keys))
+	for i, it := range items {
+		present[i] = len(it.Data) > 0
+		vals[i] = string(it.Data)
+	}
+	return vals, present, opResult{Outcome: OK}
 }
