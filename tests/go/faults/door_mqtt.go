@@ -184,10 +184,27 @@ func dialMQTT(r *Replica, role string, keynotify bool) (*mqttSession, error) {
 	}
 	go func() {
 		// Subscribing waits for the first connection; it ends with the session.
-		if err := listeners.Start(ctx); err == nil {
-			close(s.ready)
-			s.signal()
+		if err := listeners.Start(ctx); err != nil {
+			return
 		}
+		if keynotify {
+			// The SDK's notification receiver never subscribes: services v0.4.1 adds the
+			// command invoker to its listeners twice and the receiver not at all. An embedded
+			// broker, which hands notifications to their client without a subscription, hides
+			// that; Mosquitto delivers nothing. The receiver's handler is registered, so a
+			// subscription of our own feeds it.
+			filter := "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/" +
+				strings.ToUpper(hex.EncodeToString([]byte(id))) + "/command/notify/+"
+			if ack, err := mc.Subscribe(ctx, filter, mqtt.WithQoS(1)); err != nil || (ack != nil && ack.ReasonCode >= 0x80) {
+				s.mu.Lock()
+				s.fatal = fmt.Sprintf("subscribe to notifications: %v", err)
+				s.mu.Unlock()
+				s.kill()
+				return
+			}
+		}
+		close(s.ready)
+		s.signal()
 	}()
 	return s, nil
 }

@@ -31,6 +31,8 @@ type Result struct {
 	Seconds  float64                    `json:"seconds"`
 	Schedule []Fault                    `json:"schedule"`
 	Counts   map[string]map[Outcome]int `json:"counts"`
+	// Doors: the register workload's counts per door (http, grpc, mqtt).
+	Doors    map[string]map[Outcome]int `json:"doors"`
 	Verdicts []Verdict                  `json:"verdicts"`
 	Valid    bool                       `json:"valid"`
 }
@@ -109,6 +111,13 @@ func TestFaults(t *testing.T) {
 	for _, wl := range workloads {
 		res.Counts[wl] = h.Counts(wl)
 	}
+	res.Doors = map[string]map[Outcome]int{}
+	for _, o := range h.Ops(regWorkload) {
+		if res.Doors[o.Door] == nil {
+			res.Doors[o.Door] = map[Outcome]int{}
+		}
+		res.Doors[o.Door][o.Outcome]++
+	}
 	for _, v := range verdicts {
 		res.Valid = res.Valid && v.Valid
 	}
@@ -137,6 +146,13 @@ func summarize(r Result) string {
 	for _, wl := range workloads {
 		c := r.Counts[wl]
 		fmt.Fprintf(&b, "  %-9s %d/%d/%d\n", wl, c[OK], c[Fail], c[Unknown])
+		if wl == regWorkload {
+			for _, d := range []string{"http", "grpc", "mqtt"} {
+				if c, ok := r.Doors[d]; ok {
+					fmt.Fprintf(&b, "    %-7s %d/%d/%d\n", d, c[OK], c[Fail], c[Unknown])
+				}
+			}
+		}
 	}
 	fmt.Fprintf(&b, "checkers:\n")
 	for _, v := range r.Verdicts {
