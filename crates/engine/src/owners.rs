@@ -36,6 +36,10 @@ use super::notify::Change;
 #[derive(Debug, Default)]
 pub(super) struct Routing {
     members: BTreeSet<u64>,
+    /// The log position at which each member joined, for those that joined while this replica
+    /// read the log (the others joined before anything it buffers). A member that joined after
+    /// a notification was taken on never read it, so it cannot be handed it (see [`Routing::left`]).
+    joined_at: HashMap<u64, u64>,
     /// Clients that only one replica can reach, and which.
     homes: HashMap<Arc<str>, u64>,
     /// Notifications other members owe, in the order they took them on.
@@ -49,6 +53,9 @@ pub(super) struct Routing {
 struct Owed {
     /// The position at which `owner` took it on.
     at: u64,
+    /// The position of the change itself (`at`, unless it was handed over since): only members
+    /// that had joined by then read it, and so only they can be handed it.
+    since: u64,
     owner: u64,
     client: Arc<str>,
     change: Change,
@@ -111,25 +118,44 @@ impl Routing {
         self.homes.contains_key(client)
     }
 
-    pub(super) fn joined(&mut self, member: u64) {
+    /// `member` joined at log position `at` (again, if it had left).
+    pub(super) fn joined(&mut self, member: u64, at: u64) {
         self.members.insert(member);
+        self.joined_at.insert(member, at);
+    }
+
+    /// Who sends a notification of `client` taken on at position `since` when its owner left:
+    /// the top member among those that had joined by `since`. Every replica that holds the
+    /// notification read the log at `since`, so they all agree; a member that joined later does
+    /// not hold it, and picking it (as the current owner may be) would lose it.
+    fn heir(&self, client: &str, since: u64) -> Option<u64> {
+        if let Some(home) = self.homes.get(client) {
+            return Some(*home);
+        }
+        self.members
+            .iter()
+            .copied()
+            .filter(|m| self.joined_at.get(m).is_none_or(|j| *j <= since))
+            .max_by_key(|m| (score(client, *m), *m))
     }
 
     /// `member` left at position `at`, having sent what it owed up to `progress`: its unsent
     /// notifications go to their new owners. Returns those that are now `me`'s to send.
     pub(super) fn left(&mut self, member: u64, progress: u64, at: u64, me: u64) -> Vec<(Arc<str>, Change)> {
         self.members.remove(&member);
+        self.joined_at.remove(&member);
         let (theirs, others): (Vec<Owed>, Vec<Owed>) = self.owed.drain(..).partition(|o| o.owner == member);
         self.owed = others.into();
         self.bytes = self.owed.iter().map(Owed::cost).sum();
         let mut mine = Vec::new();
         for o in theirs.into_iter().filter(|o| o.at > progress) {
-            match self.owner(&o.client) {
+            match self.heir(&o.client, o.since) {
                 Some(owner) if owner == me => mine.push((o.client, o.change)),
                 // Another member sends it; keep it until that one has, in case it dies too.
                 Some(owner) if !self.homes.contains_key(&o.client) => self.owe(
                     Owed {
                         at,
+                        since: o.since,
                         owner,
                         client: o.client,
                         change: o.change,
@@ -149,6 +175,7 @@ impl Routing {
         self.owe(
             Owed {
                 at,
+                since: at,
                 owner,
                 client,
                 change,
@@ -332,6 +359,38 @@ mod tests {
         assert_eq!(r.owed(), 1);
         r.recorded(&[(3, 20)]);
         assert_eq!(r.owed(), 0);
+    }
+
+    /// Found by the fault test bed (replicas behind one Mosquitto): a replica killed and
+    /// restarted joined again as a new member before the dead one's membership lapsed; at the
+    /// lapse its clients went to the new member, which had not read what the dead one owed
+    /// before it started, so those notifications were lost.
+    #[test]
+    fn a_member_that_joined_after_a_notification_is_not_handed_it() {
+        let max = (100, 1 << 20);
+        let probe_before = Routing::new([1, 2]);
+        let probe_after = Routing::new([1, 3]);
+        let c = (0..1000)
+            .map(|i| format!("c{i}"))
+            .find(|c| probe_before.owner(c) == Some(2) && probe_after.owner(c) == Some(3))
+            .expect("a client of 2 that moves to 3");
+        // Replica 1 read everything: 2 owes the changes at 5 and 15; 3 joined at 10.
+        let mut one = Routing::new([1, 2]);
+        one.owe_within(5, 2, Arc::from(c.as_str()), change(5), max);
+        one.joined(3, 10);
+        one.owe_within(15, 2, Arc::from(c.as_str()), change(15), max);
+        // Replica 3 started reading at 9: it never saw the change at 5.
+        let mut three = Routing::new([1, 2]);
+        three.joined(3, 10);
+        three.owe_within(15, 2, Arc::from(c.as_str()), change(15), max);
+        // 2 dies having sent nothing; its membership lapses at 20.
+        let ones: Vec<u64> = one.left(2, 0, 20, 1).iter().map(|(_, c)| c.version.ms).collect();
+        let threes: Vec<u64> = three.left(2, 0, 20, 3).iter().map(|(_, c)| c.version.ms).collect();
+        assert_eq!(ones, [5], "1 sends what 3 never read");
+        assert_eq!(threes, [15], "3 sends what it read, now that it owns the client");
+        // 1 keeps 15 until 3 records it sent.
+        assert_eq!(one.owed(), 1);
+        assert_eq!(one.owner(&c), Some(3));
     }
 
     #[test]

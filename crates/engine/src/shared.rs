@@ -336,7 +336,7 @@ impl Engine {
             }
             LogBody::Member(MemberOp::Join { member }) => {
                 if let Some(s) = self.shared() {
-                    s.routing().joined(member);
+                    s.routing().joined(member, entry.seq);
                 }
             }
             LogBody::Member(MemberOp::Leave { member, progress }) => {
