@@ -64,6 +64,9 @@ func startKeyNotifyWatchers(w *Watchers, h *History, cfg Config, replicas []*Rep
 	for _, r := range replicas {
 		kw := &knWatcher{h: h, r: r, regAt: map[string]time.Duration{}, last: map[string]string{}, pending: map[string]string{}}
 		w.add("keynotify-"+r.ID, kw.covers, func(ctx context.Context, wt *watcher) {
+			// Behind a shared broker a replica's death hands its unsent notifications to
+			// another, from its last recorded position: at least once (check_watch.go).
+			wt.atLeastOnce = cfg.Broker != ""
 			kw.wt = wt
 			kw.run(ctx)
 		})

@@ -36,10 +36,13 @@ type watcher struct {
 	// covers says whether this watcher must deliver an acknowledged write (nil: every write).
 	// A KEYNOTIFY watcher observes named keys only, from the moment each was registered.
 	covers func(Op) bool
-	mu     sync.Mutex
-	events []watchEvent
-	conns  int
-	errs   []string
+	// atLeastOnce: a change may come again with the version it came with (a redelivery), which
+	// a client drops by version; counted, not a violation. Anything else out of order still is.
+	atLeastOnce bool
+	mu          sync.Mutex
+	events      []watchEvent
+	conns       int
+	errs        []string
 }
 
 type Watchers struct {
