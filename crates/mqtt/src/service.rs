@@ -18,6 +18,8 @@
 //! claim (`__srcId`): the per-caller limit is keyed by that (or the response topic), and a
 //! caller past it is answered `__stat=503` rather than queued in front of everyone else.
 
+mod carried;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +29,7 @@ use rumqttc::v5::{AsyncClient, EventLoop, MqttOptions};
 use tokio::sync::{oneshot, watch};
 use tracing::{debug, info, warn};
 
+use self::carried::Carried;
 use super::INVOKE_TOPIC;
 use super::door::{self, Door, DoorLimits, Sink};
 use super::request::{CONTENT_TYPE, Caller, Outgoing, Request};
@@ -322,6 +325,7 @@ async fn publish_answer(client: &AsyncClient, out: Arc<Outgoing>) {
 async fn poller(mut eventloop: EventLoop, ctx: Arc<Ctx>, ready: oneshot::Sender<()>, mut stop: watch::Receiver<bool>) {
     let mut ready = Some(ready);
     let mut backoff = Duration::from_millis(100);
+    let mut carried = Carried::default();
     loop {
         let event = tokio::select! {
             _ = stop.changed() => return,
@@ -360,7 +364,12 @@ async fn poller(mut eventloop: EventLoop, ctx: Arc<Ctx>, ready: oneshot::Sender<
                     }
                     Packet::ConnAck(ack) => {
                         ctx.door.metrics().mqtt_link(Link::Connected);
-                        info!(session_present = ack.session_present, "mqtt: connected");
+                        info!(
+                            session_present = ack.session_present,
+                            resending = carried.len(),
+                            "mqtt: connected"
+                        );
+                        carried.restore(&mut eventloop, ack.session_present);
                         let client = ctx.client.clone();
                         let topic = ctx.settings.subscription();
                         tokio::spawn(async move {
@@ -384,6 +393,7 @@ async fn poller(mut eventloop: EventLoop, ctx: Arc<Ctx>, ready: oneshot::Sender<
             }
             Ok(_) => {}
             Err(e) => {
+                carried.take(&mut eventloop);
                 ctx.door.metrics().mqtt_link(Link::Down);
                 warn!(cause = %e, retry_in_ms = backoff.as_millis() as u64, "mqtt: connection error");
                 tokio::select! {
