@@ -239,7 +239,7 @@ impl Engine {
         loop {
             let Some(e) = engine.upgrade() else { return };
             sampled = e.notified_through().max(sampled);
-            match log.heartbeat(recorded).await {
+            match log.heartbeat(e.0.hlc.node(), recorded).await {
                 Ok(progress) => {
                     if let Some(s) = e.shared() {
                         s.routing().recorded(&progress);

@@ -254,7 +254,7 @@ async fn rejoin(engine: &Engine, log: &Arc<dyn ChangeLog>, sent: Option<u64>, at
     {
         tracing::warn!(cause = %e, "leaving the members after a gap failed; the member timeout hands over");
     }
-    match log.heartbeat(at).await {
+    match log.heartbeat(engine.0.hlc.node(), at).await {
         Ok(progress) => {
             if let Some(s) = engine.shared() {
                 s.routing().recorded(&progress);

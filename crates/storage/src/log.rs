@@ -160,8 +160,10 @@ pub trait ChangeLog: Send + Sync + 'static {
     /// Renews this replica's membership (joining, logged, when it is not a member), records
     /// `progress` (every notification it owes up to that position was sent), drops the members
     /// whose membership lapsed (logged, with their last recorded progress), and returns the
-    /// recorded progress of every member.
-    async fn heartbeat(&self, progress: u64) -> Result<Vec<(u64, u64)>, StorageError>;
+    /// recorded progress of every member. This process's first join also drops (logged, before
+    /// it joins) the member of an earlier process of the same `node`: that one died, and its
+    /// notifications go to the others before any moves to the new process.
+    async fn heartbeat(&self, node: &str, progress: u64) -> Result<Vec<(u64, u64)>, StorageError>;
 
     /// Leaves the membership (logged, with `progress`).
     async fn leave(&self, progress: u64) -> Result<(), StorageError>;

@@ -136,6 +136,9 @@ pub struct Shared {
     tags: std::sync::atomic::AtomicU64,
     /// A replica that has not renewed its membership for this long is dropped.
     member_timeout: Duration,
+    /// Whether this process has joined the members yet: its first join takes over the
+    /// membership of an earlier process of the same node (`redis/members.lua`).
+    joined: std::sync::atomic::AtomicBool,
     /// The connection the change log is read on (blocking reads must not hold up the others),
     /// with the generation of the main connection it was made for.
     reader: tokio::sync::Mutex<Option<(redis::aio::MultiplexedConnection, u64)>>,
@@ -176,6 +179,7 @@ impl RedisBackend {
             origin: log::random_origin(),
             tags: Default::default(),
             member_timeout: options.member_timeout,
+            joined: Default::default(),
             reader: Default::default(),
             clock: Arc::new(ServerClock::new(0, Instant::now())),
         };

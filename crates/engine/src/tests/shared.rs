@@ -13,13 +13,17 @@ use crate::storage::redis::server::{Flavor, TestServer};
 use crate::storage::{RedisOptions, StorageKind};
 
 async fn replica(server: &TestServer, node: &str, limits: Limits) -> Fx {
+    replica_with(server, node, limits, Duration::from_millis(300)).await
+}
+
+async fn replica_with(server: &TestServer, node: &str, limits: Limits, member_timeout: Duration) -> Fx {
     let Ok(StorageKind::Redis(url)) = server.url().parse() else {
         panic!("not a redis url");
     };
     let options = RedisOptions {
         prefix: "shared-test:".into(),
         timeout: Duration::from_secs(5),
-        member_timeout: Duration::from_millis(300),
+        member_timeout,
         ..Default::default()
     };
     let store = Store::new(crate::storage::redis::RedisBackend::open(&url, &options).await.unwrap());
@@ -223,6 +227,43 @@ async fn when_the_sender_dies_another_sends_what_it_had_not() {
     assert_eq!(note(&mut notes[owner]).await.change.version, v);
     assert!(notes[1 - owner].try_recv().is_none());
     drop(c);
+}
+
+/// A node's process killed and started again: the new process's first join drops the dead
+/// one's membership (logged before its own join), so the dead one's unsent notifications go to
+/// the others at once instead of after the member timeout, when the new process could already
+/// have sent newer ones to the same clients (the fault test bed saw them arrive late, out of
+/// order). The member timeout here is a minute: only the takeover can explain a prompt handover.
+#[tokio::test]
+async fn a_restarted_node_takes_its_dead_process_out_of_the_members_at_once() {
+    let server = TestServer::start(Flavor::Redis);
+    let minute = Duration::from_secs(60);
+    let a = replica_with(&server, "a", Limits::default(), minute).await;
+    let b = replica_with(&server, "b", Limits::default(), minute).await;
+    let _a_notes = a.engine.keynotify_feed().unwrap();
+    let mut b_notes = b.engine.keynotify_feed().unwrap();
+    members_settle(&[&a.engine, &b.engine], 2).await;
+    let a_origin = a.engine.shared().unwrap().log.origin();
+    let owned_by_a = (0..100)
+        .map(|i| format!("client-{i}"))
+        .find(|c| a.engine.shared().unwrap().routing().owner(c) == Some(a_origin))
+        .unwrap();
+    b.run(&["KEYNOTIFY", "k"], client(&owned_by_a)).await.unwrap();
+    let mut versions = Vec::new();
+    for i in 0..3 {
+        versions.push(b.ok(&["SET", "k", &i.to_string()]).await.version.unwrap());
+    }
+    // A dies without leaving; its node starts again.
+    drop(a);
+    let a2 = replica_with(&server, "a", Limits::default(), minute).await;
+    let mut a2_notes = a2.engine.keynotify_feed().unwrap();
+    members_settle(&[&b.engine, &a2.engine], 2).await;
+    // B alone had A's notifications: it sends all three, in order, long before a minute.
+    for v in &versions {
+        assert_eq!(&note(&mut b_notes).await.change.version, v);
+    }
+    assert!(a2_notes.try_recv().is_none(), "the new process never read them");
+    drop(a2);
 }
 
 #[tokio::test]

@@ -43,6 +43,8 @@ pub struct Names {
     pub members: Vec<u8>,
     /// HASH origin -> log position up to which the member sent what it owed.
     pub progress: Vec<u8>,
+    /// HASH node id -> origin: the process that last joined for each node.
+    pub nodes: Vec<u8>,
     observer_prefix: Vec<u8>,
     mark_prefix: Vec<u8>,
 }
@@ -65,6 +67,7 @@ impl Names {
             homes: with("obshome"),
             members: with("members"),
             progress: with("progress"),
+            nodes: with("nodes"),
             observer_prefix: with("o:"),
             mark_prefix: with("q:"),
         }

@@ -165,15 +165,16 @@ impl ChangeLog for RedisLog {
         })
     }
 
-    async fn heartbeat(&self, progress: u64) -> Result<Vec<(u64, u64)>, StorageError> {
-        let reply = self.members_call("h", progress).await?;
+    async fn heartbeat(&self, node: &str, progress: u64) -> Result<Vec<(u64, u64)>, StorageError> {
+        let reply = self.members_call("h", node, progress).await?;
         let pairs: Vec<(u64, u64)> = FromRedisValue::from_redis_value(reply)
             .map_err(|e| StorageError::Backend(format!("the members script answered {e}")))?;
+        self.0.joined.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(pairs)
     }
 
     async fn leave(&self, progress: u64) -> Result<(), StorageError> {
-        self.members_call("l", progress).await.map(|_| ())
+        self.members_call("l", "", progress).await.map(|_| ())
     }
 
     async fn head(&self) -> Result<u64, StorageError> {
@@ -334,17 +335,24 @@ impl ChangeLog for RedisLog {
 
 impl RedisLog {
     /// One call of `redis/members.lua`: `op` `h` (heartbeat) or `l` (leave).
-    async fn members_call(&self, op: &str, progress: u64) -> Result<Value, StorageError> {
+    async fn members_call(&self, op: &str, node: &str, progress: u64) -> Result<Value, StorageError> {
         let s = &self.0;
-        let mut eval = s
-            .members
-            .evalsha(&[&s.names.members, &s.names.progress, &s.names.log, &s.names.log_seq]);
+        let mut eval = s.members.evalsha(&[
+            &s.names.members,
+            &s.names.progress,
+            &s.names.log,
+            &s.names.log_seq,
+            &s.names.nodes,
+        ]);
+        let first = !s.joined.load(std::sync::atomic::Ordering::Relaxed);
         eval.arg(op)
             .arg(s.origin)
             .arg(progress)
             .arg(s.member_timeout.as_millis() as u64)
             .arg(s.log_len)
-            .arg(s.call_tag());
+            .arg(s.call_tag())
+            .arg(node)
+            .arg(if first { "1" } else { "0" });
         let mut pipe = redis::pipe();
         pipe.add_command(eval);
         let reply = s.eval_pipeline(Purpose::Background, &s.members, &pipe).await?;
