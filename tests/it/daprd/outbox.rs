@@ -8,7 +8,8 @@
 //! a record (`outbox-<uuid>`, without the app's key prefix) to the transaction; its subscriber of that topic publishes to the
 //! devices' topic only once it finds the record in the store, then deletes the record. So the
 //! store's all-or-nothing transaction is what makes the outbox exact, and the test watches the
-//! records come and go in stategate's own change feed.
+//! records come and go in stategate's own change feed. And that exactness, on every backend: a
+//! transaction through daprd whose last operation fails its ETag applies none of the others.
 
 use std::time::Duration;
 
@@ -126,4 +127,79 @@ async fn the_outbox_reaches_devices_exactly_when_its_transaction_commits() {
 
     daprd.stop().await;
     env.stop().await;
+}
+
+/// A transaction through daprd whose last operation fails its ETag applies none of its
+/// operations, on every backend (what Dapr's Redis component cannot promise: it has no
+/// rollback). Its first operations overwrite a key, delete another and create a third.
+async fn all_or_nothing_on(storage: Storage) {
+    let app = "ledger";
+    let sockets = tempfile::tempdir().expect("tempdir");
+    let env = stategate_for(app, sockets.path(), storage).await;
+    let daprd = Daprd::start(&DaprdOptions {
+        app_id: app.into(),
+        sockets: sockets.path().to_owned(),
+        resources: super::deploy_dapr(),
+        placement: None,
+        scheduler: None,
+        app_port: None,
+    })
+    .await;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let state = format!("{}/v1.0/state/statestore", daprd.http());
+    let save = http
+        .post(&state)
+        .json(&json!([{"key": "a", "value": 1}, {"key": "b", "value": 2}, {"key": "last", "value": 3}]))
+        .send()
+        .await
+        .expect("daprd answers");
+    assert_eq!(save.status(), 204);
+    let etag = |key: &'static str| {
+        let http = http.clone();
+        let url = format!("{state}/{key}");
+        async move {
+            let r = http.get(url).send().await.expect("daprd answers");
+            r.headers()["etag"].to_str().unwrap().to_owned()
+        }
+    };
+    let before = [etag("a").await, etag("b").await, etag("last").await];
+    let stale = "000000000000001:00000:stategate";
+    let r = http
+        .post(format!("{state}/transaction"))
+        .json(&json!({"operations": [
+            {"operation": "upsert", "request": {"key": "a", "value": 10}},
+            {"operation": "delete", "request": {"key": "b"}},
+            {"operation": "upsert", "request": {"key": "new", "value": 5}},
+            {"operation": "upsert", "request": {"key": "last", "value": 30, "etag": stale}},
+        ]}))
+        .send()
+        .await
+        .expect("daprd answers");
+    assert!(!r.status().is_success(), "the stale ETag refuses the transaction");
+    // Every key as it was, with its version: over daprd and over stategate's own MQTT door.
+    let after = [etag("a").await, etag("b").await, etag("last").await];
+    assert_eq!(before, after, "no operation of the refused transaction was applied");
+    let r = http.get(format!("{state}/new")).send().await.expect("daprd answers");
+    assert_eq!(r.status(), 204, "the key the transaction would have created is absent");
+    let mut mqtt = RawClient::connect(env.broker_port, &unique_id("ledger-check")).await;
+    let a = mqtt.request(&[b"GET", b"ledger||a"], &[]).await;
+    assert_eq!(&a.payload[..], b"$1\r\n1\r\n", "MQTT reads the old value of a");
+    let new = mqtt.request(&[b"GET", b"ledger||new"], &[]).await;
+    assert_eq!(&new.payload[..], b"$-1\r\n");
+    daprd.stop().await;
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_transaction_through_daprd_applies_nothing_on_every_backend() {
+    all_or_nothing_on(Storage::Memory).await;
+    all_or_nothing_on(Storage::Durable).await;
+    let server = crate::redis::server::TestServer::start(crate::redis::server::Flavor::Redis);
+    let store = stategate::storage::Store::open(&crate::redis::redis_storage(&server))
+        .await
+        .expect("open the Redis store");
+    all_or_nothing_on(Storage::Shared(store)).await;
 }
