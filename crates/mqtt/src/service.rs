@@ -391,6 +391,7 @@ async fn poller(mut eventloop: EventLoop, ctx: Arc<Ctx>, ready: oneshot::Sender<
                     _ => {}
                 }
             }
+            Ok(rumqttc::v5::Event::Outgoing(rumqttc::Outgoing::Publish(pkid))) => carried.sent(pkid),
             Ok(_) => {}
             Err(e) => {
                 carried.take(&mut eventloop);

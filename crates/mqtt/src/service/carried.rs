@@ -18,27 +18,52 @@ use rumqttc::v5::{EventLoop, Request};
 
 /// The publishes taken out of a broken connection, oldest first.
 #[derive(Debug, Default)]
-pub(super) struct Carried(VecDeque<Request>);
+pub(super) struct Carried {
+    queue: VecDeque<Request>,
+    /// The packet id of the last publish sent (`Outgoing::Publish` events).
+    last_sent: u16,
+}
 
 impl Carried {
-    /// After a connection error: takes the publishes rumqttc set aside. Everything else there
-    /// belongs to the broken session (acknowledgements of its packets, its subscriptions, which
-    /// the poller makes again on every ConnAck) and is dropped.
+    /// A publish went out with `pkid`: rumqttc numbers them in sending order, cycling through
+    /// its in-flight window, which is how [`Carried::take`] puts them back in that order.
+    pub(super) fn sent(&mut self, pkid: u16) {
+        if pkid != 0 {
+            self.last_sent = pkid;
+        }
+    }
+
+    /// After a connection error: takes the publishes rumqttc set aside, in the order they were
+    /// sent. rumqttc lists the unacknowledged ones by packet id, and packet ids wrap around its
+    /// in-flight window, so after a wrap its list put the newest first (the fault test bed saw
+    /// a key's notifications arrive out of order after a reconnect): those numbered above the
+    /// last one sent are the older ones. Then the requests that were still queued, in order.
+    /// Everything else belongs to the broken session (acknowledgements of its packets, its
+    /// subscriptions, which the poller makes again on every ConnAck) and is dropped.
     pub(super) fn take(&mut self, eventloop: &mut EventLoop) {
+        let (mut older, mut newer) = (Vec::new(), Vec::new());
         for request in eventloop.pending.drain(..) {
-            if let Request::Publish(_) = request {
-                self.0.push_back(request);
+            match request {
+                Request::Publish(ref p) if p.pkid > self.last_sent => older.push(request),
+                Request::Publish(ref p) if p.pkid != 0 => newer.push(request),
+                Request::Publish(_) => {
+                    // Queued, never sent: after every sent one.
+                    self.queue.extend(older.drain(..).chain(newer.drain(..)));
+                    self.queue.push_back(request);
+                }
+                _ => {}
             }
         }
+        self.queue.extend(older.into_iter().chain(newer));
     }
 
     /// On a ConnAck: puts the carried publishes first in line. In a new session their packet
     /// ids mean nothing (and could collide with the new session's), so they get new ones.
     pub(super) fn restore(&mut self, eventloop: &mut EventLoop, session_present: bool) {
-        if self.0.is_empty() {
+        if self.queue.is_empty() {
             return;
         }
-        let mut carried = std::mem::take(&mut self.0);
+        let mut carried = std::mem::take(&mut self.queue);
         if !session_present {
             for request in &mut carried {
                 if let Request::Publish(p) = request {
@@ -52,7 +77,7 @@ impl Carried {
     }
 
     pub(super) fn len(&self) -> usize {
-        self.0.len()
+        self.queue.len()
     }
 }
 
@@ -108,6 +133,24 @@ mod tests {
             ]
         );
         assert_eq!(carried.len(), 0);
+    }
+
+    #[test]
+    fn publishes_in_flight_come_back_in_the_order_they_were_sent_across_a_packet_id_wrap() {
+        let mut el = EventLoop::new(MqttOptions::new("t", "127.0.0.1", 1), 10);
+        // Sent as 98, 99, 1, 2, 3 (the ids wrapped); rumqttc lists them by id, then what was
+        // still queued.
+        for (topic, pkid) in [("c", 1), ("d", 2), ("e", 3), ("a", 98), ("b", 99), ("later", 0)] {
+            el.pending.push_back(publish(topic, pkid));
+        }
+        let mut carried = Carried::default();
+        for pkid in [98, 99, 1, 2, 3] {
+            carried.sent(pkid);
+        }
+        carried.take(&mut el);
+        carried.restore(&mut el, false);
+        let order: Vec<String> = topics(&el.pending).into_iter().map(|(t, _, _)| t).collect();
+        assert_eq!(order, ["a", "b", "c", "d", "e", "later"]);
     }
 
     #[test]
