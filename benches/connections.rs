@@ -21,6 +21,12 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+// The packets, by hand (the integration tests' encoder): a few bytes each, so a client costs
+// this process nothing.
+#[allow(dead_code)]
+#[path = "../tests/it/mqtt_raw.rs"]
+mod raw;
+
 struct Opts {
     clients: usize,
     keynotify: bool,
@@ -151,74 +157,7 @@ fn cpu_ticks(pid: u32) -> u64 {
     f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
 }
 
-// ---- MQTT 5 packets, by hand: a few bytes each, so a client costs this process nothing ----
-
-fn varint(mut n: usize, out: &mut Vec<u8>) {
-    loop {
-        let mut b = (n % 128) as u8;
-        n /= 128;
-        if n > 0 {
-            b |= 0x80;
-        }
-        out.push(b);
-        if n == 0 {
-            return;
-        }
-    }
-}
-
-fn string(s: &[u8], out: &mut Vec<u8>) {
-    out.extend_from_slice(&(s.len() as u16).to_be_bytes());
-    out.extend_from_slice(s);
-}
-
-fn packet(first: u8, body: &[u8]) -> Vec<u8> {
-    let mut out = vec![first];
-    varint(body.len(), &mut out);
-    out.extend_from_slice(body);
-    out
-}
-
-fn connect(id: &str) -> Vec<u8> {
-    let mut b = Vec::new();
-    string(b"MQTT", &mut b);
-    // Version 5, clean start, keep-alive 0 (off), no properties.
-    b.extend_from_slice(&[5, 0x02, 0, 0, 0]);
-    string(id.as_bytes(), &mut b);
-    packet(0x10, &b)
-}
-
-fn subscribe(topic: &str) -> Vec<u8> {
-    let mut b = vec![0, 1, 0];
-    string(topic.as_bytes(), &mut b);
-    b.push(1);
-    packet(0x82, &b)
-}
-
-fn keynotify(id: &str, key: &str) -> Vec<u8> {
-    let user = |k: &[u8], v: &[u8], p: &mut Vec<u8>| {
-        p.push(0x26);
-        string(k, p);
-        string(v, p);
-    };
-    let mut props = vec![0x08];
-    string(format!("clients/{id}/answers").as_bytes(), &mut props);
-    props.push(0x09);
-    string(b"kn", &mut props);
-    user(b"__srcId", id.as_bytes(), &mut props);
-    user(b"__protVer", b"1.0", &mut props);
-    user(b"__ts", b"000000000000000:00000:bench", &mut props);
-    let mut b = Vec::new();
-    string(
-        b"statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke",
-        &mut b,
-    );
-    b.extend_from_slice(&[0, 2]);
-    varint(props.len(), &mut b);
-    b.extend_from_slice(&props);
-    b.extend_from_slice(format!("*2\r\n$9\r\nKEYNOTIFY\r\n${}\r\n{key}\r\n", key.len()).as_bytes());
-    packet(0x32, &b)
-}
+const INVOKE: &str = "statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke";
 
 /// Reads one packet: its first byte and body.
 fn read_packet(s: &mut TcpStream) -> std::io::Result<(u8, Vec<u8>)> {
@@ -244,14 +183,18 @@ fn client(port: u16, n: usize, keynotify_too: bool) -> TcpStream {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let id = format!("bench-{n}");
-    s.write_all(&connect(&id)).unwrap();
+    s.write_all(&raw::connect_keep_alive(&id, 0, None)).unwrap();
     let (t, body) = read_packet(&mut s).expect("CONNACK");
     assert!(t == 0x20 && body.get(1) == Some(&0), "CONNACK refused: {body:?}");
-    s.write_all(&subscribe(&format!("clients/{id}/answers"))).unwrap();
+    let answers = format!("clients/{id}/answers");
+    s.write_all(&raw::subscribe(1, &answers)).unwrap();
     let (t, _) = read_packet(&mut s).expect("SUBACK");
     assert_eq!(t, 0x90, "SUBACK");
     if keynotify_too {
-        s.write_all(&keynotify(&id, &format!("key-{n}"))).unwrap();
+        let key = format!("key-{n}");
+        let keynotify = format!("*2\r\n$9\r\nKEYNOTIFY\r\n${}\r\n{key}\r\n", key.len());
+        s.write_all(&raw::request(INVOKE, 2, &answers, b"kn", keynotify.as_bytes()))
+            .unwrap();
         // The PUBACK of the request and the answer (QoS 1, acknowledged so that nothing waits
         // in the broker for this client), in either order.
         let mut answered = false;
@@ -266,6 +209,7 @@ fn client(port: u16, n: usize, keynotify_too: bool) -> TcpStream {
                         let pid = [body[2 + topic_len], body[3 + topic_len]];
                         s.write_all(&[0x40, 2, pid[0], pid[1]]).unwrap();
                     }
+                    assert!(body.ends_with(b"+OK\r\n"), "KEYNOTIFY refused: {body:?}");
                     answered = true;
                 }
                 _ => {}

@@ -29,6 +29,7 @@ mod mget;
 mod mqtt;
 mod mqtt_auth;
 mod mqtt_auth_connect;
+mod mqtt_raw;
 mod openapi;
 mod ops;
 mod pki;

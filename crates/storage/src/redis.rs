@@ -240,6 +240,18 @@ impl Shared {
         true
     }
 
+    /// Runs a read's pipeline, ended by the barrier, and answers its replies once it passed.
+    async fn read(&self, mut pipe: redis::Pipeline) -> Result<Vec<Value>, StorageError> {
+        let barrier = self.barrier(&mut pipe);
+        let mut replies: Vec<Value> = self
+            .bounded(Purpose::Call, |mut c| async move {
+                pipe.query_async(&mut c).await.map_err(storage_error)
+            })
+            .await?;
+        self.passed(barrier, &mut replies)?;
+        Ok(replies)
+    }
+
     /// Takes the barrier's two replies off the end of `replies`: an error if fewer than `N`
     /// replicas confirmed in time (the read's answer must not be used).
     pub(super) fn passed(&self, barrier: bool, replies: &mut Vec<Value>) -> Result<(), StorageError> {
@@ -285,13 +297,7 @@ impl Backend for RedisBackend {
     async fn get(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {
         let mut pipe = redis::pipe();
         pipe.cmd("HMGET").arg(self.names.record(key)).arg(&RECORD_FIELDS[..]);
-        let barrier = self.barrier(&mut pipe);
-        let mut replies: Vec<Value> = self
-            .bounded(Purpose::Call, |mut c| async move {
-                pipe.query_async(&mut c).await.map_err(storage_error)
-            })
-            .await?;
-        self.passed(barrier, &mut replies)?;
+        let replies = self.read(pipe).await?;
         let fields = replies
             .into_iter()
             .next()
@@ -350,13 +356,7 @@ impl Backend for RedisBackend {
         let mut pipe = redis::pipe();
         pipe.cmd("HMGET").arg(self.names.record(key)).arg(&RECORD_FIELDS[..]);
         pipe.cmd("GET").arg(self.names.mark(id));
-        let barrier = self.barrier(&mut pipe);
-        let mut replies: Vec<Value> = self
-            .bounded(Purpose::Call, |mut c| async move {
-                pipe.query_async(&mut c).await.map_err(storage_error)
-            })
-            .await?;
-        self.passed(barrier, &mut replies)?;
+        let replies = self.read(pipe).await?;
         let (fields, mark): (Vec<Option<Bytes>>, Option<Bytes>) =
             FromRedisValue::from_redis_value(Value::Array(replies))
                 .map_err(|e| StorageError::Backend(format!("HMGET and GET answered {e}")))?;
