@@ -56,15 +56,20 @@ pub fn connect_keep_alive(client_id: &str, secs: u16, receive_maximum: Option<u1
 
 /// A QoS 1 request with a response topic and correlation data.
 pub fn request(topic: &str, packet_id: u16, response: &str, correlation: &[u8], payload: &[u8]) -> Vec<u8> {
-    let mut b = Vec::new();
-    string(topic.as_bytes(), &mut b);
-    b.extend_from_slice(&packet_id.to_be_bytes());
     let mut props = vec![0x08];
     string(response.as_bytes(), &mut props);
     props.push(0x09);
     string(correlation, &mut props);
+    publish_qos1(topic, packet_id, &props, payload)
+}
+
+/// A QoS 1 PUBLISH with the given encoded properties (empty: none).
+pub fn publish_qos1(topic: &str, packet_id: u16, props: &[u8], payload: &[u8]) -> Vec<u8> {
+    let mut b = Vec::new();
+    string(topic.as_bytes(), &mut b);
+    b.extend_from_slice(&packet_id.to_be_bytes());
     varint(props.len(), &mut b);
-    b.extend(props);
+    b.extend_from_slice(props);
     b.extend_from_slice(payload);
     packet(0x32, b)
 }
