@@ -42,7 +42,9 @@ pub fn wait_accepting(port: u16) {
 
 pub fn stategate(clients: usize) -> Broker {
     let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_stategate"))
+    // STATEGATE_BENCH_BIN: another build of the service (a `--profile profiling` one for perf).
+    let bin = std::env::var_os("STATEGATE_BENCH_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_stategate").into());
+    let child = Command::new(bin)
         .args(["--storage", "memory", "--http-listen", "off", "--grpc-listen", "off"])
         .args(["--mqtt-listen", &format!("127.0.0.1:{port}")])
         .args(["--mqtt-max-connections", &(clients + 100).to_string()])
