@@ -5,6 +5,7 @@
 
 mod actors;
 mod conformance;
+mod load;
 mod outbox;
 mod peers;
 mod sdk;
