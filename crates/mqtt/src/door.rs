@@ -28,12 +28,17 @@ use crate::engine::{ChangeKind, Engine, KeyNotification, KeyNotifyReceiver, Requ
 pub trait Sink: Send + Sync + 'static {
     async fn publish(&self, out: &Outgoing);
 
-    /// Publishes a KEYNOTIFY notification meant for observer `client_id`. Through a client
-    /// connection the broker routes it by subscriptions like anything else; in the broker it
-    /// also reaches an observer that never subscribed (see `inbroker::BrokerSink`).
-    async fn notify(&self, client_id: &str, out: &Outgoing) {
-        let _ = client_id;
-        self.publish(out).await;
+    /// Publishes one change's KEYNOTIFY notification to each of `observers` (client id, its
+    /// notification topic), in that order; `out` holds all but the topic. Through a client
+    /// connection the broker routes each by subscriptions like anything else; in the broker it
+    /// also reaches an observer that never subscribed (see `inbroker::BrokerSink`), and the
+    /// packet is built once for all of them.
+    async fn notify(&self, out: &Outgoing, observers: &[(Arc<str>, String)]) {
+        let mut out = out.clone();
+        for (_, topic) in observers {
+            out.topic.clone_from(topic);
+            self.publish(&out).await;
+        }
     }
 
     /// Publishes a retained message of the state topics mirror, at QoS 1.
@@ -415,6 +420,7 @@ async fn send_notifications(
             ChangeKind::Delete | ChangeKind::Expire => None,
         });
         let version = change.version.to_string();
+        let mut targets = Vec::with_capacity(observers.len());
         for client_id in observers {
             if &*client_id == EVERY_KEY_OBSERVER {
                 if let Some(m) = &mirror {
@@ -432,20 +438,25 @@ async fn send_notifications(
                     continue;
                 }
             }
-            let out = Outgoing {
-                topic: request::notify_topic(&client_id, &change.key),
-                payload: payload.clone(),
-                correlation: None,
-                user_properties: vec![
-                    (PROP_TIMESTAMP.to_owned(), version.clone()),
-                    (PROP_PROTOCOL_VERSION.to_owned(), PROTOCOL_VERSION.to_owned()),
-                    (PROP_SOURCE_ID.to_owned(), service_id.clone()),
-                ],
-                message_expiry: None,
-            };
-            sink.notify(&client_id, &out).await;
-            metrics.notification_sent();
+            let topic = request::notify_topic(&client_id, &change.key);
+            targets.push((client_id, topic));
         }
+        if targets.is_empty() {
+            continue;
+        }
+        let out = Outgoing {
+            topic: String::new(),
+            payload,
+            correlation: None,
+            user_properties: vec![
+                (PROP_TIMESTAMP.to_owned(), version),
+                (PROP_PROTOCOL_VERSION.to_owned(), PROTOCOL_VERSION.to_owned()),
+                (PROP_SOURCE_ID.to_owned(), service_id.clone()),
+            ],
+            message_expiry: None,
+        };
+        sink.notify(&out, &targets).await;
+        metrics.notifications_sent(targets.len());
     }
 }
 

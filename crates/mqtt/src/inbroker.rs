@@ -33,7 +33,9 @@ use rmqtt::codec::v5::{PublishAckReason, PublishProperties};
 use rmqtt::context::ServerContext;
 use rmqtt::hook::{Handler, HookResult, Parameter, ReturnType, Type};
 use rmqtt::session::SessionState;
-use rmqtt::types::{ClientId, CodecPublish, From, Id, Publish, PublishAclResult, PublishResult};
+use rmqtt::types::{
+    ClientId, CodecPublish, From, Id, Publish, PublishAclResult, PublishResult, SubscriptionOptions,
+};
 use tokio::sync::{Semaphore, watch};
 use tracing::{debug, warn};
 
@@ -80,16 +82,38 @@ impl BrokerSink {
         }
     }
 
-    /// Whether `client_id` holds a (non-shared) subscription matching `topic`.
-    async fn subscribed(&self, client_id: &str, topic: &str) -> bool {
-        let router = self.scx.extends.router().await;
-        match router.matches(self.from.id.clone(), &topic.into()).await {
-            Ok(map) => map
-                .values()
-                .flatten()
-                .any(|(_, client, _, _, group)| group.is_none() && &client[..] == client_id),
-            // Unknown: send it directly as well (a duplicate is better than a loss).
-            Err(_) => false,
+    /// Routes `packet` once: to everyone whose subscription matches it (as `forwards` would)
+    /// and, when no subscription of `client_id`'s own matches, straight to `client_id` too.
+    /// One trie match per notification: a fan-out to N observers is N distinct topics, so the
+    /// match is most of the routing cost.
+    async fn forward_and_target(&self, packet: CodecPublish, client_id: &str) {
+        let topic = packet.topic.clone();
+        let this_node = self.scx.node.id();
+        let mut relations = {
+            let router = self.scx.extends.router().await;
+            match router.matches(self.from.id.clone(), &topic).await {
+                Ok(mut map) => map.remove(&this_node).unwrap_or_default(),
+                Err(e) => {
+                    warn!(cause = %e, %topic, "mqtt: matching a notification's subscribers failed");
+                    Vec::new()
+                }
+            }
+        };
+        let subscribed = relations
+            .iter()
+            .any(|(_, client, _, _, group)| group.is_none() && &client[..] == client_id);
+        if !subscribed {
+            let mut options = SubscriptionOptions::default();
+            options.set_qos(packet.qos);
+            relations.push((topic.clone(), ClientId::from(client_id), options, None, None));
+        }
+        let publish = Publish::from(packet);
+        let shared = self.scx.extends.shared().await;
+        if let Err((_, dropped)) = shared.forwards_to(self.from.clone(), &publish, relations, None).await {
+            drop(shared);
+            for (to, from, p, reason) in dropped {
+                self.scx.extends.hook_mgr().message_dropped(Some(to), from, p, reason).await;
+            }
         }
     }
 }
@@ -126,14 +150,13 @@ impl Sink for BrokerSink {
     /// hands state store notifications to the observer's session. So does this: routed as
     /// usual for whoever subscribed (the Rust and .NET SDKs, spies), and sent straight to the
     /// observer when none of its subscriptions matches, so it never gets it twice.
-    async fn notify(&self, client_id: &str, out: &Outgoing) {
-        let packet = Self::packet(out);
-        let direct = !self.subscribed(client_id, &out.topic).await;
-        if direct {
-            let targeted = Publish::from(packet.clone()).target_clientid(client_id.into());
-            self.forward(targeted, &out.topic).await;
+    async fn notify(&self, out: &Outgoing, observers: &[(Arc<str>, String)]) {
+        let template = Self::packet(out);
+        for (client_id, topic) in observers {
+            let mut packet = template.clone();
+            packet.topic = topic.as_str().into();
+            self.forward_and_target(packet, client_id).await;
         }
-        self.forward(packet.into(), &out.topic).await;
     }
 
     /// As the broker authenticated it: the client id, and the username of its session here

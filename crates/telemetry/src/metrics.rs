@@ -300,9 +300,10 @@ impl Metrics {
         StreamGuard(gauge)
     }
 
-    pub fn notification_sent(&self) {
+    /// `n` KEYNOTIFY notifications sent (one change to `n` observers).
+    pub fn notifications_sent(&self, n: usize) {
         if let Some(h) = &self.0.handles {
-            h.notifications_sent.inc();
+            h.notifications_sent.inc_by(n as u64);
         }
     }
 
