@@ -8,6 +8,7 @@ mod conformance;
 mod load;
 mod outbox;
 mod peers;
+mod pods;
 mod sdk;
 mod workflow;
 
