@@ -223,3 +223,25 @@ fn paths_named_in_deploy_files_exist_and_agree() {
     assert!(unit.contains("ExecStart=/usr/local/bin/stategate serve --config /etc/stategate/stategate.toml"));
     assert!(dockerfile.contains("/usr/local/bin/stategate"));
 }
+
+/// The Kubernetes manifests decode strictly into the Kubernetes API types (and the app pods'
+/// Dapr Component into dapr's), and what they name in each other exists: the Go test module
+/// `tests/go/k8s`, built by `scripts/go-peers` into `k8s.test`.
+#[test]
+fn kubernetes_manifests_decode_strictly_and_agree() {
+    let out = std::process::Command::new(crate::aio_go::go_test_binary("k8s"))
+        .args(["-test.v", "-test.count=1"])
+        .env("STATEGATE_REPO", repo())
+        .output()
+        .expect("run k8s.test");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "k8s.test failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.matches("--- PASS").count() >= 4,
+        "k8s.test ran fewer checks than it has:\n{stdout}"
+    );
+}
