@@ -11,6 +11,7 @@ mod peers;
 mod pods;
 mod sdk;
 mod workflow;
+mod workflow_faults;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -398,6 +399,11 @@ impl Daprd {
 
     pub async fn stop(mut self) {
         self.proc.terminate(Duration::from_secs(10)).await;
+    }
+
+    /// `kill -9`: none of daprd's shutdown code runs.
+    pub async fn kill(&mut self) {
+        self.proc.kill().await;
     }
 }
 
