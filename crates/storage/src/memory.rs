@@ -151,11 +151,7 @@ impl Inner {
         let Some(rec) = new else {
             return Ok(self.place(hash, key, None));
         };
-        if self.max_version.as_ref().is_none_or(|m| rec.version > *m) {
-            self.max_version = Some(rec.version.clone());
-        }
-        let node = self.intern(&rec.version.node);
-        let deadline = rec.expires_at_ms.map(|d| d.max(1)).unwrap_or(0);
+        let (node, deadline) = self.note_version(rec);
         if in_place
             && deadline == 0
             && rec.fencing.is_none()
@@ -180,6 +176,57 @@ impl Inner {
         )
         .map_err(|_| too_long())?;
         Ok(self.place(hash, key, Some(fresh)))
+    }
+
+    /// Raises the highest version to `rec`'s; returns its node's number and its deadline (0:
+    /// none) as an entry stores them.
+    fn note_version(&mut self, rec: &Record) -> (usize, u64) {
+        if self.max_version.as_ref().is_none_or(|m| rec.version > *m) {
+            self.max_version = Some(rec.version.clone());
+        }
+        let node = self.intern(&rec.version.node);
+        (node, rec.expires_at_ms.map(|d| d.max(1)).unwrap_or(0))
+    }
+
+    /// Loads one record (see [`MemoryBackend::load_many`]). While `ascending` holds the keys
+    /// loaded so far (all in the hash table, none yet in the ordered index) and this key comes
+    /// after them, it joins them; otherwise the ordered index is built from them and this
+    /// record is put as usual.
+    fn load_one(&mut self, ascending: &mut Option<Vec<KeyRef>>, key: Bytes, rec: Option<Record>) -> Result<(), StorageError> {
+        if let (Some(refs), Some(rec)) = (ascending.as_mut(), rec.as_ref())
+            && refs.last().is_none_or(|last| last.key() < &key[..])
+        {
+            let (node, deadline) = self.note_version(rec);
+            let fresh = Entry::new(
+                &key,
+                &rec.value,
+                &rec.version,
+                node,
+                deadline,
+                rec.fencing.as_ref(),
+                rec.slide_ms.unwrap_or(0),
+            )
+            .map_err(|_| too_long())?;
+            refs.push(fresh.key_ref());
+            self.value_bytes += rec.value.len() as u64;
+            if deadline != 0 {
+                self.deadlines.insert((deadline, Bytes::copy_from_slice(&key)));
+            }
+            let hash = self.hash(&key);
+            let Inner { table, hasher, .. } = self;
+            table.insert_unique(hash, fresh, |e| hasher.hash_one(e.key()));
+            return Ok(());
+        }
+        self.end_ascending(ascending);
+        self.put(&key, rec.as_ref())
+    }
+
+    /// Builds the ordered index from the keys [`Inner::load_one`] gathered, in one pass (they
+    /// are sorted and unique, and the ordered index was empty when they began).
+    fn end_ascending(&mut self, ascending: &mut Option<Vec<KeyRef>>) {
+        if let Some(refs) = ascending.take() {
+            self.order = refs.into_iter().collect();
+        }
     }
 
     /// Puts `entry` in the key's place in both indexes (or removes the key), keeping the
@@ -258,6 +305,30 @@ impl MemoryBackend {
     /// Loads records without checks (durable backends replay into this).
     pub fn load(&self, key: Bytes, rec: Option<Record>) -> Result<(), StorageError> {
         self.write().put(&key, rec.as_ref())
+    }
+
+    /// Loads many records without checks under one hold of the lock: `fill` calls the loader
+    /// it is given once per record. Into an empty index, while keys come in strictly
+    /// ascending order (a snapshot is written in key order), each goes into the hash table
+    /// alone, sized once for `expected_keys`, and the ordered index is built in one pass at
+    /// the end: growing both a key at a time was most of a restart's time (perf: the B-tree
+    /// inserts and the table's rehashes). A key out of order ends that; it and the rest are
+    /// put one at a time. The ordered index is complete when this returns, error or not.
+    pub fn load_many<T>(
+        &self,
+        expected_keys: usize,
+        fill: impl FnOnce(&mut dyn FnMut(Bytes, Option<Record>) -> Result<(), StorageError>) -> T,
+    ) -> T {
+        let mut guard = self.write();
+        let inner = &mut *guard;
+        let mut ascending = (inner.table.is_empty() && inner.order.is_empty()).then(|| {
+            let Inner { table, hasher, .. } = &mut *inner;
+            table.reserve(expected_keys, |e| hasher.hash_one(e.key()));
+            Vec::with_capacity(expected_keys)
+        });
+        let out = fill(&mut |key, rec| inner.load_one(&mut ascending, key, rec));
+        inner.end_ascending(&mut ascending);
+        out
     }
 
     /// Raises the highest version ever stored (a durable backend restores it from a snapshot:

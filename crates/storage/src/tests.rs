@@ -841,3 +841,61 @@ async fn memory_index_keeps_versions_of_many_nodes() {
         assert_eq!(swap(&store, s, None).await, SwapOutcome::Conflict);
     }
 }
+
+/// A bulk load (what a restart does with a snapshot) leaves the same index as loading the
+/// records one at a time: the same records, the same key order for scans, the same deadlines,
+/// whether the keys come ascending, fall out of order midway, or meet a non-empty index.
+#[tokio::test]
+async fn a_bulk_load_builds_the_index_one_load_at_a_time_would() {
+    let record = |n: u64| {
+        let expires = (n % 3 == 0).then_some(10_000 + n);
+        (b(format!("key-{n:04}").as_bytes()), Some(rec(format!("value-{n}").as_bytes(), v(n + 1, 0), expires)))
+    };
+    // Ascending, then a key out of order, a repeated key, a delete, and more keys.
+    let mut batch: Vec<(Bytes, Option<Record>)> = (0..300).map(record).collect();
+    batch.push(record(150));
+    batch.push((b(b"key-0001"), Some(rec(b"again", v(999, 0), None))));
+    batch.push((b(b"key-0002"), None));
+    batch.extend((300..400).map(record));
+    let one_by_one = memory::MemoryBackend::default();
+    for (k, r) in batch.clone() {
+        one_by_one.load(k, r).unwrap();
+    }
+    let expected = one_by_one.records_after(None, usize::MAX);
+    for prefilled in [false, true] {
+        let bulk = memory::MemoryBackend::default();
+        if prefilled {
+            bulk.load(b(b"key-0000"), record(0).1).unwrap();
+        }
+        let result: Result<(), StorageError> = bulk.load_many(batch.len(), |load| {
+            for (k, r) in batch.clone() {
+                load(k, r)?;
+            }
+            Ok(())
+        });
+        result.unwrap();
+        assert_eq!(bulk.records_after(None, usize::MAX), expected, "prefilled: {prefilled}");
+        assert_eq!(
+            bulk.expired(u64::MAX, usize::MAX).await.unwrap(),
+            one_by_one.expired(u64::MAX, usize::MAX).await.unwrap(),
+            "the deadlines, prefilled: {prefilled}"
+        );
+        assert_eq!(
+            bulk.records_after(Some(b"key-0100"), 5),
+            one_by_one.records_after(Some(b"key-0100"), 5)
+        );
+    }
+    // Only ascending keys: the ordered index is built at the end, scans see all of them.
+    let ascending = memory::MemoryBackend::default();
+    let result: Result<(), StorageError> = ascending.load_many(10, |load| {
+        for n in 0..300 {
+            let (k, r) = record(n);
+            load(k, r)?;
+        }
+        Ok(())
+    });
+    result.unwrap();
+    let all = ascending.records_after(None, usize::MAX);
+    assert_eq!(all.len(), 300);
+    assert!(all.windows(2).all(|w| w[0].0 < w[1].0));
+}

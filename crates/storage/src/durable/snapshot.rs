@@ -22,7 +22,7 @@ use super::{Shared, segment_name, snapshot_name, sync_dir};
 use crate::StorageError;
 use crate::memory::MemoryBackend;
 
-const CHUNK_KEYS: usize = 512;
+pub(super) const CHUNK_KEYS: usize = 512;
 
 /// Writes `snap-<seq>.snap` and removes what it replaces. Returns its size in bytes.
 pub(super) fn write(
