@@ -5,7 +5,7 @@
 //! cargo bench --bench workflows -- [--only memory,durable,redis,redis-aof,postgres]
 //!                                  [--workflows 100,1000] [--steps 5] [--fanout 100]
 //!                                  [--actors 10000] [--actor-calls 20000] [--inflight 64]
-//!                                  [--rounds 2]
+//!                                  [--rounds 2] [--job-timeout 180]
 //! ```
 //!
 //! The app is the Go load generator (`tests/go/daprload`, the published Dapr Go SDK: the
@@ -25,6 +25,9 @@
 //! and PostgreSQL, and the CPU time per workflow (or call) of each party, from
 //! `/proc/<pid>/task/*/schedstat` (PostgreSQL's: the postmaster and its backends). For
 //! stategate it also prints what daprd asked of it per workflow, from its `/metrics`.
+//!
+//! A row's workflows or calls still running after `--job-timeout` seconds are counted as not
+//! ended (the `ok` column), and its throughput counts those that ended, up to the last one.
 //!
 //! A do-nothing component (benches/dapr/bare.rs) cannot be a baseline here: daprd reads a
 //! workflow's history and an actor's state back from the store to take the next step.
@@ -61,6 +64,7 @@ struct Opts {
     only: Vec<String>,
     jobs: Vec<String>,
     rounds: usize,
+    job_timeout: u64,
 }
 
 fn opts() -> Opts {
@@ -72,6 +76,7 @@ fn opts() -> Opts {
         only: vec![],
         jobs: vec![],
         rounds: 2,
+        job_timeout: 180,
     };
     let num = |v: Option<&String>, d: usize| v.and_then(|v| v.parse().ok()).unwrap_or(d);
     while let Some(a) = it.next() {
@@ -89,6 +94,7 @@ fn opts() -> Opts {
             "--actor-calls" => calls = num(it.next(), 20_000),
             "--inflight" => inflight = num(it.next(), 64),
             "--rounds" => o.rounds = num(it.next(), 2).max(1),
+            "--job-timeout" => o.job_timeout = num(it.next(), 180).max(1) as u64,
             _ => {} // cargo passes --bench
         }
     }
@@ -127,7 +133,7 @@ impl Row {
 }
 
 /// Starts one store with its own placement, scheduler, daprd and app, and runs every job.
-fn run_store(target: &str, jobs: &[String]) -> Vec<Row> {
+fn run_store(target: &str, jobs: &[String], job_timeout: u64) -> Vec<Row> {
     let store = match target {
         "memory" => stack::stategate(false),
         "durable" => stack::stategate(true),
@@ -141,7 +147,7 @@ fn run_store(target: &str, jobs: &[String]) -> Vec<Row> {
     let (mut placement, placement_port) = stack::placement();
     let ports = (free_port(), free_port());
     let app_port = free_port();
-    let mut load = stack::load_generator(ports.0, ports.1, app_port);
+    let mut load = stack::load_generator(ports.0, ports.1, app_port, job_timeout);
     let mut daprd = stack::daprd(
         "bench",
         store.resources.path(),
@@ -178,6 +184,7 @@ fn run_store(target: &str, jobs: &[String]) -> Vec<Row> {
         let result: Value = serde_json::from_str(&line["RESULT ".len()..]).expect("RESULT is JSON");
         if result["failures"].as_u64() != Some(0) {
             eprintln!("{target} {job}: not every unit ended right: {result}");
+            report_stuck(&mut daprd);
         }
         let metrics = match (m0, m1) {
             (Some(a), Some(b)) => metric_deltas(&a, &b),
@@ -190,6 +197,19 @@ fn run_store(target: &str, jobs: &[String]) -> Vec<Row> {
         });
     }
     rows
+}
+
+/// daprd's last warnings and errors, to say why workflows did not end.
+fn report_stuck(daprd: &mut stack::Proc) {
+    daprd.drain();
+    let out = daprd.output();
+    let lines: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("level=error") || l.contains("level=warn"))
+        .collect();
+    for l in &lines[lines.len().saturating_sub(8)..] {
+        eprintln!("  daprd: {l}");
+    }
 }
 
 /// The counters that say what daprd asks of stategate: component calls by command, storage
@@ -261,7 +281,7 @@ fn main() {
     for round in 0..o.rounds {
         for (i, (t, _)) in targets.iter().enumerate() {
             let started = std::time::Instant::now();
-            let rows = run_store(t, &o.jobs);
+            let rows = run_store(t, &o.jobs, o.job_timeout);
             eprintln!(
                 "round {} {t}: {} ({:.0} s)",
                 round + 1,

@@ -190,7 +190,7 @@ pub fn scheduler(data: &Path) -> (Proc, u16) {
 
 /// The Go load generator (`daprload.test`, built by `scripts/go-peers`), which is also the
 /// app daprd serves: it listens on `app_port` at once and reads its jobs from stdin.
-pub fn load_generator(grpc: u16, http: u16, app_port: u16) -> Proc {
+pub fn load_generator(grpc: u16, http: u16, app_port: u16, job_timeout: u64) -> Proc {
     let dir = std::env::var_os("STATEGATE_GO_BIN")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/stategate-go/bin")))
@@ -211,6 +211,7 @@ pub fn load_generator(grpc: u16, http: u16, app_port: u16) -> Proc {
             .env("DAPR_HTTP_PORT", http.to_string())
             .env("LOAD_APP_PORT", app_port.to_string())
             .env("LOAD_JOBS", "-")
+            .env("LOAD_JOB_TIMEOUT", job_timeout.to_string())
             .env_remove("DAPR_API_TOKEN"),
         true,
     );

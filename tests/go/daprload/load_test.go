@@ -14,7 +14,8 @@
 //
 // Environment: DAPR_GRPC_PORT and DAPR_HTTP_PORT (daprd's API, read by the SDK too),
 // LOAD_APP_PORT (where the actor app listens; daprd's --app-port), LOAD_RUN (a tag that keeps
-// instance and actor ids of separate runs apart).
+// instance and actor ids of separate runs apart), LOAD_JOB_TIMEOUT (seconds a job may take;
+// units still running then are reported as failures).
 package daprload
 
 import (

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -101,6 +103,9 @@ type tally struct {
 	latencies []time.Duration
 	ok, fails int
 	firstErr  string
+	// When the last unit that ended right ended: throughput counts only those, so units
+	// that never end (cut at the job's time limit) do not stretch it.
+	lastOk time.Time
 }
 
 func (t *tally) add(latency time.Duration, err error) {
@@ -115,9 +120,16 @@ func (t *tally) add(latency time.Duration, err error) {
 	}
 	t.ok++
 	t.latencies = append(t.latencies, latency)
+	t.lastOk = time.Now()
 }
 
-func (t *tally) result(job string, units int, elapsed time.Duration) Result {
+// result reports the units; elapsed runs from the first start to the last unit that ended
+// right.
+func (t *tally) result(job string, units int, begin time.Time) Result {
+	elapsed := t.lastOk.Sub(begin)
+	if t.ok == 0 {
+		elapsed = time.Since(begin)
+	}
 	sort.Slice(t.latencies, func(i, j int) bool { return t.latencies[i] < t.latencies[j] })
 	r := Result{
 		Job: job, Units: units, Ok: t.ok, Failures: t.fails, FirstError: t.firstErr,
@@ -130,6 +142,15 @@ func (t *tally) result(job string, units int, elapsed time.Duration) Result {
 		r.MaxMs = float64(t.latencies[n-1].Microseconds()) / 1000
 	}
 	return r
+}
+
+// jobTimeout is how long a job may run (LOAD_JOB_TIMEOUT, in seconds; 600 by default):
+// units still running then count as failures, and the job reports what ended by then.
+func jobTimeout() time.Duration {
+	if v, err := strconv.Atoi(os.Getenv("LOAD_JOB_TIMEOUT")); err == nil && v > 0 {
+		return time.Duration(v) * time.Second
+	}
+	return 600 * time.Second
 }
 
 // runWorkflow schedules one instance, waits for it and checks its output.
@@ -154,7 +175,7 @@ func (l *loader) runWorkflow(ctx context.Context, name, id string, input any, wa
 
 // chains starts n Chain instances at once (one goroutine each) and waits for all of them.
 func (l *loader) chains(ctx context.Context, tag string, n, steps int) Result {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, jobTimeout())
 	defer cancel()
 	var t tally
 	var wg sync.WaitGroup
@@ -167,12 +188,12 @@ func (l *loader) chains(ctx context.Context, tag string, n, steps int) Result {
 		})
 	}
 	wg.Wait()
-	return t.result(fmt.Sprintf("chain:%d:%d", n, steps), n, time.Since(begin))
+	return t.result(fmt.Sprintf("chain:%d:%d", n, steps), n, begin)
 }
 
 // fanOut runs one FanOut instance of count parallel activities.
 func (l *loader) fanOut(ctx context.Context, tag string, count int) Result {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, jobTimeout())
 	defer cancel()
 	want := 0
 	for i := range count {
@@ -181,7 +202,6 @@ func (l *loader) fanOut(ctx context.Context, tag string, count int) Result {
 	var t tally
 	begin := time.Now()
 	err := l.runWorkflow(ctx, "FanOut", tag+"-fanout", count, want)
-	elapsed := time.Since(begin)
-	t.add(elapsed, err)
-	return t.result(fmt.Sprintf("fanout:%d", count), 1, elapsed)
+	t.add(time.Since(begin), err)
+	return t.result(fmt.Sprintf("fanout:%d", count), 1, begin)
 }
