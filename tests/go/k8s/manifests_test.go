@@ -320,6 +320,9 @@ func TestDaprAppPodsReachTheirSidecarAndTheSharedStore(t *testing.T) {
 		if appID == "" {
 			t.Errorf("%s: dapr.io/enabled without dapr.io/app-id", w.where)
 		}
+		if a["dapr.io/enable-native-sidecar"] == "true" {
+			t.Errorf("%s: a native daprd sidecar starts before every app container, before stategate's socket exists", w.where)
+		}
 		folder := a["dapr.io/pluggable-components-sockets-folder"]
 		if folder == "" {
 			folder = defaultSocketsFolder
