@@ -177,15 +177,22 @@ fn write_load(rt: &tokio::runtime::Runtime, http: &str, o: &Opts, round: usize) 
     rt.block_on(async {
         let mut tasks = Vec::new();
         for _ in 0..o.inflight {
-            let (client, url, value, next, writes) = (client.clone(), url.clone(), value.clone(), next.clone(), o.writes);
+            let (client, url, value, next, writes) =
+                (client.clone(), url.clone(), value.clone(), next.clone(), o.writes);
             tasks.push(tokio::spawn(async move {
                 loop {
                     let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if n >= writes {
                         return;
                     }
-                    let body = serde_json::json!([{"key": format!("key-{}", n % KEYS), "value": format!("{round}:{value}")}]);
-                    let r = client.post(&url).json(&body).send().await.expect("the central replica answers");
+                    let body =
+                        serde_json::json!([{"key": format!("key-{}", n % KEYS), "value": format!("{round}:{value}")}]);
+                    let r = client
+                        .post(&url)
+                        .json(&body)
+                        .send()
+                        .await
+                        .expect("the central replica answers");
                     assert!(r.status().is_success(), "a save failed: {}", r.status());
                 }
             }));
@@ -304,7 +311,10 @@ fn main() {
 
     let rate = |took: Duration| o.writes as f64 / took.as_secs_f64();
     println!();
-    println!("{:<28} {:>12} {:>12} {:>10}", "", "µs CPU/write", "vs central", "RSS MiB");
+    println!(
+        "{:<28} {:>12} {:>12} {:>10}",
+        "", "µs CPU/write", "vs central", "RSS MiB"
+    );
     println!(
         "{:<28} {:>12.1} {:>12} {:>10.1}   ({:.0} writes/s)",
         "central, no sidecars",
@@ -313,7 +323,13 @@ fn main() {
         rss_mib(central.pid()),
         rate(base_took)
     );
-    println!("{:<28} {:>12.1} {:>12.2} {:>10.1}", "redis, no sidecars", base[1], base[1] / base[0], rss_mib(redis.pid()));
+    println!(
+        "{:<28} {:>12.1} {:>12.2} {:>10.1}",
+        "redis, no sidecars",
+        base[1],
+        base[1] / base[0],
+        rss_mib(redis.pid())
+    );
     println!(
         "{:<28} {:>12.1} {:>12.2} {:>10}   ({:.0} writes/s)",
         format!("central, {} sidecars", o.sidecars),

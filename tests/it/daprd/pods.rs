@@ -163,14 +163,20 @@ async fn app_pods_with_their_own_sidecars_share_one_key_space_on_redis() {
     assert_eq!(r.status(), 204, "{}", pods[0].output());
     let (etag, body) = read(&http, &pods[0], "order-1").await;
     assert_eq!(&body[..], br#"{"n":1}"#);
-    assert!(etag.ends_with(":pod-1"), "the version names the sidecar that wrote it: {etag}");
+    assert!(
+        etag.ends_with(":pod-1"),
+        "the version names the sidecar that wrote it: {etag}"
+    );
     for pod in &pods[1..] {
         assert_eq!(read(&http, pod, "order-1").await, (etag.clone(), body.clone()));
     }
 
     // The device was told, with the version daprd gave as the ETag.
     let note = device.next().await;
-    assert_eq!(std::str::from_utf8(&note.topic).unwrap(), notify_topic(&device.id, stored.as_bytes()));
+    assert_eq!(
+        std::str::from_utf8(&note.topic).unwrap(),
+        notify_topic(&device.id, stored.as_bytes())
+    );
     assert_eq!(note.payload, notify_payload(Some(&body)));
     assert_eq!(prop(&note, "__ts"), Some(etag.as_str()));
 
@@ -200,12 +206,19 @@ async fn app_pods_with_their_own_sidecars_share_one_key_space_on_redis() {
     assert_eq!(&body[..], br#"{"n":2}"#);
     assert!(after.ends_with(":pod-2"), "{after}");
     let note = device.next().await;
-    assert_eq!(prop(&note, "__ts"), Some(after.as_str()), "one notification for pod 2's write");
+    assert_eq!(
+        prop(&note, "__ts"),
+        Some(after.as_str()),
+        "one notification for pod 2's write"
+    );
 
     // A device writes; every pod reads it through daprd, its version as the ETag.
     let from_device = format!("{APP}||from-device");
     let set = device
-        .request(&[b"SET", from_device.as_bytes(), b"{\"t\":21.5}"], &[("__ts", &now_ts())])
+        .request(
+            &[b"SET", from_device.as_bytes(), b"{\"t\":21.5}"],
+            &[("__ts", &now_ts())],
+        )
         .await;
     assert_eq!(&set.payload[..], b"+OK\r\n");
     let version = prop(&set, "__ts").expect("SET answers its version").to_owned();
