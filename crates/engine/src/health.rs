@@ -73,10 +73,16 @@ impl Observe {
     pub async fn readiness(&self) -> Readiness {
         let stopping = *self.stopping.borrow();
         let mut last = self.readiness_cache.0.lock().await;
+        // The storage's answer is reused; the broker's subscription is a flag, read now: a
+        // service that just subscribed is ready at once, not a cache period later.
         if let Some((at, r)) = last.as_ref()
             && at.elapsed() < READINESS_MAX_AGE
         {
-            return Readiness { stopping, ..r.clone() };
+            return Readiness {
+                stopping,
+                mqtt: self.mqtt_readiness(),
+                ..r.clone()
+            };
         }
         let r = self.check_readiness().await;
         if last
@@ -122,14 +128,18 @@ impl Observe {
                 Err(_) => Err("timeout".to_owned()),
             },
         };
-        let mqtt = match self.metrics.mqtt_subscribed() {
-            true => Ok(()),
-            false => Err("not subscribed".to_owned()),
-        };
         Readiness {
             storage,
-            mqtt,
+            mqtt: self.mqtt_readiness(),
             stopping,
+        }
+    }
+
+    /// Whether the MQTT door takes requests (always, for an observer without an engine).
+    fn mqtt_readiness(&self) -> Result<(), String> {
+        match self.engine.is_none() || self.metrics.mqtt_subscribed() {
+            true => Ok(()),
+            false => Err("not subscribed".to_owned()),
         }
     }
 
