@@ -99,6 +99,7 @@ func (l *loader) actors(ctx context.Context, tag string, ids, inflight, calls in
 		if a < calls%ids {
 			want++
 		}
+		r.Checks++
 		got, err := invoke(id(a), "Get", "")
 		if err == nil && got != want {
 			err = fmt.Errorf("counter %s holds %d, want %d", id(a), got, want)
