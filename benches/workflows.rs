@@ -22,7 +22,8 @@
 //! and `state.postgresql` v2 on PostgreSQL 15 (its defaults: fsync and synchronous_commit on).
 //! Each store gets fresh processes (placement, scheduler, daprd, app); stores alternate round
 //! by round and the median round of each row is printed, with ratios against Redis (always)
-//! and PostgreSQL, and the CPU time per workflow (or call) of each party, from
+//! and PostgreSQL, and the CPU time per workflow (or call, the check reads counted as calls)
+//! of each party, from
 //! `/proc/<pid>/task/*/schedstat` (PostgreSQL's: the postmaster and its backends). For
 //! stategate it also prints what daprd asked of it per workflow, from its `/metrics`.
 //!
@@ -129,6 +130,12 @@ struct Row {
 impl Row {
     fn f(&self, field: &str) -> f64 {
         self.result[field].as_f64().unwrap_or(0.0)
+    }
+
+    /// What the row's CPU time and counters are divided by: its units and the calls that
+    /// checked them (an actor row reads every counter back, through daprd like the others).
+    fn cpu_units(&self) -> f64 {
+        (self.f("units") + self.f("checks")).max(1.0)
     }
 }
 
@@ -318,7 +325,7 @@ fn main() {
             PARTIES.join(" / ")
         );
         for ((_, name), row) in targets.iter().zip(&picked) {
-            let units = row.f("units").max(1.0);
+            let units = row.cpu_units();
             let vs = |a: Option<&Row>| {
                 a.map(|a| {
                     format!(
@@ -350,7 +357,7 @@ fn main() {
             if row.metrics.is_empty() {
                 continue;
             }
-            let units = row.f("units").max(1.0);
+            let units = row.cpu_units();
             let per: Vec<String> = row
                 .metrics
                 .iter()
