@@ -154,7 +154,7 @@ pub struct ServeArgs {
     #[arg(long, env = "STATEGATE_BACKUP_SEND_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub backup_send_timeout: Duration,
     /// Most operations in one transaction.
-    #[arg(long, env = "STATEGATE_MAX_TRANSACTION_OPS", default_value_t = 1000)]
+    #[arg(long, env = "STATEGATE_MAX_TRANSACTION_OPS", default_value_t = 100_000)]
     pub max_transaction_ops: usize,
     /// Where records are stored: `durable` (on disk under --data-dir), `memory` (lost when
     /// the process stops; for tests and caches), or a Redis/Valkey server shared by replicas:

@@ -17,6 +17,10 @@ ended and prints one line `RESULT {json}`:
   ran (only possible if another process ran them);
 - `poll_errors`: status calls that failed (daprd or the store away), retried.
 
+With WORKFLOW_MODE=purge, the app instead purges the COUNT instances (deletes their state: daprd
+needs a connected worker to host the workflow actors for it) and prints
+`RESULT {"purged": <n>, "purge_errors": [...]}`.
+
 Every activity execution prints `RAN <instance> <step>` so the test can strike in the middle.
 The worker reconnects to daprd by itself (the SDK retries its work-item stream), and every
 client call here is retried, so daprd and stategate may be killed and restarted meanwhile.
@@ -78,6 +82,18 @@ def main() -> int:
     try:
         client = wf.DaprWorkflowClient()
         ids = [f'{prefix}-{n}' for n in range(count)]
+        if os.environ.get('WORKFLOW_MODE') == 'purge':
+            purged, errors = 0, []
+            for wid in ids:
+                try:
+                    # A few seconds for daprd to host the workflow actors once the worker connects.
+                    retried(f'purge {wid}', lambda: client.purge_workflow(wid),
+                            min(deadline, time.monotonic() + 30))
+                    purged += 1
+                except Exception as e:  # noqa: BLE001 - reported, the test asserts on it
+                    errors.append(str(e))
+            print('RESULT ' + json.dumps({'purged': purged, 'purge_errors': errors[:5]}), flush=True)
+            return 0
         for wid in ids:
             job = {'wf': wid, 'steps': steps, 'pad': pad}
             retried(

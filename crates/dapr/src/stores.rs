@@ -200,7 +200,7 @@ impl Default for DaprSettings {
             lock_stores: Stores::named("lockstore"),
             configuration_stores: Stores::named("configstore"),
             access: crate::access::Access::open(),
-            max_transaction_ops: 1000,
+            max_transaction_ops: 100_000,
             max_bulk_keys: 10_000,
             max_campaign_wait: super::election::DEFAULT_MAX_CAMPAIGN_WAIT,
             app_id: "stategate".into(),

@@ -208,7 +208,7 @@ pub struct TransactionOperation {
 /// Transaction request.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 pub struct TransactionRequest {
-    /// `null`: none (nothing is done). At most `--max-transaction-ops` (default 1000).
+    /// `null`: none (nothing is done). At most `--max-transaction-ops` (default 100000).
     #[schema(value_type = Option<Vec<TransactionOperation>>, required = true)]
     #[serde(deserialize_with = "null_as_empty")]
     pub operations: Vec<TransactionOperation>,

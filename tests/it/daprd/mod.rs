@@ -12,6 +12,7 @@ mod pods;
 mod sdk;
 mod workflow;
 mod workflow_faults;
+mod workflow_limits;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

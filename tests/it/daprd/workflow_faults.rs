@@ -157,8 +157,17 @@ impl Dapr {
 }
 
 /// The workflow app: schedules `count` instances of `steps` activities, each returning `pad`
-/// bytes besides its result, then polls them all until they end.
-pub fn start_app(ports: DaprdPorts, prefix: &str, count: usize, steps: usize, pad: usize, python: &Path) -> Proc {
+/// bytes besides its result, then polls them all until they end (`env`: more of the app's
+/// environment, e.g. `WORKFLOW_MODE=purge`).
+pub fn start_app(
+    ports: DaprdPorts,
+    prefix: &str,
+    count: usize,
+    steps: usize,
+    pad: usize,
+    python: &Path,
+    env: &[(&str, &str)],
+) -> Proc {
     Proc::spawn(
         "workflow_load_app.py",
         Command::new(python)
@@ -172,6 +181,7 @@ pub fn start_app(ports: DaprdPorts, prefix: &str, count: usize, steps: usize, pa
             .env("DAPR_RUNTIME_HOST", "127.0.0.1")
             .env("WORKFLOW_TIMEOUT", RUN_LIMIT.as_secs().to_string())
             .env("PYTHONUNBUFFERED", "1")
+            .envs(env.iter().copied())
             .env_remove("DAPR_API_TOKEN"),
     )
 }
@@ -258,7 +268,7 @@ async fn workflows_survive(
     let mut dapr = Dapr::start(APP, sockets).await;
     let prefix = unique_id("wf");
     let count = workflows();
-    let mut app = start_app(dapr.ports, &prefix, count, STEPS, 0, &python);
+    let mut app = start_app(dapr.ports, &prefix, count, STEPS, 0, &python, &[]);
     let started = Instant::now();
     // The fault strikes once a third of the activities ran.
     let strike_after = count * STEPS / 3;
