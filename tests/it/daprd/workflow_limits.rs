@@ -16,10 +16,11 @@
 //! Loading a workflow (at every step, and in a new daprd) is one bulk get of all its keys.
 //! Its answer is one gRPC message, which daprd's client of a pluggable component takes up to
 //! 4 MiB of (grpc-go's default; daprd 1.18.3 has no setting for it): a workflow whose history
-//! passes 4 MiB stops at the step that passes it, whatever the store (10 MiB, 20 activities of
-//! 512 KiB, stopped after the eighth: `received message larger than max (4201539 vs.
-//! 4194304)`). Keep large payloads out of the history (store them, pass their keys). The
-//! bulk get also meets --max-bulk-keys (10,000 keys: about 5,000 activities) before 4 MiB when
+//! passes 4 MiB stops at the step that passes it, on any pluggable component (10 MiB, 20
+//! activities of 512 KiB, stopped after the eighth: `received message larger than max
+//! (4201539 vs. 4194304)`, checked below). Keep large payloads out of the history (store them,
+//! pass their keys). The bulk get also meets --max-bulk-keys (10,000 keys: about 5,000
+//! activities) before 4 MiB when
 //! the events are small; raise it for longer workflows.
 
 use std::time::{Duration, Instant};
@@ -143,4 +144,55 @@ async fn a_workflow_of_600_sequential_activities_completes_and_is_purged() {
 async fn a_workflow_whose_history_holds_3_5_mib() {
     let run = one_big_workflow(7, 512 * 1024, Duration::from_secs(120)).await;
     assert_completes_reloads_and_purges(&run);
+}
+
+/// 20 activities of 512 KiB each (a history of 10 MiB): once the history passes 4 MiB (after the
+/// eighth), daprd cannot load the workflow's state from the component any more and says so to
+/// the app's status calls. Should a daprd release lift its 4 MiB, this test fails: then the
+/// workflow completes, and the limit documented in deploy/dapr/README.md has moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_history_past_4_mib_meets_daprds_message_limit() {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let python = crate::grpc::dapr_sdk_python().await;
+    let sockets = tempfile::tempdir().expect("tempdir");
+    let data = tempfile::tempdir().expect("tempdir");
+    let stategate = StategateProc::start("durable", data.path(), &sockets.path().join("stategate.sock")).await;
+    let placement = Placement::start().await;
+    let etcd = tempfile::tempdir().expect("tempdir");
+    let scheduler = Scheduler::start(etcd.path()).await;
+    let options = DaprdOptions {
+        app_id: APP.into(),
+        sockets: sockets.path().to_owned(),
+        resources: deploy_dapr(),
+        placement: Some(placement.port),
+        scheduler: Some(scheduler.port),
+        app_port: None,
+    };
+    let ports = DaprdPorts::free();
+    let daprd = Daprd::start_on(&options, ports).await;
+    let mut app = start_app(ports, &unique_id("huge"), 1, 20, 512 * 1024, &python, &[]);
+    const LIMIT: &str = "received message larger than max";
+    app.wait_for_line(
+        "daprd's message limit in a status answer",
+        Duration::from_secs(120),
+        |l| l.contains(LIMIT) || l.starts_with("RESULT "),
+    )
+    .await;
+    let out = app.output();
+    assert!(
+        out.contains(LIMIT),
+        "the 10 MiB workflow ended: daprd's 4 MiB limit has moved\n{}",
+        tail(&out, 20)
+    );
+    let ran = out.lines().filter(|l| l.starts_with("RAN ")).count();
+    // 8 x 512 KiB and the events' framing pass 4 MiB; a ninth may have run before its result
+    // was stored.
+    assert!(
+        (8..=9).contains(&ran),
+        "{ran} activities ran before the limit\n{}",
+        tail(&out, 20)
+    );
+    app.terminate(Duration::from_secs(10)).await;
+    daprd.stop().await;
+    stategate.stop().await;
 }
