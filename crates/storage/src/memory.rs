@@ -65,6 +65,20 @@ fn too_long() -> StorageError {
     StorageError::Backend("a key or value of 4 GiB or more does not fit the memory index".into())
 }
 
+/// The entry that stores `rec` under `key` (`node` and `deadline` from [`Inner::note_version`]).
+fn new_entry(key: &[u8], rec: &Record, node: usize, deadline: u64) -> Result<Entry, StorageError> {
+    Entry::new(
+        key,
+        &rec.value,
+        &rec.version,
+        node,
+        deadline,
+        rec.fencing.as_ref(),
+        rec.slide_ms.unwrap_or(0),
+    )
+    .map_err(|_| too_long())
+}
+
 fn fits(s: &Swap) -> bool {
     let small = |n: usize| u32::try_from(n).is_ok();
     small(s.key.len()) && s.new.as_ref().is_none_or(|r| small(r.value.len()))
@@ -165,16 +179,7 @@ impl Inner {
                 return Ok(None);
             }
         }
-        let fresh = Entry::new(
-            key,
-            &rec.value,
-            &rec.version,
-            node,
-            deadline,
-            rec.fencing.as_ref(),
-            rec.slide_ms.unwrap_or(0),
-        )
-        .map_err(|_| too_long())?;
+        let fresh = new_entry(key, rec, node, deadline)?;
         Ok(self.place(hash, key, Some(fresh)))
     }
 
@@ -197,16 +202,7 @@ impl Inner {
             && refs.last().is_none_or(|last| last.key() < &key[..])
         {
             let (node, deadline) = self.note_version(rec);
-            let fresh = Entry::new(
-                &key,
-                &rec.value,
-                &rec.version,
-                node,
-                deadline,
-                rec.fencing.as_ref(),
-                rec.slide_ms.unwrap_or(0),
-            )
-            .map_err(|_| too_long())?;
+            let fresh = new_entry(&key, rec, node, deadline)?;
             refs.push(fresh.key_ref());
             self.value_bytes += rec.value.len() as u64;
             if deadline != 0 {
