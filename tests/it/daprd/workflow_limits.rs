@@ -20,8 +20,7 @@
 //! activities of 512 KiB, stopped after the eighth: `received message larger than max
 //! (4201539 vs. 4194304)`, checked below). Keep large payloads out of the history (store them,
 //! pass their keys). The bulk get also meets --max-bulk-keys (10,000 keys: about 5,000
-//! activities) before 4 MiB when
-//! the events are small; raise it for longer workflows.
+//! activities) before 4 MiB when the events are small; raise it for longer workflows.
 
 use std::time::{Duration, Instant};
 
