@@ -25,13 +25,13 @@ use std::time::{Duration, Instant};
 
 // The packets, by hand (the integration tests' encoder): a few bytes each, so a client costs
 // this process nothing.
-#[allow(dead_code)]
-#[path = "../tests/it/mqtt_raw.rs"]
-mod raw;
 #[path = "connections/fanout.rs"]
 mod fanout;
 #[path = "connections/procs.rs"]
 mod procs;
+#[allow(dead_code)]
+#[path = "../tests/it/mqtt_raw.rs"]
+mod raw;
 
 use procs::{Broker, client, cpu_ticks, mosquitto, rss_bytes, stategate};
 

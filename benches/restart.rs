@@ -78,7 +78,10 @@ fn opts() -> Opts {
 
 /// Writes `n` keys into a durable store at `dir`, as the service would store them.
 fn populate(dir: &Path, n: u64) {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let mut o = DurableOptions::new(dir);
         o.fsync = FsyncMode::Never;
@@ -114,7 +117,11 @@ fn populate(dir: &Path, n: u64) {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// A child killed when dropped.
@@ -137,20 +144,20 @@ fn until(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
 }
 
 fn http_ready(port: u16) -> bool {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
     let req = "GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
     let mut answer = String::new();
-    s.write_all(req.as_bytes()).is_ok()
-        && s.read_to_string(&mut answer).is_ok()
-        && answer.starts_with("HTTP/1.1 200")
+    s.write_all(req.as_bytes()).is_ok() && s.read_to_string(&mut answer).is_ok() && answer.starts_with("HTTP/1.1 200")
 }
 
 fn redis_ping(port: u16) -> bool {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
     let mut line = String::new();
-    s.write_all(b"PING\r\n").is_ok()
-        && BufReader::new(s).read_line(&mut line).is_ok()
-        && line.starts_with("+PONG")
+    s.write_all(b"PING\r\n").is_ok() && BufReader::new(s).read_line(&mut line).is_ok() && line.starts_with("+PONG")
 }
 
 /// A command to redis-server, its first answer line.
@@ -184,7 +191,15 @@ fn dir_bytes(dir: &Path) -> u64 {
 fn start_stategate(dir: &Path) -> (Proc, u16) {
     let http = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_stategate"))
-        .args(["--storage", "durable", "--grpc-listen", "off", "--no-metrics", "--log-level", "info"])
+        .args([
+            "--storage",
+            "durable",
+            "--grpc-listen",
+            "off",
+            "--no-metrics",
+            "--log-level",
+            "info",
+        ])
         .arg("--data-dir")
         .arg(dir)
         .args(["--http-listen", &format!("127.0.0.1:{http}")])
@@ -254,7 +269,10 @@ fn redis_ready(state: &Path, scratch: &Path, aof: bool) -> f64 {
     let keys = redis(port, &["DBSIZE"]);
     drop(p);
     std::fs::remove_dir_all(&dir).unwrap();
-    assert!(keys.starts_with(':') && keys.trim() != ":0", "redis-server loaded nothing: {keys}");
+    assert!(
+        keys.starts_with(':') && keys.trim() != ":0",
+        "redis-server loaded nothing: {keys}"
+    );
     secs
 }
 
@@ -308,7 +326,9 @@ fn main() {
                 .expect("populate"),
         );
         let mut line = String::new();
-        BufReader::new(child.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        BufReader::new(child.0.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
         assert_eq!(line.trim(), "populated");
         drop(child);
         let populate_secs = t.elapsed().as_secs_f64();
@@ -350,7 +370,9 @@ fn main() {
             ("redis-server from RDB", rdb, None),
             ("redis-server from AOF", aof, None),
         ] {
-            let rec = rec.map(|r| format!("  (storage recovery {r:.2} s)")).unwrap_or_default();
+            let rec = rec
+                .map(|r| format!("  (storage recovery {r:.2} s)"))
+                .unwrap_or_default();
             println!(
                 "{n:>9} keys  {name:<30} {secs:>7.2} s   x{:.2} of Redis's AOF load  x{:.2} of its RDB load{rec}",
                 secs / aof,

@@ -188,7 +188,13 @@ fn rounds(
 
 fn print(name: &str, observers: usize, f: &Figures, anchor: Option<&Figures>) {
     let ratio = anchor
-        .map(|a| format!("  x{:.2} p50  x{:.2} p99", f.from_send.0 / a.from_send.0, f.from_send.1 / a.from_send.1))
+        .map(|a| {
+            format!(
+                "  x{:.2} p50  x{:.2} p99",
+                f.from_send.0 / a.from_send.0,
+                f.from_send.1 / a.from_send.1
+            )
+        })
         .unwrap_or_default();
     println!(
         "{name:<22} {observers:>6} observers  from send p50 {:>8.2} p99 {:>8.2} ms  from ack p50 {:>8.2} p99 {:>8.2} ms  CPU {:>7.2} ms/round {:>6.2} us/msg{ratio}",

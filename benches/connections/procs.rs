@@ -146,7 +146,10 @@ pub fn client(port: u16, id: &str, topics: &[String], keynotify: Option<&str>) -
     for (n, topic) in topics.iter().enumerate() {
         s.write_all(&raw::subscribe(n as u16 + 1, topic)).unwrap();
         let (t, body) = read_packet(&mut s).expect("SUBACK");
-        assert!(t == 0x90 && body.last().is_some_and(|&r| r < 0x80), "SUBACK refused: {body:?}");
+        assert!(
+            t == 0x90 && body.last().is_some_and(|&r| r < 0x80),
+            "SUBACK refused: {body:?}"
+        );
     }
     if let Some(key) = keynotify {
         let keynotify = format!("*2\r\n$9\r\nKEYNOTIFY\r\n${}\r\n{key}\r\n", key.len());

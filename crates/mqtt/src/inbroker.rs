@@ -33,9 +33,7 @@ use rmqtt::codec::v5::{PublishAckReason, PublishProperties};
 use rmqtt::context::ServerContext;
 use rmqtt::hook::{Handler, HookResult, Parameter, ReturnType, Type};
 use rmqtt::session::SessionState;
-use rmqtt::types::{
-    ClientId, CodecPublish, From, Id, Publish, PublishAclResult, PublishResult, SubscriptionOptions,
-};
+use rmqtt::types::{ClientId, CodecPublish, From, Id, Publish, PublishAclResult, PublishResult, SubscriptionOptions};
 use tokio::sync::{Semaphore, watch};
 use tracing::{debug, warn};
 
@@ -112,7 +110,11 @@ impl BrokerSink {
         if let Err((_, dropped)) = shared.forwards_to(self.from.clone(), &publish, relations, None).await {
             drop(shared);
             for (to, from, p, reason) in dropped {
-                self.scx.extends.hook_mgr().message_dropped(Some(to), from, p, reason).await;
+                self.scx
+                    .extends
+                    .hook_mgr()
+                    .message_dropped(Some(to), from, p, reason)
+                    .await;
             }
         }
     }

@@ -197,7 +197,12 @@ impl Inner {
     /// loaded so far (all in the hash table, none yet in the ordered index) and this key comes
     /// after them, it joins them; otherwise the ordered index is built from them and this
     /// record is put as usual.
-    fn load_one(&mut self, ascending: &mut Option<Vec<KeyRef>>, key: Bytes, rec: Option<Record>) -> Result<(), StorageError> {
+    fn load_one(
+        &mut self,
+        ascending: &mut Option<Vec<KeyRef>>,
+        key: Bytes,
+        rec: Option<Record>,
+    ) -> Result<(), StorageError> {
         if let (Some(refs), Some(rec)) = (ascending.as_mut(), rec.as_ref())
             && refs.last().is_none_or(|last| last.key() < &key[..])
         {

@@ -269,55 +269,56 @@ fn load_snapshot(
     let file = codec.file_id(&data);
     let start = codec.header_len();
     let expected = expected_keys(&data[start..]);
-    index.load_many(expected, |load| {
-        let mut pos = start;
-        let mut keys = 0u64;
-        while pos < data.len() {
-            let (payload, n) = format::read_frame(&data[pos..]).map_err(|e| corrupt(path, pos, e))?;
-            let record = codec
-                .open(payload, &file, pos as u64)
-                .map_err(|e| corrupt(path, pos, e))?;
-            match decoder.decode(&record).map_err(|e| corrupt(path, pos, e))? {
-                Payload::Entries {
-                    kind: format::KIND_SNAP_CHUNK,
-                    entries,
-                    ..
-                } => {
-                    keys += entries.len() as u64;
-                    for (k, rec) in entries {
-                        load(k, rec).map_err(|e| corrupt(path, pos, e))?;
+    index
+        .load_many(expected, |load| {
+            let mut pos = start;
+            let mut keys = 0u64;
+            while pos < data.len() {
+                let (payload, n) = format::read_frame(&data[pos..]).map_err(|e| corrupt(path, pos, e))?;
+                let record = codec
+                    .open(payload, &file, pos as u64)
+                    .map_err(|e| corrupt(path, pos, e))?;
+                match decoder.decode(&record).map_err(|e| corrupt(path, pos, e))? {
+                    Payload::Entries {
+                        kind: format::KIND_SNAP_CHUNK,
+                        entries,
+                        ..
+                    } => {
+                        keys += entries.len() as u64;
+                        for (k, rec) in entries {
+                            load(k, rec).map_err(|e| corrupt(path, pos, e))?;
+                        }
                     }
+                    Payload::End {
+                        keys: expected,
+                        max_version,
+                        wall_ms: written_at,
+                    } => {
+                        *wall_ms = (*wall_ms).max(written_at);
+                        if expected != keys {
+                            return Err(corrupt(
+                                path,
+                                pos,
+                                format!("the end record counts {expected} keys, the snapshot holds {keys}"),
+                            ));
+                        }
+                        if pos + n != data.len() {
+                            return Err(corrupt(path, pos + n, "data after the end record"));
+                        }
+                        return Ok((data.len() as u64, max_version));
+                    }
+                    Payload::Entries { .. } => return Err(corrupt(path, pos, "a log record in a snapshot")),
                 }
-                Payload::End {
-                    keys: expected,
-                    max_version,
-                    wall_ms: written_at,
-                } => {
-                    *wall_ms = (*wall_ms).max(written_at);
-                    if expected != keys {
-                        return Err(corrupt(
-                            path,
-                            pos,
-                            format!("the end record counts {expected} keys, the snapshot holds {keys}"),
-                        ));
-                    }
-                    if pos + n != data.len() {
-                        return Err(corrupt(path, pos + n, "data after the end record"));
-                    }
-                    return Ok((data.len() as u64, max_version));
-                }
-                Payload::Entries { .. } => return Err(corrupt(path, pos, "a log record in a snapshot")),
+                pos += n;
             }
-            pos += n;
-        }
-        Err(corrupt(path, pos, "the snapshot has no end record"))
-    })
-    .map(|(bytes, max_version)| {
-        if let Some(max) = max_version {
-            index.observe_version(&max);
-        }
-        bytes
-    })
+            Err(corrupt(path, pos, "the snapshot has no end record"))
+        })
+        .map(|(bytes, max_version)| {
+            if let Some(max) = max_version {
+                index.observe_version(&max);
+            }
+            bytes
+        })
 }
 
 /// About how many keys a snapshot's chunks hold, from the bytes per key of its first chunk
