@@ -335,7 +335,10 @@ impl Daprd {
             .arg("--dapr-internal-grpc-port")
             .arg(internal.to_string())
             .args(["--dapr-internal-grpc-listen-address", "127.0.0.1"])
-            .args(["--enable-metrics=false", "--log-level", "info"]);
+            .arg("--enable-metrics=false")
+            // STATEGATE_DAPRD_LOG_LEVEL=debug: daprd's own account, for an investigation.
+            .arg("--log-level")
+            .arg(std::env::var("STATEGATE_DAPRD_LOG_LEVEL").unwrap_or_else(|_| "info".into()));
         if let Some(p) = o.placement {
             cmd.arg("--placement-host-address").arg(format!("127.0.0.1:{p}"));
         }
