@@ -30,10 +30,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use stategate::hlc::Hlc;
+use stategate::storage::Store;
 use stategate::storage::durable::{DurableBackend, DurableOptions, FsyncMode};
-use stategate::storage::{DeadlineCheck, Record, Store, Swap};
+
+#[path = "common/fill.rs"]
+mod fill;
 
 struct Opts {
     keys: Vec<u64>,
@@ -86,33 +87,7 @@ fn populate(dir: &Path, n: u64) {
         let mut o = DurableOptions::new(dir);
         o.fsync = FsyncMode::Never;
         let store = Store::new(DurableBackend::open(o).expect("open durable store"));
-        let value = Bytes::from(vec![b'v'; 100]);
-        let mut tasks = Vec::new();
-        for w in 0..64u64 {
-            let (store, value) = (store.clone(), value.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut i = w;
-                while i < n {
-                    let swap = Swap {
-                        key: Bytes::from(format!("{i:016}")),
-                        expected: None,
-                        new: Some(Record {
-                            value: value.clone(),
-                            version: Hlc::new(1_700_000_000_000 + i, 0, "bench"),
-                            fencing: None,
-                            expires_at_ms: None,
-                            slide_ms: None,
-                        }),
-                        deadline: DeadlineCheck::Any,
-                    };
-                    store.backend().swap_many(&[swap], None).await.expect("swap");
-                    i += 64;
-                }
-            }));
-        }
-        for t in tasks {
-            t.await.expect("writer");
-        }
+        fill::fill(&store, n).await;
     });
 }
 

@@ -14,9 +14,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use stategate::engine::{Command, Engine, Limits, Set, SetCondition};
-use stategate::hlc::{Hlc, SystemClock};
+use stategate::hlc::SystemClock;
+use stategate::storage::Store;
 use stategate::storage::durable::{DurableBackend, DurableOptions, FsyncMode};
-use stategate::storage::{DeadlineCheck, Record, Store, Swap};
+
+#[path = "common/fill.rs"]
+mod fill;
 
 const KEY_SPACE_PER_WRITER: u64 = 10_000;
 
@@ -230,32 +233,7 @@ async fn restart(base: &std::path::Path, n: u64, segment_bytes: u64) -> (Duratio
     o.segment_bytes = segment_bytes;
     {
         let store = Store::new(DurableBackend::open(o.clone()).expect("open"));
-        let mut tasks = Vec::new();
-        for w in 0..64u64 {
-            let store = store.clone();
-            tasks.push(tokio::spawn(async move {
-                let mut i = w;
-                while i < n {
-                    let swap = Swap {
-                        key: key(0, i),
-                        expected: None,
-                        new: Some(Record {
-                            value: Bytes::from(vec![b'v'; 100]),
-                            version: Hlc::new(1_700_000_000_000 + i, 0, "bench"),
-                            fencing: None,
-                            expires_at_ms: None,
-                            slide_ms: None,
-                        }),
-                        deadline: DeadlineCheck::Any,
-                    };
-                    store.backend().swap_many(&[swap], None).await.expect("swap");
-                    i += 64;
-                }
-            }));
-        }
-        for t in tasks {
-            t.await.expect("loader");
-        }
+        fill::fill(&store, n).await;
     }
     let (snap, log) = (dir_bytes(dir.path(), "snap"), dir_bytes(dir.path(), "log"));
     let start = Instant::now();
