@@ -114,17 +114,17 @@ impl StategateProc {
 
 /// placement, scheduler and daprd (actors and workflows on the `statestore` component, found
 /// in `sockets`), restartable on the same ports.
-struct Dapr {
-    placement: Placement,
-    scheduler: Scheduler,
-    _etcd: tempfile::TempDir,
-    options: DaprdOptions,
-    ports: DaprdPorts,
-    daprd: Daprd,
+pub struct Dapr {
+    pub placement: Placement,
+    pub scheduler: Scheduler,
+    pub etcd: tempfile::TempDir,
+    pub options: DaprdOptions,
+    pub ports: DaprdPorts,
+    pub daprd: Daprd,
 }
 
 impl Dapr {
-    async fn start(app: &str, sockets: &Path) -> Dapr {
+    pub async fn start(app: &str, sockets: &Path) -> Dapr {
         // reqwest (daprd's health check) needs a TLS provider; the in-process service that
         // installs one elsewhere does not run here.
         let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
@@ -144,7 +144,7 @@ impl Dapr {
         Dapr {
             placement,
             scheduler,
-            _etcd: etcd,
+            etcd,
             options,
             ports,
             daprd,

@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::workflow_faults::{StategateProc, app_result, start_app, tail};
-use super::{Daprd, DaprdOptions, DaprdPorts, Placement, Scheduler, deploy_dapr};
+use super::workflow_faults::{Dapr, StategateProc, app_result, start_app, tail};
+use super::{Daprd, DaprdPorts};
 use crate::support::{RawClient, unique_id};
 
 const APP: &str = "wf-limits";
@@ -47,24 +47,19 @@ struct BigRun {
 /// (default limits) within `limit`; then asks a new daprd for its
 /// status (which loads the whole history again) and purges it through that daprd.
 async fn one_big_workflow(steps: usize, pad: usize, limit: Duration) -> BigRun {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let python = crate::grpc::dapr_sdk_python().await;
     let sockets = tempfile::tempdir().expect("tempdir");
     let data = tempfile::tempdir().expect("tempdir");
     let stategate = StategateProc::start("durable", data.path(), &sockets.path().join("stategate.sock")).await;
-    let placement = Placement::start().await;
-    let etcd = tempfile::tempdir().expect("tempdir");
-    let scheduler = Scheduler::start(etcd.path()).await;
-    let options = DaprdOptions {
-        app_id: APP.into(),
-        sockets: sockets.path().to_owned(),
-        resources: deploy_dapr(),
-        placement: Some(placement.port),
-        scheduler: Some(scheduler.port),
-        app_port: None,
-    };
-    let ports = DaprdPorts::free();
-    let daprd = Daprd::start_on(&options, ports).await;
+    // The placement, scheduler and their data live to the end of the test.
+    let Dapr {
+        placement: _placement,
+        scheduler: _scheduler,
+        etcd: _etcd,
+        options,
+        ports,
+        daprd,
+    } = Dapr::start(APP, sockets.path()).await;
     let prefix = unique_id("big");
     let instance = format!("{prefix}-0");
     let started = Instant::now();
@@ -151,24 +146,19 @@ async fn a_workflow_whose_history_holds_3_5_mib() {
 /// workflow completes, and the limit documented in deploy/dapr/README.md has moved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_history_past_4_mib_meets_daprds_message_limit() {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let python = crate::grpc::dapr_sdk_python().await;
     let sockets = tempfile::tempdir().expect("tempdir");
     let data = tempfile::tempdir().expect("tempdir");
     let stategate = StategateProc::start("durable", data.path(), &sockets.path().join("stategate.sock")).await;
-    let placement = Placement::start().await;
-    let etcd = tempfile::tempdir().expect("tempdir");
-    let scheduler = Scheduler::start(etcd.path()).await;
-    let options = DaprdOptions {
-        app_id: APP.into(),
-        sockets: sockets.path().to_owned(),
-        resources: deploy_dapr(),
-        placement: Some(placement.port),
-        scheduler: Some(scheduler.port),
-        app_port: None,
-    };
-    let ports = DaprdPorts::free();
-    let daprd = Daprd::start_on(&options, ports).await;
+    // The placement, scheduler and their data live to the end of the test.
+    let Dapr {
+        placement: _placement,
+        scheduler: _scheduler,
+        etcd: _etcd,
+        options: _,
+        ports,
+        daprd,
+    } = Dapr::start(APP, sockets.path()).await;
     let mut app = start_app(ports, &unique_id("huge"), 1, 20, 512 * 1024, &python, &[]);
     const LIMIT: &str = "received message larger than max";
     app.wait_for_line(
