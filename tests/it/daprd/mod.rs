@@ -286,6 +286,21 @@ pub struct DaprdOptions {
     pub app_port: Option<u16>,
 }
 
+impl DaprdOptions {
+    /// daprd for the state API alone: the component files of deploy/dapr, no placement,
+    /// scheduler or app.
+    pub fn state(app_id: &str, sockets: &Path) -> DaprdOptions {
+        DaprdOptions {
+            app_id: app_id.into(),
+            sockets: sockets.to_owned(),
+            resources: deploy_dapr(),
+            placement: None,
+            scheduler: None,
+            app_port: None,
+        }
+    }
+}
+
 /// daprd's API ports, chosen before it starts when the app must know them first (an actor
 /// app calls back into daprd's HTTP port, and daprd waits for the app's port at its start).
 #[derive(Debug, Clone, Copy)]

@@ -110,15 +110,7 @@ async fn javascript_sdk_over_http_through_daprd_keeps_state_in_stategate() {
     let app = "checkout";
     let sockets = tempfile::tempdir().expect("tempdir");
     let env = stategate_for(app, sockets.path(), Storage::Durable).await;
-    let daprd = Daprd::start(&DaprdOptions {
-        app_id: app.into(),
-        sockets: sockets.path().to_owned(),
-        resources: deploy_dapr(),
-        placement: None,
-        scheduler: None,
-        app_port: None,
-    })
-    .await;
+    let daprd = Daprd::start(&DaprdOptions::state(app, sockets.path())).await;
 
     let script = crate::support::repo_path("tests/js/dapr_sdk_check.mjs");
     let mut proc = Proc::spawn(
@@ -228,15 +220,7 @@ async fn stategate_restarted_under_daprd_fails_cleanly_then_serves_again() {
     let app = "billing";
     let sockets = tempfile::tempdir().expect("tempdir");
     let env = stategate_for(app, sockets.path(), Storage::Durable).await;
-    let daprd = Daprd::start(&DaprdOptions {
-        app_id: app.into(),
-        sockets: sockets.path().to_owned(),
-        resources: deploy_dapr(),
-        placement: None,
-        scheduler: None,
-        app_port: None,
-    })
-    .await;
+    let daprd = Daprd::start(&DaprdOptions::state(app, sockets.path())).await;
     let http = reqwest::Client::builder().timeout(CALL_BOUND).build().unwrap();
     let state = format!("{}/v1.0/state/statestore", daprd.http());
     let r = http

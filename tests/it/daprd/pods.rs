@@ -19,7 +19,7 @@ use serde_json::json;
 use stategate::mqtt::request::{notify_payload, notify_topic};
 use tokio::process::Command;
 
-use super::{Daprd, DaprdOptions, Proc, START, deploy_dapr};
+use super::{Daprd, DaprdOptions, Proc, START};
 use crate::redis::server::{Flavor, TestServer};
 use crate::support::{RawClient, free_port, now_ts, prop, unique_id};
 
@@ -75,15 +75,7 @@ impl Pod {
             ],
         )
         .await;
-        let daprd = Daprd::start(&DaprdOptions {
-            app_id: APP.into(),
-            sockets: sockets.path().to_owned(),
-            resources: deploy_dapr(),
-            placement: None,
-            scheduler: None,
-            app_port: None,
-        })
-        .await;
+        let daprd = Daprd::start(&DaprdOptions::state(APP, sockets.path())).await;
         Pod {
             _sockets: sockets,
             sidecar,

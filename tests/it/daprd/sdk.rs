@@ -11,7 +11,7 @@ use serde_json::Value;
 use stategate::dapr::{KeyPrefix, StoreSpec, Stores};
 use tokio::process::Command;
 
-use super::{Daprd, DaprdOptions, Proc, deploy_dapr};
+use super::{Daprd, DaprdOptions, Proc};
 use crate::support::{Broker, RawClient, Storage, TestEnv, WAIT, now_ts, prop, unique_id};
 
 /// stategate serving the component socket in `sockets`, with its HTTP door also showing the
@@ -72,15 +72,7 @@ async fn python_sdk_through_daprd_keeps_state_in_stategate() {
     let app = "orders";
     let sockets = tempfile::tempdir().expect("tempdir");
     let env = stategate_for(app, sockets.path(), Storage::Durable).await;
-    let daprd = Daprd::start(&DaprdOptions {
-        app_id: app.into(),
-        sockets: sockets.path().to_owned(),
-        resources: deploy_dapr(),
-        placement: None,
-        scheduler: None,
-        app_port: None,
-    })
-    .await;
+    let daprd = Daprd::start(&DaprdOptions::state(app, sockets.path())).await;
 
     // Every change of the app's keys, as stategate's own SSE clients see them.
     let http = reqwest::Client::new();
