@@ -34,7 +34,7 @@ use stategate::storage::{StorageKind, Store};
 
 #[path = "dapr/bare.rs"]
 mod bare;
-#[path = "dapr/cpu.rs"]
+#[path = "common/cpu.rs"]
 mod cpu;
 #[path = "dapr/load.rs"]
 mod load;

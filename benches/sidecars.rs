@@ -29,7 +29,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 #[allow(dead_code)]
-#[path = "dapr/cpu.rs"]
+#[path = "common/cpu.rs"]
 mod cpu;
 #[allow(dead_code)]
 #[path = "dapr/procs.rs"]

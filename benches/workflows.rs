@@ -37,7 +37,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 #[allow(dead_code)]
-#[path = "dapr/cpu.rs"]
+#[path = "common/cpu.rs"]
 mod cpu;
 #[allow(dead_code)]
 #[path = "dapr/procs.rs"]
