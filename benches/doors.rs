@@ -2,31 +2,59 @@
 //!
 //! ```text
 //! cargo bench --bench doors -- [--mqtt-url mqtt://host:port] [--secs 5] [--warmup-secs 1]
-//!                              [--only mqtt,http,grpc,memory,replicas] [--keys 1000000]
-//!                              [--inflight 1,16,64,256] [--verbs GET,SET] [--rounds 3]
-//!                              [--paths inbroker,client,mirrored]
+//!                              [--only mqtt,http,grpc,component,memory,replicas]
+//!                              [--keys 1000000] [--inflight 1,16,64,256] [--verbs GET,SET]
+//!                              [--rounds 3] [--paths inbroker,client,mirrored] [--no-log]
 //!
-//! Echo and stategate run alternately `--rounds` times per row and the run with the median
-//! throughput is printed for each, so a burst of noise on a shared 2-core machine does not
-//! decide the ratio.
+//! The baseline and stategate run alternately `--rounds` times per row and the run with the
+//! median throughput (at a fixed rate: the median p50) is printed for each, so a burst of
+//! noise on a shared 2-core machine does not decide the ratio.
 //! ```
+//!
+//! Every row prints throughput, p50/p90/p99/p99.9 latency and the CPU time per request of
+//! each side over the measured window: `serve` is the serving side (stategate, its embedded
+//! broker, the echo responder, the bare servers), `load` the load generator. The servers run
+//! on a tokio runtime whose threads are named `serve` (stategate's own threads are
+//! `stategate-*`), the load generator on one named `load`, and the kernel's run time of each
+//! thread (`/proc/self/task/*/schedstat`, `common/cpu.rs`) is summed per side: CPU per request
+//! is the figure that transfers to a bigger machine, where throughput here is bounded by two
+//! cores shared by both sides. A stategate row then prints its ratios to the baseline row
+//! above it: `thr` (throughput), `p50`, and `cpu` (serving CPU per request). stategate runs
+//! with the binary's log subscriber at its default filter (`--no-log`: without it).
 //!
 //! - MQTT: an echo responder on the same broker (the limit of MQTT request/response here), then
 //!   stategate, with the same load; on the embedded broker both ways of serving, each on its own
-//!   broker with its own echo: in-broker (the default) and the client path (`--mqtt-client-path`): QoS 1 requests, 1/16/64/256 in flight, GET and SET of 16-byte
-//!   keys with 100-byte values. Prints throughput, p50/p90/p99/p99.9 and stategate/echo ratios.
-//!   `--paths mirrored` adds in-broker serving with `--state-topics state/` and a `state/#`
-//!   subscriber taking every retained message: what the mirror costs a SET.
+//!   broker with its own echo: in-broker (the default) and the client path
+//!   (`--mqtt-client-path`): QoS 1 requests at a fixed 1,000/s and with 1/16/64/256 in flight,
+//!   GET and SET of 16-byte keys with 100-byte values. The echo row's serving CPU is the
+//!   broker's plus the responder's. `--paths mirrored` adds in-broker serving with
+//!   `--state-topics state/` and a `state/#` subscriber taking every retained message: what
+//!   the mirror costs a SET.
 //! - HTTP: GET and SAVE at a fixed 1,000 requests/s and at saturation with 16 connections, next
 //!   to a bare axum handler returning a constant body.
 //! - gRPC: Dapr GetState and SaveState at 1,000 requests/s and at saturation with 16 concurrent
 //!   streams, next to a bare tonic unary handler.
+//! - Component: the Dapr pluggable state component on its Unix socket, Get and Set as daprd
+//!   sends them, at 1,000 requests/s and with 16 in flight, next to a component answering
+//!   constants (`dapr/bare.rs`).
 //! - Memory: resident bytes per key for 1 million keys next to redis-server's `used_memory`
 //!   (when redis-server is installed).
 //! - Replicas: MQTT GET/SET at 64 in flight through 1, 2 and 3 replicas on one redis-server
 //!   (Mosquitto's shared subscription), next to one replica on the durable backend, with the
-//!   Redis round trips per operation (`doors/replicas.rs`).
+//!   Redis round trips per operation (`doors/replicas.rs`; no CPU columns: its servers are
+//!   other processes and replicas started on the load runtime).
 
+use std::future::Future;
+use std::sync::OnceLock;
+
+use stategate::config::Config;
+
+#[path = "doors/component.rs"]
+mod component;
+// The dapr benchmark's named snapshots are not used here.
+#[allow(dead_code)]
+#[path = "common/cpu.rs"]
+mod cpu;
 #[path = "doors/grpc.rs"]
 mod grpc;
 #[path = "doors/http.rs"]
@@ -58,6 +86,9 @@ struct Opts {
     rounds: usize,
     /// MQTT serving paths on the embedded broker: `inbroker`, `client`.
     paths: Vec<String>,
+    /// Measure CPU per request (off where the servers are not on the `serve` runtime).
+    cpu: bool,
+    no_log: bool,
 }
 
 fn opts() -> Opts {
@@ -71,6 +102,8 @@ fn opts() -> Opts {
         verbs: vec!["GET".into(), "SET".into()],
         rounds: 3,
         paths: vec!["inbroker".into(), "client".into()],
+        cpu: true,
+        no_log: false,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -105,6 +138,7 @@ fn opts() -> Opts {
                     .map(|v| v.split(',').map(str::to_uppercase).collect())
                     .unwrap_or_default()
             }
+            "--no-log" => o.no_log = true,
             _ => {} // cargo passes --bench
         }
     }
@@ -117,19 +151,50 @@ impl Opts {
     }
 }
 
+/// The `serve` runtime, where every server of a row runs.
+static SERVE: OnceLock<tokio::runtime::Handle> = OnceLock::new();
+
+/// Runs `fut` on the `serve` runtime: whatever it spawns (stategate's tasks, a bare server's
+/// connections) and the sockets it binds belong to the serving side, not to the load generator.
+pub(crate) async fn serving<F>(fut: F) -> F::Output
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    SERVE
+        .get()
+        .expect("the serve runtime")
+        .spawn(fut)
+        .await
+        .expect("a serving task panicked")
+}
+
 fn main() {
     let o = opts();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    // As the binary runs: its log subscriber at its default filter, so the per-request spans
+    // cost what they cost a deployed stategate (nothing is logged per request at `info`).
+    let _log = (!o.no_log).then(|| {
+        let ops = Config::default().ops;
+        stategate::telemetry::init(&ops.log_filter, ops.log_format)
+    });
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let runtime = |name: &str| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cores)
+            .thread_name(name)
+            .enable_all()
+            .build()
+            .expect("runtime")
+    };
+    let (serve_rt, load_rt) = (runtime("serve"), runtime("load"));
+    SERVE.set(serve_rt.handle().clone()).expect("set once");
     println!(
-        "stategate doors benchmark: {} cores, {} s per row after {} s warm-up",
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        o.secs,
-        o.warmup
+        "stategate doors benchmark: {cores} cores, {} s per row after {} s warm-up, {} rounds; \
+         CPU per request in µs (serve: the serving side, load: the load generator)",
+        o.secs, o.warmup, o.rounds
     );
-    rt.block_on(async {
+    // Spawned, so that the load generator runs on the `load` threads alone, whose CPU is counted.
+    let work = load_rt.spawn(async move {
         if o.wants("mqtt") {
             mqtt::run(&o).await;
         }
@@ -139,11 +204,31 @@ fn main() {
         if o.wants("grpc") {
             grpc::run(&o).await;
         }
+        if o.wants("component") {
+            component::run(&o).await;
+        }
         if o.wants("memory") {
             memory::run(&o).await;
         }
         if o.wants("replicas") {
-            replicas::run(&o).await;
+            // Its replicas start on the load runtime and its brokers are other processes.
+            replicas::run(&Opts {
+                cpu: false,
+                ..o.clone()
+            })
+            .await;
         }
     });
+    let failed = load_rt.block_on(work).is_err();
+    if let Some(share) = load::neither_share() {
+        println!(
+            "\n{:.1}% of this process's CPU time in the measured windows was on neither side (main thread, unnamed threads)",
+            share * 100.0
+        );
+    }
+    drop(load_rt);
+    drop(serve_rt);
+    if failed {
+        std::process::exit(1);
+    }
 }

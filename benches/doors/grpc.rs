@@ -7,8 +7,10 @@ use stategate::grpc::pb::dapr::proto::common::v1 as common;
 use stategate::grpc::pb::dapr::proto::runtime::v1 as rpb;
 use stategate::storage::Store;
 
-use super::Opts;
-use super::load::{closed_loop, fixed_rate};
+use super::load::{Load, alternate, at_rest, op, print_against_first, print_at_rest};
+use super::{Opts, serving};
+
+type Client = rpb::dapr_client::DaprClient<tonic::transport::Channel>;
 
 /// The baseline: every state RPC answers a constant at once.
 struct Bare;
@@ -139,20 +141,24 @@ pub(crate) async fn run(o: &Opts) {
         ..Config::default()
     };
     config.mqtt.client_id = "stategate-bench-grpc".into();
-    let running = stategate::start(config, Store::memory())
+    let running = serving(stategate::start(config, Store::memory()))
         .await
         .expect("stategate starts");
     let sg_url = format!("http://{}", running.grpc_addr().expect("grpc"));
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let bare_url = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .tcp_nodelay(true)
-            .add_service(rpb::dapr_server::DaprServer::new(Bare))
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)))
-            .await
-    });
+    let bare_url = serving(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .tcp_nodelay(true)
+                .add_service(rpb::dapr_server::DaprServer::new(Bare))
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)))
+                .await
+        });
+        url
+    })
+    .await;
     let connect = |url: String| async move {
         let ch = tonic::transport::Endpoint::from_shared(url)
             .expect("url")
@@ -176,8 +182,9 @@ pub(crate) async fn run(o: &Opts) {
         })
         .await
         .expect("seed");
-    let get = |c: rpb::dapr_client::DaprClient<tonic::transport::Channel>| {
-        move |_i: u64| {
+    let get = |c: &Client| {
+        let c = c.clone();
+        op(move |_i: u64| {
             let mut c = c.clone();
             async move {
                 let _ = c
@@ -188,10 +195,11 @@ pub(crate) async fn run(o: &Opts) {
                     })
                     .await;
             }
-        }
+        })
     };
-    let save = |c: rpb::dapr_client::DaprClient<tonic::transport::Channel>, item: common::StateItem| {
-        move |_i: u64| {
+    let save = |c: &Client| {
+        let (c, item) = (c.clone(), item.clone());
+        op(move |_i: u64| {
             let (mut c, item) = (c.clone(), item.clone());
             async move {
                 let _ = c
@@ -201,26 +209,17 @@ pub(crate) async fn run(o: &Opts) {
                     })
                     .await;
             }
-        }
+        })
     };
-    let bare_fixed = fixed_rate("bare tonic GetState @1000/s".into(), 1000, o, get(bare.clone())).await;
-    let get_fixed = fixed_rate("stategate GetState @1000/s".into(), 1000, o, get(sg.clone())).await;
-    let save_fixed = fixed_rate(
-        "stategate SaveState @1000/s".into(),
-        1000,
-        o,
-        save(sg.clone(), item.clone()),
-    )
-    .await;
-    bare_fixed.print(None);
-    get_fixed.print(Some(&bare_fixed));
-    save_fixed.print(Some(&bare_fixed));
-    let bare_sat = closed_loop("bare tonic GetState x16".into(), 16, o, get(bare)).await;
-    let get_sat = closed_loop("stategate GetState x16".into(), 16, o, get(sg.clone())).await;
-    let save_sat = closed_loop("stategate SaveState x16".into(), 16, o, save(sg, item)).await;
-    bare_sat.print(None);
-    get_sat.print(Some(&bare_sat));
-    save_sat.print(Some(&bare_sat));
+    print_at_rest(at_rest().await);
+    for load in [Load::Rate(1000), Load::Inflight(16)] {
+        let rows = [
+            ("bare tonic GetState", get(&bare)),
+            ("stategate GetState", get(&sg)),
+            ("stategate SaveState", save(&sg)),
+        ];
+        print_against_first(&alternate(o, load, &rows).await);
+    }
     println!("(Dapr sidecar published: gRPC GET p50 0.57 ms, p90 0.93 ms, p99 1.65 ms at 1,000/s)");
-    running.shutdown().await;
+    serving(running.shutdown()).await;
 }

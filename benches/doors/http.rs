@@ -6,8 +6,8 @@ use bytes::Bytes;
 use stategate::config::{BrokerChoice, Config};
 use stategate::storage::Store;
 
-use super::Opts;
-use super::load::{closed_loop, fixed_rate};
+use super::load::{Load, alternate, at_rest, op, print_against_first, print_at_rest};
+use super::{Opts, serving};
 
 pub(crate) async fn run(o: &Opts) {
     println!(
@@ -24,19 +24,23 @@ pub(crate) async fn run(o: &Opts) {
         ..Config::default()
     };
     config.mqtt.client_id = "stategate-bench-http".into();
-    let running = stategate::start(config, Store::memory())
+    let running = serving(stategate::start(config, Store::memory()))
         .await
         .expect("stategate starts");
     let base = format!("http://{}", running.http_addr().expect("http"));
 
     // The baseline: a bare axum handler returning a constant body.
-    let bare = axum::Router::new().route(
-        "/get",
-        axum::routing::get(|| async { ([("content-type", "application/json")], "\"constant-value\"") }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let bare_addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, bare).await });
+    let bare_addr = serving(async {
+        let bare = axum::Router::new().route(
+            "/get",
+            axum::routing::get(|| async { ([("content-type", "application/json")], "\"constant-value\"") }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, bare).await });
+        addr
+    })
+    .await;
 
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(64)
@@ -56,56 +60,37 @@ pub(crate) async fn run(o: &Opts) {
     let bare_url: Arc<str> = Arc::from(format!("http://{bare_addr}/get"));
     let save_url: Arc<str> = Arc::from(format!("{base}/v1.0/state/statestore"));
     let body = Bytes::from(body);
-    let get = |c: reqwest::Client, u: Arc<str>| {
-        move |_i: u64| {
+    let get = |u: &Arc<str>| {
+        let (c, u) = (client.clone(), u.clone());
+        op(move |_i: u64| {
             let (c, u) = (c.clone(), u.clone());
             async move {
                 if let Ok(r) = c.get(&*u).send().await {
                     let _ = r.bytes().await;
                 }
             }
-        }
+        })
     };
-    let save = |c: reqwest::Client, u: Arc<str>, b: Bytes| {
-        move |_i: u64| {
+    let save = |u: &Arc<str>, b: &Bytes| {
+        let (c, u, b) = (client.clone(), u.clone(), b.clone());
+        op(move |_i: u64| {
             let (c, u, b) = (c.clone(), u.clone(), b.clone());
             async move {
                 if let Ok(r) = c.post(&*u).body(b).send().await {
                     let _ = r.bytes().await;
                 }
             }
-        }
+        })
     };
-    let bare_fixed = fixed_rate(
-        "bare axum GET @1000/s".into(),
-        1000,
-        o,
-        get(client.clone(), bare_url.clone()),
-    )
-    .await;
-    let get_fixed = fixed_rate(
-        "stategate GET @1000/s".into(),
-        1000,
-        o,
-        get(client.clone(), get_url.clone()),
-    )
-    .await;
-    let save_fixed = fixed_rate(
-        "stategate SAVE @1000/s".into(),
-        1000,
-        o,
-        save(client.clone(), save_url.clone(), body.clone()),
-    )
-    .await;
-    bare_fixed.print(None);
-    get_fixed.print(Some(&bare_fixed));
-    save_fixed.print(Some(&bare_fixed));
-    let bare_sat = closed_loop("bare axum GET x16".into(), 16, o, get(client.clone(), bare_url)).await;
-    let get_sat = closed_loop("stategate GET x16".into(), 16, o, get(client.clone(), get_url)).await;
-    let save_sat = closed_loop("stategate SAVE x16".into(), 16, o, save(client.clone(), save_url, body)).await;
-    bare_sat.print(None);
-    get_sat.print(Some(&bare_sat));
-    save_sat.print(Some(&bare_sat));
+    print_at_rest(at_rest().await);
+    for load in [Load::Rate(1000), Load::Inflight(16)] {
+        let rows = [
+            ("bare axum GET", get(&bare_url)),
+            ("stategate GET", get(&get_url)),
+            ("stategate SAVE", save(&save_url, &body)),
+        ];
+        print_against_first(&alternate(o, load, &rows).await);
+    }
     println!("(Dapr sidecar published: HTTP GET p50 0.73 ms, p90 1.60 ms, p99 1.97 ms at 1,000/s)");
-    running.shutdown().await;
+    serving(running.shutdown()).await;
 }

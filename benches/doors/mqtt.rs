@@ -2,15 +2,16 @@
 //! same broker, on each way of serving.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use stategate::config::{BrokerChoice, Config};
 use stategate::storage::Store;
 
-use super::Opts;
-use super::load::{Row, closed_loop, median};
+use super::load::{Load, Op, alternate, at_rest, op, print_against_first, print_at_rest};
 use super::mqtt_client::{ECHO_TOPIC, Requester, bench_key, echo_responder, mirror_subscriber, now_ts};
+use super::{Opts, serving};
 
 /// One way of serving MQTT requests, with an echo responder on the same broker.
 struct MqttTarget {
@@ -41,7 +42,7 @@ async fn mqtt_target(label: &'static str, broker: BrokerChoice, n: usize, mirror
     if std::env::var_os("BENCH_CLEAN_SESSION").is_some() {
         config.mqtt.session_expiry = Duration::ZERO;
     }
-    let running = stategate::start(config, Store::memory())
+    let running = serving(stategate::start(config, Store::memory()))
         .await
         .expect("stategate starts");
     let (host, port) = {
@@ -90,6 +91,7 @@ pub(crate) async fn run(o: &Opts) {
             };
             let broker = Config::from_args(a).expect("--mqtt-url").broker;
             targets.push(mqtt_target("client   ", broker, 0, false).await);
+            println!("(the broker is another process: the serving CPU below leaves it out)");
         }
         None => {
             let paths = [
@@ -109,46 +111,26 @@ pub(crate) async fn run(o: &Opts) {
             }
         }
     }
-    let value = vec![b'v'; 100];
-    for &inflight in &o.inflight {
+    print_at_rest(at_rest().await);
+    let value = Bytes::from(vec![b'v'; 100]);
+    let seq = Arc::new(AtomicU64::new(1 << 40));
+    let loads = std::iter::once(Load::Rate(1000)).chain(o.inflight.iter().map(|&n| Load::Inflight(n)));
+    for load in loads {
         for verb in ["GET", "SET"].into_iter().filter(|v| o.verbs.iter().any(|w| w == v)) {
-            let mk = {
-                let value = value.clone();
-                move |i: u64| -> (Bytes, Vec<(String, String)>) {
-                    let key = bench_key(i);
-                    if verb == "GET" {
-                        (stategate::resp3::encode_request([&b"GET"[..], &key]), vec![])
-                    } else {
-                        let p = stategate::resp3::encode_request([&b"SET"[..], &key, &value]);
-                        (p, vec![("__ts".into(), now_ts())])
-                    }
-                }
-            };
-            let seq = Arc::new(std::sync::atomic::AtomicU64::new(1 << 40));
-            // Per target: its echo runs and its stategate runs, alternating round by round.
-            let mut runs: Vec<(Vec<Row>, Vec<Row>)> = targets.iter().map(|_| (vec![], vec![])).collect();
-            for _ in 0..o.rounds {
-                for (t, (echoes, sgs)) in targets.iter().zip(runs.iter_mut()) {
-                    for (topic, name, out) in [
-                        (ECHO_TOPIC, "echo     ", &mut *echoes),
-                        (stategate::mqtt::INVOKE_TOPIC, t.label, &mut *sgs),
-                    ] {
-                        let (r, mk2, s2) = (t.req.clone(), mk.clone(), seq.clone());
-                        let row = closed_loop(format!("{name} {verb} x{inflight:<3}"), inflight, o, move |i| {
-                            let (r, (payload, user)) = (r.clone(), mk2(i));
-                            let id = s2.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            async move { r.request(topic, id, payload, user).await }
-                        })
-                        .await;
-                        out.push(row);
-                    }
+            // Every target's echo and stategate, alternating round by round.
+            let names: Vec<(String, String)> = targets
+                .iter()
+                .map(|t| (format!("echo      {verb}"), format!("{} {verb}", t.label)))
+                .collect();
+            let mut rows = Vec::new();
+            for (t, (echo, sg)) in targets.iter().zip(&names) {
+                for (topic, name) in [(ECHO_TOPIC, echo), (stategate::mqtt::INVOKE_TOPIC, sg)] {
+                    rows.push((name.as_str(), request(&t.req, topic, verb, &value, &seq)));
                 }
             }
-            for (echoes, sgs) in runs {
-                let echo = median(echoes);
-                let sg = median(sgs);
-                echo.print(None);
-                sg.print(Some(&echo));
+            let measured = alternate(o, load, &rows).await;
+            for pair in measured.chunks(2) {
+                print_against_first(pair);
             }
         }
     }
@@ -160,6 +142,22 @@ pub(crate) async fn run(o: &Opts) {
                 t.label.trim()
             );
         }
-        t.running.shutdown().await;
+        serving(t.running.shutdown()).await;
     }
+}
+
+/// One request of `verb` to `topic`, each with its own correlation id.
+fn request(r: &Requester, topic: &'static str, verb: &'static str, value: &Bytes, seq: &Arc<AtomicU64>) -> Op {
+    let (r, value, seq) = (r.clone(), value.clone(), seq.clone());
+    op(move |i| {
+        let key = bench_key(i);
+        let (payload, user) = if verb == "GET" {
+            (stategate::resp3::encode_request([&b"GET"[..], &key]), vec![])
+        } else {
+            let p = stategate::resp3::encode_request([&b"SET"[..], &key, &value]);
+            (p, vec![("__ts".into(), now_ts())])
+        };
+        let (r, id) = (r.clone(), seq.fetch_add(1, Ordering::Relaxed));
+        async move { r.request(topic, id, payload, user).await }
+    })
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
-use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use rumqttc::v5::{AsyncClient, ConnectionError, Event, MqttOptions};
 use tokio::sync::oneshot;
 
 pub(crate) const ECHO_TOPIC: &str = "bench/echo/request";
@@ -26,8 +26,14 @@ pub(crate) fn mqtt_opts(id: &str, host: &str, port: u16) -> MqttOptions {
     m
 }
 
-/// The physical limit: republishes each request's payload to its Response Topic.
+/// The physical limit: republishes each request's payload to its Response Topic. It runs on the
+/// `serve` runtime: its CPU is the serving side's, with the broker's.
 pub(crate) async fn echo_responder(host: &str, port: u16, n: usize) {
+    let host = host.to_owned();
+    super::serving(async move { echo_here(&host, port, n).await }).await
+}
+
+async fn echo_here(host: &str, port: u16, n: usize) {
     let (client, mut el) = AsyncClient::new(mqtt_opts(&format!("bench-echo-{n}"), host, port), 4096);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<rumqttc::v5::mqttbytes::v5::Publish>();
     let (ready_tx, ready_rx) = oneshot::channel();
@@ -63,11 +69,18 @@ pub(crate) async fn echo_responder(host: &str, port: u16, n: usize) {
                     let _ = tx.send(p);
                 }
                 Ok(_) => {}
+                Err(e) if broker_gone(&e) => break,
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
             }
         }
     });
     let _ = tokio::time::timeout(Duration::from_secs(10), ready_rx).await;
+}
+
+/// The broker refuses connections: its stategate (or Mosquitto) has stopped. A client then
+/// stops too, or its retries would run on into the next rows and count as their CPU.
+fn broker_gone(e: &ConnectionError) -> bool {
+    matches!(e, ConnectionError::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused)
 }
 
 pub(crate) type Waiters = Arc<Mutex<HashMap<u64, oneshot::Sender<()>>>>;
@@ -110,6 +123,7 @@ impl Requester {
                         }
                     }
                     Ok(_) => {}
+                    Err(e) if broker_gone(&e) => break,
                     Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
                 }
             }
@@ -178,6 +192,7 @@ pub(crate) async fn mirror_subscriber(host: &str, port: u16, n: usize) -> Arc<st
                     counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
                 Ok(_) => {}
+                Err(e) if broker_gone(&e) => break,
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
             }
         }
