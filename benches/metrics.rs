@@ -106,7 +106,7 @@ async fn mqtt_round(door: Arc<Door>, a: &Args) -> f64 {
 }
 
 /// Requests per second through the HTTP router (no socket): half save, half get.
-async fn http_round(router: axum::Router, a: &Args) -> f64 {
+async fn http_round(router: stategate::http::Gate, a: &Args) -> f64 {
     let per_task = a.requests / a.tasks / 4;
     let started = Instant::now();
     let mut tasks = Vec::new();

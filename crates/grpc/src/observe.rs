@@ -67,7 +67,8 @@ where
         let path = req.uri().path();
         let counted = !path.starts_with("/grpc.");
         let cmd = Cmd::from_grpc_method(path.rsplit('/').next().unwrap_or_default());
-        let span = tracing::info_span!(
+        let span = tracing::debug_span!(
+            target: stategate_telemetry::REQUEST_SPANS,
             "request",
             door = self.door.label(),
             command = cmd.label(),

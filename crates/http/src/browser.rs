@@ -13,14 +13,7 @@
 //!
 //! Refusals are 403 in Dapr's error shape and change nothing.
 
-use std::sync::Arc;
-
-use axum::extract::{Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-
-use super::error::ApiError;
+use axum::http::{HeaderMap, header};
 
 /// What the door accepts from browsers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -102,22 +95,11 @@ impl BrowserPolicy {
 
 /// Probes answer any `Host`: they tell nothing a page could use, and a prober may name the
 /// service however it reaches it.
-fn is_probe(path: &str) -> bool {
+pub(crate) fn is_probe(path: &str) -> bool {
     matches!(
         path,
         "/healthz" | "/readyz" | "/v1.0/healthz" | "/v1.0/healthz/outbound"
     )
-}
-
-/// The middleware: refuses what [`BrowserPolicy::check`] refuses, before anything else runs.
-pub async fn guard(State(policy): State<Arc<BrowserPolicy>>, req: Request, next: Next) -> Response {
-    if is_probe(req.uri().path()) && req.headers().get(header::ORIGIN).is_none() {
-        return next.run(req).await;
-    }
-    match policy.check(req.headers()) {
-        Ok(()) => next.run(req).await,
-        Err((code, message)) => ApiError::new(StatusCode::FORBIDDEN, code, message).into_response(),
-    }
 }
 
 #[cfg(test)]

@@ -20,24 +20,21 @@ use stategate_telemetry::metrics;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
-use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use bytes::Bytes;
 use tokio::sync::watch;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::access::{Access, Grant, Refusal};
+use crate::access::Grant;
 use crate::dapr::{DaprSettings, StoreSpec};
 use crate::engine::Engine;
 use crate::listener::Listener;
-use crate::listener::body_budget::BudgetedBody;
-use crate::listener::inflight::{InFlight, Kind, SlotBody};
+use crate::listener::inflight::InFlight;
 
 mod browser;
 mod conditions;
@@ -45,6 +42,7 @@ mod configuration;
 pub mod dto;
 mod election;
 pub mod error;
+mod gate;
 mod lock;
 pub mod observe;
 mod sse;
@@ -55,6 +53,7 @@ pub mod ui;
 
 pub use browser::BrowserPolicy;
 use error::{ApiError, Op};
+pub use gate::{Gate, GateSettings, TOO_MANY_REQUESTS};
 pub use status::ServiceInfo;
 
 /// HTTP door settings (what the Dapr APIs of both doors share is [`DaprSettings`]).
@@ -95,14 +94,26 @@ impl Default for HttpSettings {
     }
 }
 
-/// Shared state of the handlers.
+/// Shared state of the handlers: one `Arc`, because a handler's `State` extractor clones it
+/// for every request.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+/// What [`AppState`] shares.
+pub struct Shared {
     engine: Engine,
     settings: Arc<HttpSettings>,
     dapr: Arc<DaprSettings>,
     info: Arc<ServiceInfo>,
     obs: crate::health::Observe,
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
 }
 
 impl AppState {
@@ -244,8 +255,9 @@ pub fn openapi_json() -> String {
     s
 }
 
-/// The HTTP door's router. `info` is what the status route reports about the service.
-pub fn router(engine: Engine, settings: HttpSettings, dapr: DaprSettings, info: ServiceInfo) -> Router {
+/// The HTTP door: its router behind the [`Gate`]. `info` is what the status route reports
+/// about the service.
+pub fn router(engine: Engine, settings: HttpSettings, dapr: DaprSettings, info: ServiceInfo) -> Gate {
     let inflight = InFlight::new(settings.max_inflight, settings.max_streams);
     router_observed(
         engine,
@@ -266,16 +278,24 @@ pub fn router_observed(
     info: ServiceInfo,
     inflight: InFlight,
     obs: crate::health::Observe,
-) -> Router {
+) -> Gate {
     let settings = Arc::new(settings);
     let dapr = Arc::new(dapr);
-    let state = AppState {
+    let gate = GateSettings {
+        metrics: obs.metrics.clone(),
+        browser: settings.browser.clone(),
+        inflight,
+        request_timeout: settings.request_timeout,
+        access: dapr.access.clone(),
+        ui: settings.ui,
+    };
+    let state = AppState(Arc::new(Shared {
         engine,
         settings: settings.clone(),
-        dapr: dapr.clone(),
+        dapr,
         info: Arc::new(info),
         obs,
-    };
+    }));
     let (mut router, _) = routes().split_for_parts();
     router = router.merge(observe::routes());
     if settings.ui {
@@ -283,71 +303,16 @@ pub fn router_observed(
     }
     let doc = openapi_json();
     router = configuration::alpha_routes(router);
-    router
+    let router = router
         .route(
             "/openapi.json",
             axum::routing::get(move || async move { ([(header::CONTENT_TYPE, "application/json")], doc) }),
         )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(
-            Admission {
-                access: dapr.access.clone(),
-                ui: settings.ui,
-            },
-            identify,
-        ))
         .layer(axum::extract::DefaultBodyLimit::max(settings.body_limit))
-        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
-            StatusCode::REQUEST_TIMEOUT,
-            settings.request_timeout,
-        ))
-        // A request over the in-flight limit is refused before any other work but the span
-        // and the metrics, which cover it, the token check and the timeout too.
-        .layer(middleware::from_fn_with_state(inflight, limit_in_flight))
-        // A cross-site or rebinding browser request is refused before it takes a slot.
-        .layer(middleware::from_fn_with_state(
-            Arc::new(settings.browser.clone()),
-            browser::guard,
-        ))
-        .layer(middleware::from_fn_with_state(state.clone(), observe::observe))
-        .with_state(state)
-}
-
-/// The Dapr error code of a request refused because the door is at its in-flight limit.
-pub const TOO_MANY_REQUESTS: &str = "ERR_TOO_MANY_REQUESTS";
-
-/// Takes a request or stream slot for the whole response (held by its body), or answers 503
-/// with Dapr's error body and `Retry-After: 1` at once.
-/// The body is read within the door's byte budget (`--http-max-inflight-bytes`): a known
-/// `Content-Length` is reserved at once (503 when it does not fit), a chunked body takes its
-/// bytes as they arrive (503 once it does not fit, whatever the handler made of the cut body).
-async fn limit_in_flight(State(inflight): State<InFlight>, req: Request, next: Next) -> Response {
-    let too_many = |why: String| {
-        let mut resp = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, TOO_MANY_REQUESTS, why).into_response();
-        resp.headers_mut()
-            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
-        resp
-    };
-    let slot = match inflight.try_admit(Kind::of_path(req.uri().path())) {
-        Ok(slot) => slot,
-        Err(refused) => return too_many(refused.to_string()),
-    };
-    let known_len = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    let held = match inflight.bodies().admit(known_len) {
-        Ok(held) => held,
-        Err(exhausted) => return too_many(exhausted.to_string()),
-    };
-    let req = req.map(|body| axum::body::Body::new(BudgetedBody::new(body, held.clone(), known_len, |e| Box::new(e))));
-    let resp = next.run(req).await;
-    if let Some(exhausted) = held.exhausted() {
-        return too_many(exhausted.to_string());
-    }
-    resp.map(|body| axum::body::Body::new(SlotBody::new(body, slot).holding(held)))
+        .with_state(state);
+    Gate::new(router, gate)
 }
 
 async fn not_found() -> ApiError {
@@ -362,36 +327,7 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
-/// What [`identify`] needs: who may do what, and whether the console's files are served.
-#[derive(Clone)]
-struct Admission {
-    access: Access,
-    ui: bool,
-}
-
-/// Who is calling. `dapr-api-token` is checked as Dapr does it (401 with a plain-text body)
-/// when tokens are configured; then one request is taken from the caller's rate (429 past it)
-/// and the caller's [`Grant`] goes to the handlers in the request's extensions. Health is
-/// exempt (`/healthz`, `/readyz`, Dapr's `/v1.0/healthz`), and so are the web console's own files (they hold no data; the console sends the
-/// token on every data call it makes).
-async fn identify(State(settings): State<Admission>, mut req: Request, next: Next) -> Response {
-    let path = req.uri().path();
-    let probe = path == "/healthz" || path == "/readyz" || path.starts_with("/v1.0/healthz");
-    if probe || (settings.ui && ui::is_public(path)) {
-        return next.run(req).await;
-    }
-    let given = req.headers().get("dapr-api-token").and_then(|v| v.to_str().ok());
-    match settings.access.admit_token(given) {
-        Ok(grant) => {
-            req.extensions_mut().insert(grant);
-            next.run(req).await
-        }
-        Err(Refusal::BadToken) => (StatusCode::UNAUTHORIZED, "invalid api token").into_response(),
-        Err(Refusal::Limited(e)) => ApiError::from_engine(Op::Get, e).into_response(),
-    }
-}
-
-/// The caller's permissions, as [`identify`] found them.
+/// The caller's permissions, as the [`Gate`] found them.
 pub struct Caller(pub Grant);
 
 impl<S: Send + Sync> FromRequestParts<S> for Caller {
@@ -413,7 +349,15 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
 /// hyper's `header_read_timeout` runs whenever a connection waits for a request head: it bounds
 /// a slow client's headers and a kept-alive connection's idle time alike (not an open response,
 /// so event streams are not cut).
-pub async fn serve(listener: Listener, router: Router, header_timeout: Duration, stop: watch::Receiver<bool>) {
+pub async fn serve<S>(listener: Listener, router: S, header_timeout: Duration, stop: watch::Receiver<bool>)
+where
+    S: tower::Service<hyper::Request<hyper::body::Incoming>, Response = Response, Error = std::convert::Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
     // Dapr ignores a trailing slash; trimming must happen before routing, so it wraps the router.
     let app = tower::Layer::layer(
         &tower_http::normalize_path::NormalizePathLayer::trim_trailing_slash(),

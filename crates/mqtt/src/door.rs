@@ -268,7 +268,8 @@ impl Door {
     pub async fn serve(&self, req: &Request, caller: &Caller) -> Option<Arc<Outgoing>> {
         let started = std::time::Instant::now();
         let (cmd, key_len) = super::observe::verb_and_key_len(&req.payload);
-        let span = tracing::info_span!(
+        let span = tracing::debug_span!(
+            target: stategate_telemetry::REQUEST_SPANS,
             "request",
             door = "mqtt",
             command = cmd.label(),
