@@ -4,15 +4,15 @@
 //!
 //! Memory per key is a target (at most Redis's for small keys), so a key is one allocation
 //! (`entry.rs`: a 20-byte header, the key, the value; expiry and fencing boxed aside, since most
-//! keys have neither). The hash index owns the entries; the ordered index holds a pointer to
-//! each. GET and overwrites go through the hash index only (a B-tree descent cost more than
-//! half of GET); only creating or deleting a key touches the ordered index. An overwrite with
-//! a value of the same length is done in place. Reads copy the value out (one small copy; the
-//! doors copy it into their wire format anyway).
+//! keys have neither). The hash index owns the entries; the ordered index (`order.rs`) holds a
+//! pointer to each, 64 to a leaf. GET and overwrites go through the hash index only (a B-tree
+//! descent cost more than half of GET); only creating or deleting a key, or an overwrite that
+//! moves the entry, touches the ordered index. An overwrite with a value of the same length is
+//! done in place. Reads copy the value out (one small copy; the doors copy it into their wire
+//! format anyway).
 
 use std::collections::BTreeSet;
 use std::hash::BuildHasher;
-use std::ops::Bound;
 use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
@@ -23,8 +23,10 @@ use super::{Backend, KeyPage, Record, StorageError, Swap, SwapOutcome};
 use crate::hlc::Hlc;
 
 mod entry;
+mod order;
 
 use entry::{Entry, KeyRef};
+use order::Order;
 
 #[derive(Debug, Default)]
 pub struct MemoryBackend {
@@ -35,7 +37,7 @@ pub struct MemoryBackend {
 struct Inner {
     /// Every key in byte order: pointers into the entries `table` owns. Declared first so it
     /// is dropped before the entries (it never reads them when dropped, but this keeps it honest).
-    order: BTreeSet<KeyRef>,
+    order: Order,
     /// Owns every entry; found by key hash (a keyed SipHash, so keys from the network cannot
     /// be chosen to collide).
     table: HashTable<Entry>,
@@ -226,7 +228,7 @@ impl Inner {
     /// are sorted and unique, and the ordered index was empty when they began).
     fn end_ascending(&mut self, ascending: &mut Option<Vec<KeyRef>>) {
         if let Some(refs) = ascending.take() {
-            self.order = refs.into_iter().collect();
+            self.order = Order::from_sorted(refs);
         }
     }
 
@@ -241,11 +243,11 @@ impl Inner {
         let old = match (table.find_entry(hash, |e| e.key() == key), entry) {
             (Ok(mut found), Some(fresh)) => {
                 // The ordered index points at the new allocation before the old one is freed.
-                order.replace(fresh.key_ref());
+                order.replace(found.get().key_ref(), fresh.key_ref());
                 Some(std::mem::replace(found.get_mut(), fresh))
             }
             (Ok(found), None) => {
-                order.remove(key);
+                order.remove(found.get().key_ref());
                 Some(found.remove().0)
             }
             (Err(_), Some(fresh)) => {
@@ -274,11 +276,7 @@ impl Inner {
     }
 
     fn range_after<'a>(&'a self, after: Option<&'a [u8]>) -> impl Iterator<Item = &'a KeyRef> + 'a {
-        let lower = match after {
-            Some(a) => Bound::Excluded(a),
-            None => Bound::Unbounded,
-        };
-        self.order.range::<[u8], _>((lower, Bound::Unbounded))
+        self.order.range_after(after)
     }
 }
 

@@ -244,6 +244,18 @@ impl KeyRef {
         unsafe { std::slice::from_raw_parts(key.as_ptr(), key.len()) }
     }
 
+    /// Starts loading the entry's first bytes into the cache, without waiting for them.
+    pub(super) fn touch(&self) {
+        // SAFETY: as in `key`: the entry is live while the ordered index holds this pointer. A
+        // volatile read is one load the compiler keeps; nothing waits for its value.
+        unsafe { std::ptr::read_volatile(self.0.as_ptr()) };
+    }
+
+    /// Whether both point to the same entry.
+    pub(super) fn same(&self, other: &KeyRef) -> bool {
+        self.0 == other.0
+    }
+
     /// The entry this points to (borrowed from its owner).
     pub(super) fn with_entry<T>(&self, f: impl FnOnce(&Entry) -> T) -> T {
         let entry = std::mem::ManuallyDrop::new(Entry(self.0));
