@@ -227,10 +227,19 @@ fn child_parts(n: usize) {
         table.insert_unique(hasher.hash_one(i), i, |v| hasher.hash_one(*v));
     }
     let after = sample();
+    let load = n as f64 / table.capacity() as f64 * 7.0 / 8.0;
+    drop(table);
+    // The same table of 4-byte handles (what entries in an arena of our own would allow).
+    let before_small = sample();
+    let mut small: hashbrown::HashTable<u32> = hashbrown::HashTable::new();
+    for i in 0..n as u32 {
+        small.insert_unique(hasher.hash_one(i), i, |v| hasher.hash_one(*v));
+    }
+    let after_small = sample();
     println!(
-        "RESULT 0 0 0 0 {entry} {entry_chunk} {} {:.2}",
+        "RESULT 0 0 0 0 {entry} {entry_chunk} {} {load:.2} {}",
         (after.chunks - before.chunks) as f64 / n as f64,
-        n as f64 / table.capacity() as f64 * 7.0 / 8.0
+        (after_small.chunks - before_small.chunks) as f64 / n as f64,
     );
 }
 
@@ -393,12 +402,13 @@ fn print_rows(n: usize) {
         on[0] / redis_rss
     );
     let parts = row("parts", n);
-    let (entry, entry_chunk, table, load) = (parts[4], parts[5], parts[6], parts[7]);
+    let (entry, entry_chunk, table, load, small) = (parts[4], parts[5], parts[6], parts[7], parts[8]);
     println!("where the memory backend's heap goes (B/key):");
     println!(
         "  entry: {entry} B (20 header + {KEY_BYTES} key + {VALUE_BYTES} value) in a {entry_chunk} B malloc chunk"
     );
     println!("  hash index (hashbrown, a pointer a bucket, built alone): {table:.1} (load {load:.2})");
+    println!("    the same with 4-byte handles instead of pointers: {small:.1}");
     println!(
         "  ordered index and the rest (the difference): {:.1}",
         backend[1] - entry_chunk - table

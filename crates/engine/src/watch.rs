@@ -267,8 +267,8 @@ struct Page {
 
 impl Page {
     /// Whether a change read while this page is current is news to a watcher that has the
-    /// snapshot so far (see the module documentation).
-    fn is_news(&self, e: &FeedEvent) -> bool {
+    /// snapshot so far (see the module documentation). `seq`: its position in the feed.
+    fn is_news(&self, e: &FeedEvent, seq: u64) -> bool {
         let key = &e.change.key[..];
         if self.upper.as_deref().is_some_and(|u| key > u) {
             // A later page reads this key after the change was published: it reflects it.
@@ -281,8 +281,8 @@ impl Page {
         match self.observed.get(key) {
             // The version check matters with replicas on shared storage only: another
             // replica's change can reach this feed after the read that reflects it.
-            Some((read_at, read)) => e.seq >= *read_at && read.as_ref().is_none_or(|v| e.change.version > *v),
-            None => e.seq >= self.settled,
+            Some((read_at, read)) => seq >= *read_at && read.as_ref().is_none_or(|v| e.change.version > *v),
+            None => seq >= self.settled,
         }
     }
 }
@@ -373,7 +373,9 @@ impl Watcher {
                 None => break,
                 Some(Err(lag)) => return Step::End(WatchItem::Overflow { missed: lag.missed }),
                 Some(Ok(event)) => {
-                    if self.spec.wanted.keeps(&event.change.key) && page.is_news(&event) {
+                    // The reader has moved past it: it was at the position before.
+                    let seq = self.reader.position() - 1;
+                    if self.spec.wanted.keeps(&event.change.key) && page.is_news(&event, seq) {
                         return Step::Item(WatchItem::Change {
                             event,
                             resumable: false,
