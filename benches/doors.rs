@@ -41,8 +41,9 @@
 //!   (when redis-server is installed).
 //! - Replicas: MQTT GET/SET at 64 in flight through 1, 2 and 3 replicas on one redis-server
 //!   (Mosquitto's shared subscription), next to one replica on the durable backend, with the
-//!   Redis round trips per operation (`doors/replicas.rs`; no CPU columns: its servers are
-//!   other processes and replicas started on the load runtime).
+//!   Redis round trips per operation (`doors/replicas.rs`). Its rows print their own CPU line,
+//!   one figure per party (stategate, redis-server, Mosquitto, the load generator), in place of
+//!   the serve and load columns: two of its servers are other processes.
 
 use std::future::Future;
 use std::sync::OnceLock;
@@ -211,7 +212,7 @@ fn main() {
             memory::run(&o).await;
         }
         if o.wants("replicas") {
-            // Its replicas start on the load runtime and its brokers are other processes.
+            // Its rows print each party's CPU themselves (redis-server and Mosquitto too).
             replicas::run(&Opts {
                 cpu: false,
                 ..o.clone()
