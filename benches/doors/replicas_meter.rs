@@ -107,13 +107,16 @@ impl Measured {
             "{:<34} µs CPU/req: {first} {:.1}  redis {:.1}  mosquitto {:.1}  load {:.1}",
             "", c[0], c[1], c[2], c[3]
         );
-        let shown: Vec<String> = self
-            .commands
+        let frequent: Vec<&(String, f64, f64)> = self.commands.iter().filter(|(_, calls, _)| *calls >= 0.005).collect();
+        let mut shown: Vec<String> = frequent
             .iter()
-            .filter(|(_, calls, _)| *calls >= 0.005)
             .take(8)
             .map(|(name, calls, us)| format!("{name} {calls:.2} ({us:.1} µs)"))
             .collect();
+        if frequent.len() > 8 {
+            let (calls, us) = frequent[8..].iter().fold((0.0, 0.0), |(c, u), x| (c + x.1, u + x.2));
+            shown.push(format!("{} others {calls:.2} ({us:.1} µs)", frequent.len() - 8));
+        }
         if !shown.is_empty() {
             println!("{:<34} redis commands/req (µs inside): {}", "", shown.join(", "));
         }
