@@ -2,8 +2,8 @@
 //!
 //! ```text
 //! cargo bench --bench doors -- [--mqtt-url mqtt://host:port] [--secs 5] [--warmup-secs 1]
-//!                              [--only mqtt,http,grpc,component,memory,replicas]
-//!                              [--keys 1000000] [--inflight 1,16,64,256] [--verbs GET,SET]
+//!                              [--only mqtt,http,grpc,component,replicas]
+//!                              [--inflight 1,16,64,256] [--verbs GET,SET]
 //!                              [--rounds 3] [--paths inbroker,client,mirrored] [--no-log]
 //!
 //! The baseline and stategate run alternately `--rounds` times per row and the run with the
@@ -37,8 +37,6 @@
 //! - Component: the Dapr pluggable state component on its Unix socket, Get and Set as daprd
 //!   sends them, at 1,000 requests/s and with 16 in flight, next to a component answering
 //!   constants (`dapr/bare.rs`).
-//! - Memory: resident bytes per key for 1 million keys next to redis-server's `used_memory`
-//!   (when redis-server is installed).
 //! - Replicas: MQTT GET/SET at 64 in flight through 1, 2 and 3 replicas on one redis-server
 //!   (Mosquitto's shared subscription), next to one replica on the durable backend, with the
 //!   Redis round trips per operation (`doors/replicas.rs`). Its rows print their own CPU line,
@@ -62,8 +60,6 @@ mod grpc;
 mod http;
 #[path = "doors/load.rs"]
 mod load;
-#[path = "doors/memory.rs"]
-mod memory;
 #[path = "doors/mqtt.rs"]
 mod mqtt;
 #[path = "doors/mqtt_client.rs"]
@@ -81,7 +77,6 @@ struct Opts {
     secs: u64,
     warmup: u64,
     only: Vec<String>,
-    keys: usize,
     inflight: Vec<usize>,
     verbs: Vec<String>,
     rounds: usize,
@@ -98,7 +93,6 @@ fn opts() -> Opts {
         secs: 5,
         warmup: 1,
         only: vec![],
-        keys: 1_000_000,
         inflight: vec![1, 16, 64, 256],
         verbs: vec!["GET".into(), "SET".into()],
         rounds: 3,
@@ -119,7 +113,6 @@ fn opts() -> Opts {
                     .map(|v| v.split(',').map(str::to_owned).collect())
                     .unwrap_or_default()
             }
-            "--keys" => o.keys = it.next().and_then(|v| v.parse().ok()).unwrap_or(1_000_000),
             "--inflight" => {
                 o.inflight = it
                     .next()
@@ -207,9 +200,6 @@ fn main() {
         }
         if o.wants("component") {
             component::run(&o).await;
-        }
-        if o.wants("memory") {
-            memory::run(&o).await;
         }
         if o.wants("replicas") {
             // Its rows print each party's CPU themselves (redis-server and Mosquitto too).

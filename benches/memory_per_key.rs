@@ -1,11 +1,11 @@
 //! Memory per key and where it goes: `cargo bench --bench memory_per_key [-- --keys 1000000]`.
 //!
-//! 16-byte keys with distinct 100-byte values, as `--only memory` of the doors benchmark, but
-//! each row in a process of its own (in one process, a row starts in the heap the previous one
-//! freed, and its resident set growth says more about that than about the row), with the
-//! allocator's own figures beside the resident set:
+//! 16-byte keys with distinct 100-byte values, each row in a process of its own (in one
+//! process, a row starts in the heap the previous one freed, and its resident set growth says
+//! more about that than about the row), with the allocator's own figures beside the resident
+//! set:
 //!
-//! - RSS growth: what the operating system sees (the figure the doors benchmark prints);
+//! - RSS growth: what the operating system sees;
 //! - heap: the malloc chunks live at the end (each allocation's usable size plus glibc's 8-byte
 //!   header), from a counting allocator around the system one;
 //! - requested: the bytes the code asked for (the heap less the allocator's rounding).
