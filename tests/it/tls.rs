@@ -553,7 +553,6 @@ async fn sighup_reloads_the_certificate_of_the_real_binary() {
     let ca = Ca::new("stategate test CA");
     let ca_file = ca.write(dir.path(), "ca");
     let first = ca.server(dir.path(), "live");
-    let http_port = crate::support::free_port();
     let mut child = tokio::process::Command::new(BIN)
         .args([
             "--storage",
@@ -567,7 +566,9 @@ async fn sighup_reloads_the_certificate_of_the_real_binary() {
             "--grpc-listen",
             "off",
             "--http-listen",
-            &format!("127.0.0.1:{http_port}"),
+            // Port 0, read back from the log: a port picked beforehand can be taken by
+            // another test before the service binds it.
+            "127.0.0.1:0",
         ])
         .arg("--tls-cert")
         .arg(&first.cert)
@@ -593,6 +594,13 @@ async fn sighup_reloads_the_certificate_of_the_real_binary() {
         })
         .await
     };
+    let bound = wait_for("HTTP door (Dapr state API) listening").await;
+    let http_port: u16 = bound
+        .split("bound=127.0.0.1:")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no bound port in {bound:?}"));
     wait_for("stategate is serving").await;
     let (mut old, leaf) = tls_connect(http_port, &ca_file, &[b"http/1.1"]).await.unwrap();
     assert_eq!(leaf, pki::der_of(&first.cert_pem));
