@@ -31,10 +31,12 @@
 //! With replicas on shared storage, another replica's change reaches this history through the
 //! shared log, after its write and not under this replica's lock. So the snapshot also waits
 //! until the history holds every change the log had (after the scan, and after a page's reads),
-//! and a key read with a version takes no change of that version or older. One case stays
-//! loose: a key the scan listed that another replica deletes before it is read, then its
-//! `delete` (after a `set`, if it was set again in between) can be sent though the snapshot left
-//! the key out; the replayed state is still the store's.
+//! and a key read is placed at the feed position before its read, not after: another replica's
+//! change can be swapped in storage after the read and reach the feed before the read returns.
+//! From that position on, the key takes every change newer than the version read. One case
+//! stays loose: a key another replica deletes before (or while) it is read, then its `delete`
+//! (after a `set`, if it was set again in between) can be sent though the snapshot left the key
+//! out; the replayed state is still the store's.
 //!
 //! Changes sent during a snapshot are not resume positions (a resume from there would skip
 //! keys the snapshot had not reached); [`WatchItem::Synced`] ends the snapshot and names the
@@ -196,18 +198,30 @@ impl Engine {
         })
     }
 
-    /// Reads a key under its stripe lock, with the feed position at that moment: every change
-    /// to the key before the position is reflected in what was read, none after it.
+    /// Reads a key under its stripe lock, with a feed position: every change to the key before
+    /// the position is reflected in what was read. After it, with local storage none is; with
+    /// replicas, those of the version read or older are (see [`Page::is_news`]).
     async fn read_observed(&self, key: &Bytes) -> Result<(Option<Entry>, u64), EngineError> {
         let _guard = self.lock(key).await;
+        // Another replica's change takes no lock here: it can be swapped in storage after the
+        // read and reach this feed before the read returns. A position taken after the read
+        // would then place it before the read though the read missed it, and the snapshot
+        // would drop it; taken before, it is decided by its version.
+        let before = self.0.feed.head();
         let record = self.load_live(key).await?;
+        // Local writes publish under the lock held here: for them the position after the read
+        // is exact, and a removal the read itself made (an expired key) is not sent as news.
+        let read_at = match self.shared() {
+            Some(_) => before,
+            None => self.0.feed.head(),
+        };
         let entry = record.map(|r| Entry {
             value: r.value,
             version: r.version,
             expires_at_ms: r.expires_at_ms,
             fencing: r.fencing,
         });
-        Ok((entry, self.0.feed.head()))
+        Ok((entry, read_at))
     }
 
     /// Waits until every write that was in flight when called has published its change: a
