@@ -1,7 +1,6 @@
 //! Shared test harness: a real Mosquitto per test on a free port, the service in process, and
 //! a raw MQTT5 client that sees every property byte for byte.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -20,12 +19,10 @@ pub const INVOKE: &str = stategate::mqtt::INVOKE_TOPIC;
 /// Every wait in a test is bounded by this.
 pub const WAIT: Duration = Duration::from_secs(10);
 
-/// A free loopback port (bound then released).
+/// A free loopback port for a process a test starts (see [`crate::redis::server::free_port`]:
+/// below the ephemeral range, never handed out twice).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free port")
+    crate::redis::server::free_port()
 }
 
 /// A Mosquitto broker on a free loopback port, killed on drop.

@@ -3,11 +3,13 @@ package faults
 import (
 	"bufio"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -15,10 +17,43 @@ import (
 	"time"
 )
 
-// freePort asks the kernel for a free loopback port. Never fixed ports: several runs (and the
-// integration tests) may share the machine. The small race between close and reuse is accepted.
+// freePort picks a loopback port nothing listens on, for a process the test starts next.
+// Never fixed ports: several runs (and the integration tests) may share the machine. The port
+// is below the kernel's ephemeral range (ip_local_port_range), not one from a bind to port 0:
+// the kernel hands ephemeral ports to every outgoing connection and every bind to port 0, so one
+// of those could take the port before the child binds it, or while a killed process is down
+// before its restart on the same port. Below the range only another explicit pick can; this
+// process never hands a port out twice, and starts at a random place so that concurrent runs
+// rarely try the same ports.
 func freePort(t *testing.T) int {
 	t.Helper()
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	const lowest = 10000
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				low = n
+			}
+		}
+	}
+	if span := low - lowest; span >= 1000 {
+		start := rand.IntN(span)
+		for i := 0; i < span; i++ {
+			port := lowest + (start+i)%span
+			if portsGiven[port] {
+				continue
+			}
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+			if err != nil {
+				continue
+			}
+			l.Close()
+			portsGiven[port] = true
+			return port
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("free port: %v", err)
@@ -26,6 +61,11 @@ func freePort(t *testing.T) int {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
 
 // Proc is one child process that can be killed, paused and restarted with the same command line
 // (so the same ports). Each runs in its own process group so that a signal reaches all of it and
