@@ -128,6 +128,8 @@ pub async fn start_observed(
 
     #[cfg(feature = "embedded-broker")]
     let mut broker = None;
+    // Set only by the embedded broker (a build without it, such as the fuzz targets', never does).
+    #[cfg_attr(not(feature = "embedded-broker"), allow(unused_mut))]
     let mut serve_in_broker = false;
     let (host, port) = match &config.broker {
         BrokerChoice::External { host, port } => (host.clone(), *port),
