@@ -91,13 +91,10 @@ fn populate(dir: &Path, n: u64) {
     });
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+/// Ports below the ephemeral range, never handed out twice (see the file).
+#[path = "../crates/storage/src/redis/ports.rs"]
+mod ports;
+use ports::free_port;
 
 /// A child killed when dropped.
 struct Proc(Child);

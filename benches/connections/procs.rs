@@ -8,13 +8,10 @@ use std::time::{Duration, Instant};
 
 use super::raw;
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+/// Ports below the ephemeral range, never handed out twice (see the file).
+#[path = "../../crates/storage/src/redis/ports.rs"]
+mod ports;
+pub use ports::free_port;
 
 /// A broker process, killed when dropped.
 pub struct Broker {

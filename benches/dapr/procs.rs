@@ -13,12 +13,10 @@ const DAPRD_START: Duration = Duration::from_secs(60);
 /// Lines of a child's output kept for the failure message.
 const KEEP_LINES: usize = 200;
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
+/// Ports below the ephemeral range, never handed out twice (see the file).
+#[path = "../../crates/storage/src/redis/ports.rs"]
+mod ports;
+pub use ports::free_port;
 
 /// A child process killed (and reaped) on drop, with the temporary folder it uses.
 pub struct Child {

@@ -19,12 +19,10 @@ impl Drop for Child {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+/// Ports below the ephemeral range, never handed out twice (see the file).
+#[path = "../../crates/storage/src/redis/ports.rs"]
+mod ports;
+use ports::free_port;
 
 /// Waits until `port` accepts connections (a child process starting: nothing to await).
 fn accepts(port: u16) -> bool {

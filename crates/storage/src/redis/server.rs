@@ -7,10 +7,14 @@
 //! the test with that advice: these tests never skip.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+#[path = "ports.rs"]
+mod ports;
+pub use ports::free_port;
 
 /// Every wait for a server is bounded by this.
 const READY_WITHIN: Duration = Duration::from_secs(10);
@@ -213,48 +217,6 @@ impl Drop for TestServer {
         // SIGKILL ends a paused (SIGSTOP) process too.
         self.kill();
     }
-}
-
-/// A loopback port nothing listens on, for a process the test starts next (bound, then
-/// released).
-///
-/// Picked below the kernel's ephemeral range (`ip_local_port_range`), not with a bind to port 0:
-/// the kernel gives ephemeral ports to every outgoing connection and every bind to port 0 on the
-/// machine, so one of those could take the port between this pick and the child's bind, or while
-/// a killed server is down before its restart on the same port. Below the range only another
-/// explicit pick can, and this process never hands a port out twice; the start is random so
-/// that two suites on one machine rarely try the same ports. Falls back to port 0 when the range
-/// leaves no room below it.
-pub fn free_port() -> u16 {
-    use std::collections::HashSet;
-    use std::hash::{BuildHasher, RandomState};
-    use std::sync::Mutex;
-    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
-    const LOWEST: u16 = 10_000;
-    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32_768);
-    let span = ephemeral_low.saturating_sub(LOWEST);
-    if span >= 1_000 {
-        let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
-        let given = given.get_or_insert_with(HashSet::new);
-        let start = RandomState::new().hash_one(std::process::id()) as u16 % span;
-        for i in 0..span {
-            let port = LOWEST + (start + i) % span;
-            if given.contains(&port) {
-                continue;
-            }
-            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-                given.insert(port);
-                return port;
-            }
-        }
-    }
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free port")
 }
 
 fn accepts(port: u16) -> bool {
