@@ -36,7 +36,15 @@ impl Engine {
             let mut view: std::collections::HashMap<Bytes, (Option<Hlc>, Option<Record>)> = Default::default();
             for op in ops {
                 if !view.contains_key(op.key()) {
-                    let cur = self.load_live(op.key()).await?;
+                    // The stored value is read only for a key some operation compares it with
+                    // (NEX); the others need the version, deadline and fencing token alone.
+                    let compares = ops.iter().any(|o| {
+                        matches!(o, TxOp::Set(s) if s.key == *op.key() && s.condition == SetCondition::IfAbsentOrEqual)
+                    });
+                    let cur = match self.load_live_marked(op.key(), None, compares).await? {
+                        Loaded::Record(r) => r,
+                        Loaded::Repeated(_) => return Err(contended()),
+                    };
                     view.insert(op.key().clone(), (cur.as_ref().map(|r| r.version.clone()), cur));
                 }
             }
