@@ -98,7 +98,8 @@ pub struct ServeArgs {
     /// gets the `overflow` event, one that resumes from before it a reset and a snapshot.
     #[arg(long, env = "STATEGATE_WATCH_HISTORY_EVENTS", default_value_t = 65_536)]
     pub watch_history_events: usize,
-    /// Bytes of keys and values the watch history keeps (the newest change is always kept).
+    /// Heap bytes the watch history keeps: each change's copies of its key and value, its event
+    /// and ring slot (the newest change is always kept).
     #[arg(long, env = "STATEGATE_WATCH_HISTORY_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub watch_history_bytes: usize,
     /// Seconds the watch history keeps a change.
