@@ -19,11 +19,9 @@ pub const INVOKE: &str = stategate::mqtt::INVOKE_TOPIC;
 /// Every wait in a test is bounded by this.
 pub const WAIT: Duration = Duration::from_secs(10);
 
-/// A free loopback port for a process a test starts (see [`crate::redis::server::free_port`]:
-/// below the ephemeral range, never handed out twice).
-pub fn free_port() -> u16 {
-    crate::redis::server::free_port()
-}
+/// A free loopback port for a process a test starts: below the ephemeral range, never handed
+/// out twice.
+pub use crate::redis::server::free_port;
 
 /// A Mosquitto broker on a free loopback port, killed on drop.
 pub struct Mosquitto {

@@ -23,13 +23,15 @@ pub fn free_port() -> u16 {
         .ok()
         .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
         .unwrap_or(32_768);
-    let span = ephemeral_low.saturating_sub(LOWEST);
+    // In u32: with a range that starts high, `start + i` passes u16::MAX.
+    let span = u32::from(ephemeral_low.saturating_sub(LOWEST));
     if span >= 1_000 {
         let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
         let given = given.get_or_insert_with(HashSet::new);
-        let start = RandomState::new().hash_one(std::process::id()) as u16 % span;
+        let start = (RandomState::new().hash_one(std::process::id()) % u64::from(span)) as u32;
         for i in 0..span {
-            let port = LOWEST + (start + i) % span;
+            // Below `ephemeral_low`, a u16.
+            let port = LOWEST + ((start + i) % span) as u16;
             if given.contains(&port) {
                 continue;
             }
