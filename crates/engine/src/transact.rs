@@ -34,14 +34,19 @@ impl Engine {
         'attempt: for _ in 0..MAX_SWAP_ATTEMPTS {
             // key -> (version read, current record in this transaction's view)
             let mut view: std::collections::HashMap<Bytes, (Option<Hlc>, Option<Record>)> = Default::default();
+            // The stored value is read only for a key some operation compares it with (NEX,
+            // rare); the others need the version, deadline and fencing token alone.
+            let compared: Vec<&Bytes> = ops
+                .iter()
+                .filter_map(|o| match o {
+                    TxOp::Set(s) if s.condition == SetCondition::IfAbsentOrEqual => Some(&s.key),
+                    _ => None,
+                })
+                .collect();
             for op in ops {
                 if !view.contains_key(op.key()) {
-                    // The stored value is read only for a key some operation compares it with
-                    // (NEX); the others need the version, deadline and fencing token alone.
-                    let compares = ops.iter().any(|o| {
-                        matches!(o, TxOp::Set(s) if s.key == *op.key() && s.condition == SetCondition::IfAbsentOrEqual)
-                    });
-                    let cur = match self.load_live_marked(op.key(), None, compares).await? {
+                    let value = compared.contains(&op.key());
+                    let cur = match self.load_live_marked(op.key(), None, value).await? {
                         Loaded::Record(r) => r,
                         Loaded::Repeated(_) => return Err(contended()),
                     };
