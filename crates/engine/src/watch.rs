@@ -207,14 +207,11 @@ impl Engine {
         // read and reach this feed before the read returns. A position taken after the read
         // would then place it before the read though the read missed it, and the snapshot
         // would drop it; taken before, it is decided by its version.
-        let before = self.0.feed.head();
+        let before = self.shared().map(|_| self.0.feed.head());
         let record = self.load_live(key).await?;
         // Local writes publish under the lock held here: for them the position after the read
         // is exact, and a removal the read itself made (an expired key) is not sent as news.
-        let read_at = match self.shared() {
-            Some(_) => before,
-            None => self.0.feed.head(),
-        };
+        let read_at = before.unwrap_or_else(|| self.0.feed.head());
         let entry = record.map(|r| Entry {
             value: r.value,
             version: r.version,
