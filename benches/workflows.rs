@@ -2,7 +2,7 @@
 //! the same daprd 1.18.3, placement and scheduler, measured in one run (issue 29).
 //!
 //! ```text
-//! cargo bench --bench workflows -- [--only memory,durable,redis,redis-aof,postgres]
+//! cargo bench --bench workflows -- [--only memory,durable,redis,redis-aof,postgres,floor]
 //!                                  [--workflows 100,1000] [--steps 5] [--fanout 100]
 //!                                  [--actors 10000] [--actor-calls 20000] [--inflight 64]
 //!                                  [--rounds 2] [--job-timeout 180]
@@ -31,7 +31,9 @@
 //! ended (the `ok` column), and its throughput counts those that ended, up to the last one.
 //!
 //! A do-nothing component (benches/dapr/bare.rs) cannot be a baseline here: daprd reads a
-//! workflow's history and an actor's state back from the store to take the next step.
+//! workflow's history and an actor's state back from the store to take the next step. The
+//! `floor` row is the baseline instead: a pluggable component keeping its state in a `HashMap`
+//! and nothing more (`workflows/floor.rs`), the least any component behind daprd costs.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -39,6 +41,8 @@ use std::time::Duration;
 #[allow(dead_code)]
 #[path = "common/cpu.rs"]
 mod cpu;
+#[path = "workflows/floor.rs"]
+mod floor;
 #[allow(dead_code)]
 #[path = "dapr/procs.rs"]
 mod procs;
@@ -49,12 +53,13 @@ use procs::{RedisPersistence, free_port};
 use serde_json::Value;
 
 /// The stores, in the order rows print them.
-const TARGETS: [(&str, &str); 5] = [
+const TARGETS: [(&str, &str); 6] = [
     ("memory", "stategate memory"),
     ("durable", "stategate durable (fsync always)"),
     ("redis", "Redis (no persistence)"),
     ("redis-aof", "Redis (appendfsync always)"),
     ("postgres", "PostgreSQL 15 (state.postgresql v2)"),
+    ("floor", "floor: a HashMap component"),
 ];
 /// A row taking longer than this is stuck.
 const JOB_LIMIT: Duration = Duration::from_secs(1800);
@@ -147,6 +152,7 @@ fn run_store(target: &str, jobs: &[String], job_timeout: u64) -> Vec<Row> {
         "redis" => stack::redis(RedisPersistence::None),
         "redis-aof" => stack::redis(RedisPersistence::AofAlways),
         "postgres" => stack::postgres(),
+        "floor" => stack::floor(),
         _ => unreachable!("checked in opts"),
     };
     let etcd = tempfile::tempdir().expect("tempdir");
@@ -271,6 +277,11 @@ fn median(rounds: &[&Row]) -> usize {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--serve-floor") {
+        let socket = args.get(i + 1).expect("--serve-floor SOCKET");
+        floor::serve(std::path::Path::new(socket));
+    }
     let o = opts();
     let targets: Vec<(&str, &str)> = TARGETS
         .iter()
@@ -312,9 +323,9 @@ fn main() {
             })
             .collect();
         let anchor = |id: &str| targets.iter().position(|(t, _)| *t == id).map(|i| picked[i]);
-        let (aof, pg) = (anchor("redis-aof"), anchor("postgres"));
+        let (aof, pg, floor) = (anchor("redis-aof"), anchor("postgres"), anchor("floor"));
         println!(
-            "{:<36} {:>10} {:>9} {:>9} {:>9}  {:>15} {:>15}  {}",
+            "{:<36} {:>10} {:>9} {:>9} {:>9}  {:>15} {:>15} {:>15}  {}",
             "store",
             format!("{unit}s/s"),
             "p50 ms",
@@ -322,6 +333,7 @@ fn main() {
             "ok",
             "vs redis-aof",
             "vs postgres",
+            "vs floor",
             PARTIES.join(" / ")
         );
         for ((_, name), row) in targets.iter().zip(&picked) {
@@ -342,7 +354,7 @@ fn main() {
                 .map(|ns| format!("{:.2}", *ns as f64 / 1e6 / units))
                 .collect();
             println!(
-                "{:<36} {:>10.1} {:>9.1} {:>9.1} {:>9}  {:>15} {:>15}  {}",
+                "{:<36} {:>10.1} {:>9.1} {:>9.1} {:>9}  {:>15} {:>15} {:>15}  {}",
                 name,
                 row.f("per_second"),
                 row.f("p50_ms"),
@@ -350,6 +362,7 @@ fn main() {
                 format!("{}/{}", row.f("ok"), row.f("units")),
                 vs(aof),
                 vs(pg),
+                vs(floor),
                 cpu.join(" / ")
             );
         }

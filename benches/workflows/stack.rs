@@ -1,6 +1,7 @@
 //! The processes of one row of the workflows benchmark, each on free loopback ports and killed
 //! when dropped: placement, the scheduler, daprd with an app port, the Go load generator (the
-//! app), and the store behind daprd (stategate's binary, redis-server, PostgreSQL).
+//! app), and the store behind daprd (stategate's binary, redis-server, PostgreSQL, the floor
+//! component).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -318,17 +319,7 @@ pub fn stategate(durable: bool) -> Store {
         None => cmd.args(["--storage", "memory"]),
     };
     let mut p = Proc::spawn("stategate", &mut cmd, false);
-    let socket = sockets.path().join("stategate.sock");
-    let deadline = Instant::now() + START;
-    while !socket.exists() {
-        p.drain();
-        assert!(
-            Instant::now() < deadline,
-            "stategate's component socket did not appear:\n{}",
-            p.output()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_for_socket(&mut p, &sockets.path().join("stategate.sock"));
     Store {
         pid: p.pid(),
         tree: false,
@@ -336,6 +327,39 @@ pub fn stategate(durable: bool) -> Store {
         sockets,
         metrics: Some(http),
         _keep: Keep::Proc(p, data),
+    }
+}
+
+/// The floor component (`floor.rs`): this bench's own executable re-run with `--serve-floor`,
+/// as a process of its own, behind a component file of type `state.floor`.
+pub fn floor() -> Store {
+    let sockets = tempfile::tempdir().expect("tempdir");
+    let socket = sockets.path().join("floor.sock");
+    let exe = std::env::current_exe().expect("the bench's own executable");
+    let mut p = Proc::spawn("floor", Command::new(exe).arg("--serve-floor").arg(&socket), false);
+    wait_for_socket(&mut p, &socket);
+    Store {
+        pid: p.pid(),
+        tree: false,
+        resources: component("state.floor", "v1", &[]),
+        sockets,
+        metrics: None,
+        _keep: Keep::Proc(p, None),
+    }
+}
+
+/// Waits for a component process's socket to appear (nothing to await: the file is the event).
+fn wait_for_socket(p: &mut Proc, socket: &Path) {
+    let deadline = Instant::now() + START;
+    while !socket.exists() {
+        p.drain();
+        assert!(
+            Instant::now() < deadline,
+            "{} did not appear:\n{}",
+            socket.display(),
+            p.output()
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
