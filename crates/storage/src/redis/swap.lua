@@ -11,6 +11,10 @@
 -- half-applied. The `#!lua` line (no flags) makes Redis refuse the whole call up front when
 -- it is out of memory, instead of at the first write.
 --
+-- Numbers given to redis.call, or put in the log entry, are written as strings ('0',
+-- string.format('%d', n)): Redis 7.0 turns a Lua number argument into text with printf's
+-- '%.17g', and Lua's own `..` with '%.14g', the C library's float formatting either way.
+--
 -- KEYS[1] index (ZSET, score 0, member = key)
 -- KEYS[2] deadlines (ZSET, score = deadline ms, member = key)
 -- KEYS[3] highest version ever written (ZSET, one member, score 0)
@@ -87,9 +91,9 @@ for i = 1, swaps do
       -- A key created (again) gets a version above every removal's: members at or above the
       -- new version, compared as bytes (the encoding's byte order is the versions' order).
       if floored then
-        local above = redis.call('ZRANGEBYLEX', removed, '[' .. ARGV[a + 4], '+', 'LIMIT', 0, 1)
+        local above = redis.call('ZRANGEBYLEX', removed, '[' .. ARGV[a + 4], '+', 'LIMIT', '0', '1')
         if above[1] then
-          return {4, redis.call('ZRANGE', removed, -1, -1)[1]}
+          return {4, redis.call('ZRANGE', removed, '-1', '-1')[1]}
         end
       end
     end
@@ -165,16 +169,16 @@ for i = 1, swaps do
       fields[#fields + 1] = ARGV[a + 7]
     end
     redis.call('HSET', record, unpack(fields))
-    redis.call('ZADD', index, 0, key)
+    redis.call('ZADD', index, '0', key)
     -- Keep only the greatest member: equal scores order members by their bytes, and the
     -- encoding's byte order is the versions' order (no Lua string comparison, which follows
     -- the server's locale).
-    redis.call('ZADD', highest, 0, version)
+    redis.call('ZADD', highest, '0', version)
   else
     redis.call('ZREM', index, key)
   end
 end
-redis.call('ZREMRANGEBYRANK', highest, 0, -2)
+redis.call('ZREMRANGEBYRANK', highest, '0', '-2')
 
 -- The changes, in the same atomic call: no replica sees the swap without its changes or the
 -- other way round, and the log's order is the order of the swaps.
@@ -188,9 +192,9 @@ if ARGV[2] ~= '' then
     if kind == 'i' then
       kind = 's'
     elseif kind == 'd' or kind == 'e' then
-      redis.call('ZADD', removed, 0, ARGV[b + 2])
+      redis.call('ZADD', removed, '0', ARGV[b + 2])
     end
-    local entry = {'n', last, 'u', ARGV[7] .. '.' .. j, 'o', ARGV[6], 't', kind, 'k', ARGV[b],
+    local entry = {'n', string.format('%d', last), 'u', string.format('%s.%d', ARGV[7], j), 'o', ARGV[6], 't', kind, 'k', ARGV[b],
       'v', ARGV[b + 2]}
     if ARGV[b + 1] == 'i' then
       entry[#entry + 1] = 'i'
@@ -211,7 +215,7 @@ if ARGV[2] ~= '' then
     redis.call('XADD', log, 'MAXLEN', '~', ARGV[2], '*', unpack(entry))
   end
 end
-redis.call('ZREMRANGEBYRANK', removed, 0, -2)
+redis.call('ZREMRANGEBYRANK', removed, '0', '-2')
 if ARGV[3] == 's' then
   redis.call('SET', mark, ARGV[4], 'PX', ARGV[5])
 end
