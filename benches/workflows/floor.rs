@@ -63,7 +63,7 @@ impl Items {
         }
     }
 
-    fn set(&mut self, r: cpb::SetRequest) -> Result<Write, Status> {
+    fn set(&self, r: cpb::SetRequest) -> Result<Write, Status> {
         let first_write = r
             .options
             .as_ref()
@@ -72,7 +72,7 @@ impl Items {
         Ok(Write::Set(r.key, r.value))
     }
 
-    fn delete(&mut self, r: cpb::DeleteRequest) -> Result<Write, Status> {
+    fn delete(&self, r: cpb::DeleteRequest) -> Result<Write, Status> {
         self.check(&r.key, r.etag.as_ref(), false)?;
         Ok(Write::Delete(r.key))
     }
