@@ -2,7 +2,7 @@
 //! per key) and the bounded queue of their notifications. The history every watcher reads is
 //! in [`super::feed`].
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -11,6 +11,9 @@ use tokio::sync::mpsc;
 use tokio::time::{Duration, Instant};
 
 use crate::hlc::Hlc;
+
+mod few;
+use few::{Few, Removed};
 
 /// One applied change, in the order the engine applied changes to that key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,17 +124,20 @@ pub(crate) enum RegisterError {
 }
 
 /// Who observes which key. Registrations belong to a client's session and never touch storage.
+///
+/// Sized for many clients with a key or a few each (a device, its KEYNOTIFY): a client's id
+/// and a key are one allocation each, shared by both maps, and a set of one is inline (`Few`).
 #[derive(Debug, Default)]
 pub(crate) struct Observers {
     by_client: HashMap<Arc<str>, Client>,
-    by_key: HashMap<Bytes, HashSet<Arc<str>>>,
+    by_key: HashMap<Arc<[u8]>, Few<Arc<str>>>,
     /// Registrations of all clients.
     total: usize,
 }
 
 #[derive(Debug)]
 struct Client {
-    keys: HashSet<Bytes>,
+    keys: Few<Arc<[u8]>>,
     last_seen: Instant,
     /// The broker session the registrations were made in, when the broker says (`None`: the
     /// caller could not tell, e.g. behind an external broker).
@@ -157,36 +163,53 @@ impl Observers {
         {
             self.drop_client(client, None);
         }
+        let keys_now = match self.by_client.get_mut(client) {
+            Some(c) => {
+                c.last_seen = now;
+                if c.keys.contains(key) {
+                    return Ok(());
+                }
+                c.keys.len()
+            }
+            None => 0,
+        };
+        if keys_now >= limits.per_client {
+            return Err(RegisterError::ClientFull);
+        }
+        if self.total >= limits.total {
+            return Err(RegisterError::RegistryFull);
+        }
+        // The key is shared with the other observers of it, else copied: the caller's may be a
+        // slice of a network buffer, which must not stay pinned.
+        let key: Arc<[u8]> = match self.by_key.get_key_value(key) {
+            Some((k, _)) => k.clone(),
+            None => Arc::from(key),
+        };
         let id: Arc<str> = match self.by_client.get_key_value(client) {
             Some((id, _)) => id.clone(),
             None => Arc::from(client),
         };
-        let entry = self.by_client.entry(id.clone()).or_insert_with(|| Client {
-            keys: HashSet::new(),
-            last_seen: now,
-            session,
-        });
-        entry.last_seen = now;
-        if entry.keys.contains(key) {
-            return Ok(());
-        }
-        let refused = if entry.keys.len() >= limits.per_client {
-            Some(RegisterError::ClientFull)
-        } else if self.total >= limits.total {
-            Some(RegisterError::RegistryFull)
-        } else {
-            None
-        };
-        if let Some(why) = refused {
-            if entry.keys.is_empty() {
-                self.by_client.remove(client);
+        match self.by_client.get_mut(client) {
+            Some(c) => {
+                c.keys.insert(key.clone());
             }
-            return Err(why);
+            None => {
+                let c = Client {
+                    keys: Few::One(key.clone()),
+                    last_seen: now,
+                    session,
+                };
+                self.by_client.insert(id.clone(), c);
+            }
         }
-        // A copy: the caller's key may be a slice of a network buffer that must not stay pinned.
-        let key = Bytes::copy_from_slice(key);
-        entry.keys.insert(key.clone());
-        self.by_key.entry(key).or_default().insert(id);
+        match self.by_key.get_mut(&key) {
+            Some(observers) => {
+                observers.insert(id);
+            }
+            None => {
+                self.by_key.insert(key, Few::One(id));
+            }
+        }
         self.total += 1;
         Ok(())
     }
@@ -197,20 +220,25 @@ impl Observers {
             return false;
         };
         c.last_seen = Instant::now();
-        if !c.keys.remove(key) {
-            return false;
-        }
-        self.total -= 1;
-        if c.keys.is_empty() {
-            self.by_client.remove(client);
-        }
-        if let Some(set) = self.by_key.get_mut(key) {
-            set.remove(client);
-            if set.is_empty() {
-                self.by_key.remove(key);
+        match c.keys.remove(key) {
+            Removed::NotThere => return false,
+            Removed::Left => {}
+            Removed::Emptied => {
+                self.by_client.remove(client);
             }
         }
+        self.total -= 1;
+        self.forget_observer(key, client);
         true
+    }
+
+    /// Takes `client` out of `key`'s observers, and the key out of the map with its last one.
+    fn forget_observer(&mut self, key: &[u8], client: &str) {
+        if let Some(set) = self.by_key.get_mut(key)
+            && set.remove(client) == Removed::Emptied
+        {
+            self.by_key.remove(key);
+        }
     }
 
     pub(crate) fn of_key(&self, key: &[u8]) -> Vec<Arc<str>> {
@@ -238,13 +266,8 @@ impl Observers {
         let Some(c) = self.by_client.remove(client) else {
             return 0;
         };
-        for key in &c.keys {
-            if let Some(set) = self.by_key.get_mut(key) {
-                set.remove(client);
-                if set.is_empty() {
-                    self.by_key.remove(key);
-                }
-            }
+        for key in c.keys.iter() {
+            self.forget_observer(key, client);
         }
         self.total -= c.keys.len();
         c.keys.len()
