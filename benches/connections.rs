@@ -9,13 +9,16 @@
 //! With `--fanout`, it measures how long one change takes to reach N observers instead
 //! (`connections/fanout.rs`).
 //!
-//! For each broker: start it (the stategate binary with its embedded broker and memory storage;
-//! Mosquitto 2 with a minimal configuration), read its resident set (VmRSS), open `--clients`
-//! MQTT 5 clients that each CONNECT (keep-alive off) and SUBSCRIBE to a topic of their own and,
-//! with `--keynotify`, register one key with KEYNOTIFY through the state store (stategate only:
-//! Mosquitto gets the subscription alone), wait for every answer, read the resident set again,
-//! and the CPU time the process used over `--idle-secs` with every client connected and idle.
-//! Prints bytes per client and idle CPU (% of one core), and stategate's ratio to Mosquitto.
+//! Three rows, each with processes of its own: Mosquitto 2 with a minimal configuration (the
+//! anchor), the stategate binary with its embedded broker and memory storage, and Mosquitto
+//! with stategate behind it on the client path (`--mqtt-url`, the deployment that puts another
+//! broker in front of the devices; both processes counted). For each: read the resident set
+//! (VmRSS), open `--clients` MQTT 5 clients that each CONNECT (keep-alive off) and SUBSCRIBE to
+//! a topic of their own and, with `--keynotify`, register one key with KEYNOTIFY through the
+//! state store (Mosquitto alone gets the subscription only), wait for every answer, read the
+//! resident set again, then the CPU time used over `--idle-secs` with every client connected
+//! and idle. Prints bytes per client and idle CPU (% of one core), and each row's ratio to
+//! Mosquitto.
 //! The clients are raw sockets with hand-encoded packets, so the load generator's own memory
 //! does not blur the figure; one process holds them, so `--clients` stays under the open-file
 //! limit (`ulimit -n`, 20,000 here) with room for the broker's side.
@@ -33,7 +36,7 @@ mod procs;
 #[path = "../tests/it/mqtt_raw.rs"]
 mod raw;
 
-use procs::{Broker, client, cpu_ticks, mosquitto, rss_bytes, stategate};
+use procs::{Broker, client, mosquitto, mosquitto_with_stategate, stategate};
 
 struct Opts {
     clients: usize,
@@ -83,11 +86,10 @@ struct Row {
 }
 
 fn measure(b: &Broker, o: &Opts) -> Row {
-    let pid = b.child.id();
-    // Let the process settle after its start.
+    // Let the processes settle after their start.
     std::thread::sleep(Duration::from_millis(500));
-    let before = rss_bytes(pid);
-    let keynotify_too = o.keynotify && b.name == "stategate";
+    let before = b.rss();
+    let keynotify_too = o.keynotify && b.serves_state_store();
     let started = Instant::now();
     // A few threads open the clients: the connect round trips dominate, not this process.
     let threads = 4;
@@ -112,14 +114,14 @@ fn measure(b: &Broker, o: &Opts) -> Row {
     });
     let opened = started.elapsed();
     std::thread::sleep(Duration::from_secs(1));
-    let after = rss_bytes(pid);
-    let t0 = cpu_ticks(pid);
+    let after = b.rss();
+    let t0 = b.cpu_ticks();
     std::thread::sleep(o.idle);
-    let ticks = cpu_ticks(pid) - t0;
+    let ticks = b.cpu_ticks() - t0;
     let idle_cpu = ticks as f64 / o.idle.as_secs_f64(); // ticks per second = % of a core
     let per_client = after.saturating_sub(before) as f64 / held.len() as f64;
     println!(
-        "{:<10} {:>6} clients in {:>5.1} s  resident {:>7.1} -> {:>7.1} MiB  {:>8.0} bytes/client  idle CPU {:>5.1} % of a core",
+        "{:<19} {:>6} clients in {:>5.1} s  resident {:>7.1} -> {:>7.1} MiB  {:>8.0} bytes/client  idle CPU {:>5.1} % of a core",
         b.name,
         held.len(),
         opened.as_secs_f64(),
@@ -152,15 +154,18 @@ fn main() {
         }
     );
     let m = measure(&mosquitto(), &o);
-    let s = measure(&stategate(o.clients), &o);
-    println!(
-        "{} / {}: {:.1}x the memory per client ({:.0} vs {:.0} bytes), idle CPU {:.1} vs {:.1} %",
-        s.name,
-        m.name,
-        s.per_client / m.per_client.max(1.0),
-        s.per_client,
-        m.per_client,
-        s.idle_cpu,
-        m.idle_cpu
-    );
+    let embedded = measure(&stategate(o.clients), &o);
+    let behind = measure(&mosquitto_with_stategate(), &o);
+    for s in [embedded, behind] {
+        println!(
+            "{} / {}: {:.1}x the memory per client ({:.0} vs {:.0} bytes), idle CPU {:.1} vs {:.1} %",
+            s.name,
+            m.name,
+            s.per_client / m.per_client.max(1.0),
+            s.per_client,
+            m.per_client,
+            s.idle_cpu,
+            m.idle_cpu
+        );
+    }
 }

@@ -4,13 +4,16 @@
 //! - Mosquitto: one QoS 1 PUBLISH to a topic every observer subscribed to (QoS 1), the anchor;
 //! - stategate's embedded broker, the same plain PUBLISH (the broker's own fan-out);
 //! - stategate: one SET over the state store protocol of a key every observer registered with
-//!   KEYNOTIFY (one notification per observer, each to the observer's own topic).
+//!   KEYNOTIFY (one notification per observer, each to the observer's own topic);
+//! - the same SET with the observers on Mosquitto and stategate behind it (`--mqtt-url`): the
+//!   notifications leave stategate over its one client connection and Mosquitto routes each.
 //!
 //! Each figure is the time from the moment the PUBLISH or SET is written to the moment the last
 //! observer has read its message, and from the publisher's acknowledgement (PUBACK, or the SET's
 //! answer) to that moment. Observers acknowledge each QoS 1 message at once, so the broker never
 //! waits on a slow reader. Also printed: the broker process's CPU time per round (the figure that
-//! moves to another machine) and per delivered message. Observers are added as the counts grow,
+//! moves to another machine; both processes' when stategate is behind Mosquitto) and per
+//! delivered message. Observers are added as the counts grow,
 //! so one broker process serves every count.
 
 use std::io::Write;
@@ -22,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 
-use super::procs::{self, Broker, INVOKE, cpu_ticks};
+use super::procs::{self, Broker, INVOKE};
 use super::raw;
 
 const PLAIN_TOPIC: &str = "fanout/plain";
@@ -119,6 +122,16 @@ struct Figures {
     cpu_ms: f64,
 }
 
+/// Where the observers connect.
+enum Setup {
+    /// Mosquitto alone: the anchor, a plain publish.
+    Mosquitto,
+    /// stategate's embedded broker: a plain publish and KEYNOTIFY.
+    Embedded,
+    /// Mosquitto with stategate behind it on the client path: KEYNOTIFY through Mosquitto.
+    Behind,
+}
+
 /// The publisher's side of one kind of round.
 enum Kind {
     Publish,
@@ -135,7 +148,7 @@ fn rounds(
     round: &Round,
 ) -> Figures {
     let (mut sends, mut acks) = (Vec::new(), Vec::new());
-    let ticks_before = cpu_ticks(broker.child.id());
+    let ticks_before = broker.cpu_ticks();
     for r in 0..rounds {
         let (tx, rx) = mpsc::channel();
         round.arrived.store(0, Ordering::Release);
@@ -178,7 +191,7 @@ fn rounds(
         sends.push(last.saturating_sub(sent) as f64 / 1e6);
         acks.push(last.saturating_sub(acked) as f64 / 1e6);
     }
-    let ticks = cpu_ticks(broker.child.id()) - ticks_before;
+    let ticks = broker.cpu_ticks() - ticks_before;
     Figures {
         from_send: percentiles(&mut sends),
         from_ack: percentiles(&mut acks),
@@ -217,11 +230,12 @@ pub fn run(counts: &[usize], n_rounds: usize) {
         .build()
         .unwrap();
     let mut anchors = Vec::new();
-    for keynotify in [false, true] {
-        let broker = if keynotify {
-            procs::stategate(max + 10)
-        } else {
-            procs::mosquitto()
+    for setup in [Setup::Mosquitto, Setup::Embedded, Setup::Behind] {
+        let keynotify = !matches!(setup, Setup::Mosquitto);
+        let broker = match setup {
+            Setup::Mosquitto => procs::mosquitto(),
+            Setup::Embedded => procs::stategate(max + 10),
+            Setup::Behind => procs::mosquitto_with_stategate(),
         };
         let mut observers = tokio::task::JoinSet::new();
         let round = Arc::new(Round {
@@ -247,14 +261,22 @@ pub fn run(counts: &[usize], n_rounds: usize) {
                 observers.spawn_on(observe(s, round.clone()), runtime.handle());
                 connected += 1;
             }
-            let plain = rounds(&broker, &mut publisher, &Kind::Publish, count, n_rounds, &round);
-            if keynotify {
-                print("stategate publish", count, &plain, anchors.get(i));
-                let set = rounds(&broker, &mut publisher, &Kind::Set, count, n_rounds, &round);
-                print("stategate KEYNOTIFY", count, &set, anchors.get(i));
-            } else {
-                print("mosquitto publish", count, &plain, None);
-                anchors.push(plain);
+            match setup {
+                Setup::Mosquitto => {
+                    let plain = rounds(&broker, &mut publisher, &Kind::Publish, count, n_rounds, &round);
+                    print("mosquitto publish", count, &plain, None);
+                    anchors.push(plain);
+                }
+                Setup::Embedded => {
+                    let plain = rounds(&broker, &mut publisher, &Kind::Publish, count, n_rounds, &round);
+                    print("stategate publish", count, &plain, anchors.get(i));
+                    let set = rounds(&broker, &mut publisher, &Kind::Set, count, n_rounds, &round);
+                    print("stategate KEYNOTIFY", count, &set, anchors.get(i));
+                }
+                Setup::Behind => {
+                    let set = rounds(&broker, &mut publisher, &Kind::Set, count, n_rounds, &round);
+                    print("behind mosquitto KEYN.", count, &set, anchors.get(i));
+                }
             }
         }
         // Stop this broker and wait until every observer has read the end of its connection:

@@ -13,18 +13,47 @@ use super::raw;
 mod ports;
 pub use ports::free_port;
 
-/// A broker process, killed when dropped.
+/// A broker process, killed when dropped; with `service`, stategate serving the state store
+/// through it as a client (`--mqtt-url`), the deployment that puts another broker in front.
 pub struct Broker {
     pub name: &'static str,
     pub child: Child,
     pub port: u16,
     _dir: Option<tempfile::TempDir>,
+    service: Option<Child>,
+}
+
+impl Broker {
+    /// The processes whose memory and CPU time the rows count: the broker and, behind it,
+    /// stategate.
+    pub fn pids(&self) -> Vec<u32> {
+        std::iter::once(self.child.id())
+            .chain(self.service.as_ref().map(Child::id))
+            .collect()
+    }
+
+    /// Whether its clients reach a state store (stategate, embedded or behind).
+    pub fn serves_state_store(&self) -> bool {
+        self.name == "stategate" || self.service.is_some()
+    }
+
+    /// Resident memory of its processes, summed.
+    pub fn rss(&self) -> u64 {
+        self.pids().into_iter().map(rss_bytes).sum()
+    }
+
+    /// CPU time of its processes, summed, in clock ticks.
+    pub fn cpu_ticks(&self) -> u64 {
+        self.pids().into_iter().map(cpu_ticks).sum()
+    }
 }
 
 impl Drop for Broker {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        for child in std::iter::once(&mut self.child).chain(self.service.as_mut()) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
@@ -37,11 +66,15 @@ pub fn wait_accepting(port: u16) {
     }
 }
 
+/// The service binary: STATEGATE_BENCH_BIN names another build (a `--profile profiling` one
+/// for perf).
+fn stategate_bin() -> std::ffi::OsString {
+    std::env::var_os("STATEGATE_BENCH_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_stategate").into())
+}
+
 pub fn stategate(clients: usize) -> Broker {
     let port = free_port();
-    // STATEGATE_BENCH_BIN: another build of the service (a `--profile profiling` one for perf).
-    let bin = std::env::var_os("STATEGATE_BENCH_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_stategate").into());
-    let child = Command::new(bin)
+    let child = Command::new(stategate_bin())
         .args(["--storage", "memory", "--http-listen", "off", "--grpc-listen", "off"])
         .args(["--mqtt-listen", &format!("127.0.0.1:{port}")])
         .args(["--mqtt-max-connections", &(clients + 100).to_string()])
@@ -56,6 +89,7 @@ pub fn stategate(clients: usize) -> Broker {
         child,
         port,
         _dir: None,
+        service: None,
     }
 }
 
@@ -85,7 +119,49 @@ pub fn mosquitto() -> Broker {
         child,
         port,
         _dir: Some(dir),
+        service: None,
     }
+}
+
+/// Mosquitto with stategate behind it on the client path (`--mqtt-url`): the devices connect
+/// to Mosquitto, and their state store requests and notifications pass through it. Ready once
+/// stategate's `/readyz` answers 200, which it does only after it has subscribed.
+pub fn mosquitto_with_stategate() -> Broker {
+    let mut broker = mosquitto();
+    broker.name = "mosquitto+stategate";
+    let http = free_port();
+    let service = Command::new(stategate_bin())
+        .args(["--storage", "memory", "--grpc-listen", "off"])
+        .args(["--http-listen", &format!("127.0.0.1:{http}")])
+        .args(["--mqtt-url", &format!("mqtt://127.0.0.1:{}", broker.port)])
+        .args(["--log-level", "warn"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start stategate");
+    broker.service = Some(service);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ready(http) {
+        assert!(
+            Instant::now() < deadline,
+            "stategate behind Mosquitto did not get ready"
+        );
+        // Polling a child process's readiness: there is no event to await.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    broker
+}
+
+/// Whether the service on `port` answers `GET /readyz` with 200.
+fn ready(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let request = "GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    let mut answer = String::new();
+    s.write_all(request.as_bytes()).is_ok()
+        && s.read_to_string(&mut answer).is_ok()
+        && answer.starts_with("HTTP/1.1 200")
 }
 
 pub fn rss_bytes(pid: u32) -> u64 {
@@ -150,7 +226,16 @@ pub fn client(port: u16, id: &str, topics: &[String], keynotify: Option<&str>) -
     }
     if let Some(key) = keynotify {
         let keynotify = format!("*2\r\n$9\r\nKEYNOTIFY\r\n${}\r\n{key}\r\n", key.len());
-        s.write_all(&raw::request(INVOKE, 100, &topics[0], b"kn", keynotify.as_bytes()))
+        // The client id as the AIO SDKs send it (`__srcId`): behind another broker it is how
+        // stategate knows whose notification topic to use.
+        let mut props = vec![0x08];
+        raw::string(topics[0].as_bytes(), &mut props);
+        props.push(0x09);
+        raw::string(b"kn", &mut props);
+        props.push(0x26);
+        raw::string(b"__srcId", &mut props);
+        raw::string(id.as_bytes(), &mut props);
+        s.write_all(&raw::publish_qos1(INVOKE, 100, &props, keynotify.as_bytes()))
             .unwrap();
         let answer = answer(&mut s);
         assert!(answer.ends_with(b"+OK\r\n"), "KEYNOTIFY refused: {answer:?}");
