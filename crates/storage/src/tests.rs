@@ -848,7 +848,7 @@ async fn memory_index_keeps_versions_of_many_nodes() {
 #[tokio::test]
 async fn a_bulk_load_builds_the_index_one_load_at_a_time_would() {
     let record = |n: u64| {
-        let expires = (n % 3 == 0).then_some(10_000 + n);
+        let expires = n.is_multiple_of(3).then_some(10_000 + n);
         (
             b(format!("key-{n:04}").as_bytes()),
             Some(rec(format!("value-{n}").as_bytes(), v(n + 1, 0), expires)),
