@@ -50,6 +50,11 @@ pub struct MqttSettings {
     pub max_packet_bytes: u32,
     /// Most unacknowledged requests the broker may send at once (MQTT5 Receive Maximum).
     pub receive_maximum: u16,
+    /// Most unacknowledged answers and notifications the service sends at once (the broker's
+    /// Receive Maximum applies when it is lower). rumqttc allocates a slot for each when it
+    /// connects, about 216 bytes a slot, whether the broker allows that many or not: its own
+    /// default, 65,535, held 14 MiB.
+    pub max_outgoing_inflight: u16,
     /// Admission limits and the redelivery cache, shared with in-broker serving.
     pub door: DoorLimits,
     /// Session expiry asked of the broker, so requests queue while the service reconnects.
@@ -76,6 +81,7 @@ impl Default for MqttSettings {
             share_group: None,
             max_packet_bytes: 8 * 1024 * 1024,
             receive_maximum: 1024,
+            max_outgoing_inflight: 1024,
             door: DoorLimits::default(),
             session_expiry: Duration::from_secs(3600),
             keep_alive: Duration::from_secs(30),
@@ -114,6 +120,7 @@ impl MqttSettings {
         o.set_manual_acks(false);
         o.set_max_packet_size(Some(self.max_packet_bytes));
         o.set_receive_maximum(Some(self.receive_maximum.max(1)));
+        o.set_outgoing_inflight_upper_limit(self.max_outgoing_inflight.max(1));
         let mut net = rumqttc::NetworkOptions::new();
         net.set_tcp_nodelay(true);
         net.set_connection_timeout(5);
