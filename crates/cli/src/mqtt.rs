@@ -112,6 +112,9 @@ impl MqttDoor {
         // A clean session: KEYNOTIFY registrations end with this connection.
         o.set_clean_start(true);
         o.set_max_packet_size(Some(MAX_MESSAGE_BYTES as u32));
+        // rumqttc allocates a slot per request it may have in flight when it connects (its
+        // default of 65,535 held 14 MiB); the service uses the same bound.
+        o.set_outgoing_inflight_upper_limit(1024);
         let mut net = rumqttc::NetworkOptions::new();
         net.set_tcp_nodelay(true);
         net.set_connection_timeout(c.timeout.as_secs().max(1));
