@@ -35,6 +35,10 @@ use stategate::storage::durable::{DurableBackend, DurableOptions, FsyncMode};
 
 #[path = "common/fill.rs"]
 mod fill;
+#[path = "common/ready.rs"]
+mod ready;
+
+use ready::{http_ready, until};
 
 struct Opts {
     keys: Vec<u64>,
@@ -104,24 +108,6 @@ impl Drop for Proc {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// Polls `ready` until it holds; no event tells another process is ready.
-fn until(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !ready() {
-        assert!(Instant::now() < deadline, "{what} was not ready within {limit:?}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-fn http_ready(port: u16) -> bool {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let req = "GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-    let mut answer = String::new();
-    s.write_all(req.as_bytes()).is_ok() && s.read_to_string(&mut answer).is_ok() && answer.starts_with("HTTP/1.1 200")
 }
 
 fn redis_ping(port: u16) -> bool {

@@ -96,16 +96,17 @@ fn set_request(payload: &[u8]) -> Vec<u8> {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis();
-    let mut props = vec![0x08];
-    raw::string(b"fanout/answers", &mut props);
-    props.push(0x09);
     // A correlation of its own per SET: a repeated one is a redelivery, answered from the
     // cache without running again.
-    raw::string(format!("set-{n}").as_bytes(), &mut props);
-    props.push(0x26);
-    raw::string(b"__ts", &mut props);
-    raw::string(format!("{ms:015}:00000:fanout-publisher").as_bytes(), &mut props);
-    raw::publish_qos1(INVOKE, 1, &props, payload)
+    let ts = format!("{ms:015}:00000:fanout-publisher");
+    raw::request_with(
+        INVOKE,
+        1,
+        "fanout/answers",
+        format!("set-{n}").as_bytes(),
+        &[("__ts", &ts)],
+        payload,
+    )
 }
 
 /// p50 and p99 (nearest rank) of `v`, in ms.

@@ -4,7 +4,7 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::raw;
 
@@ -12,6 +12,9 @@ use super::raw;
 #[path = "../../crates/storage/src/redis/ports.rs"]
 mod ports;
 pub use ports::free_port;
+#[path = "../common/ready.rs"]
+mod ready;
+use ready::{http_ready, until};
 
 /// A broker process, killed when dropped; with `service`, stategate serving the state store
 /// through it as a client (`--mqtt-url`), the deployment that puts another broker in front.
@@ -58,12 +61,9 @@ impl Drop for Broker {
 }
 
 pub fn wait_accepting(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "the broker on {port} did not start");
-        // Polling a child process's port: there is no event to await.
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until(&format!("the broker on {port}"), Duration::from_secs(30), || {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
 }
 
 /// The service binary: STATEGATE_BENCH_BIN names another build (a `--profile profiling` one
@@ -140,28 +140,10 @@ pub fn mosquitto_with_stategate() -> Broker {
         .spawn()
         .expect("start stategate");
     broker.service = Some(service);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !ready(http) {
-        assert!(
-            Instant::now() < deadline,
-            "stategate behind Mosquitto did not get ready"
-        );
-        // Polling a child process's readiness: there is no event to await.
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until("stategate behind Mosquitto", Duration::from_secs(30), || {
+        http_ready(http)
+    });
     broker
-}
-
-/// Whether the service on `port` answers `GET /readyz` with 200.
-fn ready(port: u16) -> bool {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let request = "GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-    let mut answer = String::new();
-    s.write_all(request.as_bytes()).is_ok()
-        && s.read_to_string(&mut answer).is_ok()
-        && answer.starts_with("HTTP/1.1 200")
 }
 
 pub fn rss_bytes(pid: u32) -> u64 {
@@ -228,15 +210,8 @@ pub fn client(port: u16, id: &str, topics: &[String], keynotify: Option<&str>) -
         let keynotify = format!("*2\r\n$9\r\nKEYNOTIFY\r\n${}\r\n{key}\r\n", key.len());
         // The client id as the AIO SDKs send it (`__srcId`): behind another broker it is how
         // stategate knows whose notification topic to use.
-        let mut props = vec![0x08];
-        raw::string(topics[0].as_bytes(), &mut props);
-        props.push(0x09);
-        raw::string(b"kn", &mut props);
-        props.push(0x26);
-        raw::string(b"__srcId", &mut props);
-        raw::string(id.as_bytes(), &mut props);
-        s.write_all(&raw::publish_qos1(INVOKE, 100, &props, keynotify.as_bytes()))
-            .unwrap();
+        let request = raw::request_with(INVOKE, 100, &topics[0], b"kn", &[("__srcId", id)], keynotify.as_bytes());
+        s.write_all(&request).unwrap();
         let answer = answer(&mut s);
         assert!(answer.ends_with(b"+OK\r\n"), "KEYNOTIFY refused: {answer:?}");
     }

@@ -56,10 +56,27 @@ pub fn connect_keep_alive(client_id: &str, secs: u16, receive_maximum: Option<u1
 
 /// A QoS 1 request with a response topic and correlation data.
 pub fn request(topic: &str, packet_id: u16, response: &str, correlation: &[u8], payload: &[u8]) -> Vec<u8> {
+    request_with(topic, packet_id, response, correlation, &[], payload)
+}
+
+/// The same with user properties (`__srcId`, `__ts`), in the order given.
+pub fn request_with(
+    topic: &str,
+    packet_id: u16,
+    response: &str,
+    correlation: &[u8],
+    user: &[(&str, &str)],
+    payload: &[u8],
+) -> Vec<u8> {
     let mut props = vec![0x08];
     string(response.as_bytes(), &mut props);
     props.push(0x09);
     string(correlation, &mut props);
+    for (k, v) in user {
+        props.push(0x26);
+        string(k.as_bytes(), &mut props);
+        string(v.as_bytes(), &mut props);
+    }
     publish_qos1(topic, packet_id, &props, payload)
 }
 

@@ -10,7 +10,7 @@ use std::hash::Hash;
 /// One member, or more in a table. Never empty: the registry drops a set whose last member
 /// goes. 16 bytes when `T` is a reference-counted pointer (the table is boxed, and the
 /// pointer's niche tells the two apart).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 #[allow(clippy::box_collection, reason = "boxed so that a set of one is 16 bytes, not 48")]
 pub(crate) enum Few<T: Hash + Eq> {
     One(T),
